@@ -1,0 +1,5 @@
+import sys
+
+from reposerve.cli import main
+
+sys.exit(main())

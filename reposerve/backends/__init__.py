@@ -1,0 +1,20 @@
+"""Backends: load a model version, execute one batch of numpy arrays, unload.
+
+They know nothing of queues, processes or HTTP; only the instance worker runs them.
+"""
+
+from __future__ import annotations
+
+from reposerve.backends.base import Backend, BackendError, ModelContext
+
+
+def create_backend(name: str, context: ModelContext) -> Backend:
+    """Load ``context``'s model with the named backend."""
+    if name == "python":
+        from reposerve.backends.python import PythonBackend
+
+        return PythonBackend(context)
+    raise BackendError(f"backend '{name}' is not available in this build of reposerve")
+
+
+__all__ = ["Backend", "BackendError", "ModelContext", "create_backend"]

@@ -1,0 +1,157 @@
+"""Command line: flags -> Settings -> serve, and ``reposerve check PATH``. No logic here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from reposerve.errors import ConfigError
+from reposerve.http.access import API_CATEGORIES
+from reposerve.repository.scan import model_names, read_model
+from reposerve.settings import RestrictedApi, Settings
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _restricted(value: str) -> RestrictedApi:
+    apis, _, header = value.partition(":")
+    key, _, secret = header.partition("=")
+    names = frozenset(api.strip() for api in apis.split(",") if api.strip())
+    unknown = names - API_CATEGORIES
+    if not names or not key or not secret or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected API[,API]:KEY=VALUE with API in {', '.join(sorted(API_CATEGORIES))}, "
+            f"got {value!r}"
+        )
+    return RestrictedApi(names, key.lower(), secret)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reposerve",
+        description="Serve a model repository over KServe V2 HTTP. "
+        "`reposerve check PATH` validates a repository instead.",
+    )
+    add = parser.add_argument
+    add("--model-repository", type=Path, default=Path("model_repository"), metavar="PATH")
+    add("--http-host", default="0.0.0.0", metavar="H")
+    add("--http-port", type=int, default=8000, metavar="PORT")
+    add(
+        "--model-control-mode",
+        choices=("explicit", "none"),
+        default="explicit",
+        help="explicit: the load/unload endpoints work; none: the repository is fixed",
+    )
+    add(
+        "--load-model",
+        action="append",
+        metavar="NAME",
+        help="load only these models at start-up (repeatable; '*' = all, the default)",
+    )
+    add("--http-server", choices=("auto", "uvicorn", "hypercorn"), default="auto")
+    add("--http2", action="store_true", help="serve HTTP/2 (h2c) with Hypercorn")
+    add(
+        "--http-restricted-api",
+        type=_restricted,
+        action="append",
+        default=[],
+        metavar="API:KEY=VALUE",
+        help="require header KEY: VALUE on these APIs (e.g. model-repository:admin-key=s3cret)",
+    )
+    add("--exit-timeout-secs", type=float, default=30.0, metavar="S")
+    add("--load-timeout-secs", type=float, default=120.0, metavar="S")
+    add("--log-level", choices=LOG_LEVELS, default="info")
+    add("--log-format", choices=("text", "json"), default="text")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    names = args.load_model
+    if names is None or "*" in names:
+        names = None
+    return Settings(
+        model_repository=args.model_repository,
+        http_host=args.http_host,
+        http_port=args.http_port,
+        model_control_mode=args.model_control_mode,
+        load_models=names,
+        http_server=args.http_server,
+        http2=args.http2,
+        restricted=args.http_restricted_api,
+        exit_timeout_secs=args.exit_timeout_secs,
+        load_timeout_secs=args.load_timeout_secs,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
+
+
+class _JsonFormatter(logging.Formatter):
+    _encoder = msgspec.json.Encoder()
+
+    def format(self, record: logging.LogRecord) -> str:
+        document = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return self._encoder.encode(document).decode()
+
+
+def configure_logging(level: str, style: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if style == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def check(paths: list[str]) -> int:
+    """Validate repositories: one line per model, exit 1 if any model is broken."""
+    broken = 0
+    for path in map(Path, paths or ["model_repository"]):
+        if not path.is_dir():
+            print(f"{path}: not a folder")
+            return 2
+        for name in model_names(path):
+            try:
+                source = read_model(path, name)
+            except ConfigError as exc:
+                broken += 1
+                print(f"FAIL {exc.message}")
+                continue
+            versions = ",".join(str(v.number) for v in source.versions)
+            backends = ",".join(sorted({v.backend for v in source.versions}))
+            print(f"ok   {name} (versions {versions}; {backends})")
+    return 1 if broken else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:
+        return check(argv[1:])
+    args = serve_parser().parse_args(argv)
+    settings = settings_from(args)
+    configure_logging(settings.log_level, settings.log_format)
+    if not settings.model_repository.is_dir():
+        print(f"reposerve: model repository {settings.model_repository} is not a folder", file=sys.stderr)
+        return 2
+    from reposerve.http.server import serve
+
+    serve(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""config.toml: the schema as msgspec Structs, and loading with file/key/reason errors."""
+
+from reposerve.config.load import load_model_config, parse_model_config
+from reposerve.config.schema import (
+    DynamicBatching,
+    InstanceGroup,
+    ModelConfig,
+    Optimization,
+    TensorConfig,
+    VersionPolicy,
+    Warmup,
+)
+
+__all__ = [
+    "DynamicBatching",
+    "InstanceGroup",
+    "ModelConfig",
+    "Optimization",
+    "TensorConfig",
+    "VersionPolicy",
+    "Warmup",
+    "load_model_config",
+    "parse_model_config",
+]

@@ -1,0 +1,135 @@
+"""Load a config.toml into a ModelConfig, with errors that name the file, key and reason.
+
+``add_sub/config.toml: dynamic_batching.max_queue_delay_microseconds: expected int >= 0, got -5``
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from reposerve.config.schema import ModelConfig
+from reposerve.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+_PATH_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+_AT_PATH = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+
+
+def load_model_config(path: Path, label: str | None = None) -> ModelConfig:
+    """Read and validate ``path``; ``label`` is how errors name the file."""
+    label = label or str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: not UTF-8 text: {exc.reason}") from exc
+    return parse_model_config(text, label, folder_name=path.parent.name)
+
+
+def parse_model_config(text: str, label: str, folder_name: str | None = None) -> ModelConfig:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{label}: invalid TOML: {exc}") from exc
+    try:
+        config = msgspec.convert(raw, ModelConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{label}: {_describe(exc, raw)}") from exc
+    problem = _check(config, folder_name)
+    if problem:
+        raise ConfigError(f"{label}: {problem}")
+    return config
+
+
+def _describe(exc: msgspec.ValidationError, raw: dict[str, Any]) -> str:
+    """Rewrite msgspec's message as ``key.path: reason, got value``."""
+    match = _AT_PATH.match(str(exc))
+    assert match is not None  # the pattern matches any string
+    reason = match["reason"].replace("`", "")
+    reason = reason[0].lower() + reason[1:]
+    dotted = (match["path"] or "").lstrip(".")
+    if reason.startswith("object contains unknown field "):
+        key = reason.removeprefix("object contains unknown field ")
+        return f"{_join(dotted, key)}: unknown key"
+    if reason.startswith("object missing required field "):
+        key = reason.removeprefix("object missing required field ")
+        return f"{_join(dotted, key)}: required key is missing"
+    if ", got " not in reason and not reason.startswith("invalid enum value"):
+        found, value = _lookup(raw, match["path"] or "")
+        if found:
+            reason = f"{reason}, got {_show(value)}"
+    return f"{dotted or '(top level)'}: {reason}"
+
+
+def _join(parent: str, key: str) -> str:
+    return f"{parent}.{key}" if parent else key
+
+
+def _lookup(raw: Any, path: str) -> tuple[bool, Any]:
+    node = raw
+    for key, index in _PATH_TOKEN.findall(path):
+        try:
+            node = node[key] if key else node[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return False, None
+    return True, node
+
+
+def _show(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def _check(config: ModelConfig, folder_name: str | None) -> str | None:
+    """Rules that span fields; returns the first problem as ``key: reason``."""
+    if config.name is not None and folder_name is not None and config.name != folder_name:
+        return f'name: "{config.name}" does not match the model folder "{folder_name}"'
+    policy = config.version_policy
+    chosen = [key for key in ("latest", "all", "specific") if getattr(policy, key) is not None]
+    if len(chosen) > 1:
+        return f"version_policy: set one of latest, all, specific (got {', '.join(chosen)})"
+    if policy.all is False:
+        return "version_policy.all: must be true when given (use latest or specific instead)"
+    for section in ("input", "output"):
+        seen: set[str] = set()
+        for index, tensor in enumerate(getattr(config, section)):
+            if tensor.name in seen:
+                return f'{section}[{index}].name: duplicate {section} "{tensor.name}"'
+            seen.add(tensor.name)
+    return _check_batching(config)
+
+
+def _check_batching(config: ModelConfig) -> str | None:
+    batching = config.dynamic_batching
+    if batching is not None:
+        if config.max_batch_size == 0:
+            return "dynamic_batching: needs max_batch_size > 0 (0 means no batch dimension)"
+        for size in batching.preferred_batch_size:
+            if size > config.max_batch_size:
+                return (
+                    f"dynamic_batching.preferred_batch_size: {size} exceeds "
+                    f"max_batch_size {config.max_batch_size}"
+                )
+        if batching.default_priority_level > batching.priority_levels:
+            return (
+                f"dynamic_batching.default_priority_level: {batching.default_priority_level} "
+                f"exceeds priority_levels {batching.priority_levels}"
+            )
+    input_names = {tensor.name for tensor in config.input}
+    for index, warmup in enumerate(config.warmup):
+        limit = max(config.max_batch_size, 1)
+        if warmup.batch_size > limit:
+            return f"warmup[{index}].batch_size: {warmup.batch_size} exceeds the limit {limit}"
+        for name in warmup.inputs:
+            if input_names and name not in input_names:
+                return f'warmup[{index}].inputs: "{name}" is not an input of this model'
+    return None

@@ -1,0 +1,83 @@
+"""The config.toml schema (DESIGN.md §2) as frozen msgspec Structs.
+
+Unknown keys are errors (``forbid_unknown_fields``) so a typo never silently falls back to
+a default. Constraints that one field can express live in ``Meta``; rules that span fields
+live in ``reposerve.config.load``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+NonNegative = Annotated[int, Meta(ge=0)]
+Positive = Annotated[int, Meta(ge=1)]
+Dim = Annotated[int, Meta(ge=-1)]
+ModelName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")]
+Datatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BF16", "BYTES",
+]  # fmt: skip
+Backend = Literal["python", "onnxruntime", "torch"]
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class TensorConfig(_Section):
+    name: Annotated[str, Meta(min_length=1)]
+    datatype: Datatype
+    shape: list[Dim]
+    optional: bool = False
+
+
+class VersionPolicy(_Section):
+    """Exactly one of the three Triton policies; an empty table means ``latest = 1``."""
+
+    latest: Positive | None = None
+    all: bool | None = None
+    specific: Annotated[list[Positive], Meta(min_length=1)] | None = None
+
+
+class InstanceGroup(_Section):
+    kind: Literal["cpu", "gpu", "auto"] = "cpu"
+    count: Positive = 1
+    gpus: list[NonNegative] | None = None
+
+
+class DynamicBatching(_Section):
+    preferred_batch_size: list[Positive] = []
+    max_queue_delay_microseconds: NonNegative = 0
+    max_queue_size: NonNegative = 0
+    default_timeout_microseconds: NonNegative = 0
+    preserve_ordering: bool = False
+    priority_levels: NonNegative = 0
+    default_priority_level: NonNegative = 0
+
+
+class Optimization(_Section):
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+
+
+class Warmup(_Section):
+    batch_size: Positive = 1
+    inputs: dict[str, Literal["zero", "random"]] = {}
+
+
+class ModelConfig(_Section):
+    name: ModelName | None = None
+    backend: Backend | None = None
+    max_batch_size: NonNegative = 0
+    version_policy: VersionPolicy = VersionPolicy()
+    input: list[TensorConfig] = []
+    output: list[TensorConfig] = []
+    instance_group: Annotated[list[InstanceGroup], Meta(min_length=1)] = msgspec.field(
+        default_factory=lambda: [InstanceGroup()]
+    )
+    dynamic_batching: DynamicBatching | None = None
+    optimization: Optimization = Optimization()
+    warmup: list[Warmup] = []
+    parameters: dict[str, Any] = {}

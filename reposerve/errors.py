@@ -1,0 +1,62 @@
+"""Typed errors shared by every layer.
+
+Each layer raises its own subclass; each carries an ``ErrorKind`` that says what went
+wrong in protocol-neutral words. Only ``reposerve.http`` turns a kind into a status code.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    INVALID_ARGUMENT = "invalid_argument"
+    NOT_FOUND = "not_found"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
+    FORBIDDEN = "forbidden"
+
+
+class ReposerveError(Exception):
+    """Base of every error reposerve raises on purpose; the message is user-facing."""
+
+    kind: ErrorKind = ErrorKind.INTERNAL
+
+    def __init__(self, message: str, kind: ErrorKind | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class ConfigError(ReposerveError):
+    """A config.toml or repository layout problem: names the file, the key and the reason."""
+
+    kind = ErrorKind.INVALID_ARGUMENT
+
+
+class ProtocolError(ReposerveError):
+    """A request that does not follow the V2 protocol or the model's signature."""
+
+    kind = ErrorKind.INVALID_ARGUMENT
+
+
+class RepositoryError(ReposerveError):
+    """Unknown or not-ready models and versions; the kind says which."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+class SchedulerError(ReposerveError):
+    """A request the scheduler refused or dropped: queue full, timeout, shutdown."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+class InstanceError(ReposerveError):
+    """A batch that failed inside an instance: the model raised, or the process died."""
+
+    kind = ErrorKind.INTERNAL

@@ -1,0 +1,1 @@
+"""The HTTP front: routes as data, thin handlers, error -> status mapping, serving."""

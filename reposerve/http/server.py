@@ -1,0 +1,132 @@
+"""Serve the app: uvicorn (httptools, uvloop) for HTTP/1.1, Hypercorn for HTTP/2.
+
+The lifespan loads the models in the background (``/v2/health/ready`` says when they
+are done), prints the start-up table, and on SIGINT/SIGTERM drains and stops every
+instance process before the server exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+
+from reposerve.http.access import AccessPolicy
+from reposerve.http.app import create_app
+from reposerve.repository import Repository
+from reposerve.service import InferenceService
+from reposerve.settings import Settings
+
+log = logging.getLogger("reposerve")
+
+
+def build(settings: Settings) -> tuple[Starlette, InferenceService]:
+    repository = Repository(
+        settings.model_repository.resolve(),
+        load_timeout=settings.load_timeout_secs,
+        unload_timeout=settings.exit_timeout_secs,
+    )
+    service = InferenceService(repository, model_control=settings.model_control_mode != "none")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loading = asyncio.create_task(_start(service, settings))
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            log.info("stopping: draining requests and stopping instances")
+            await service.stop()
+
+    return create_app(service, AccessPolicy(settings.restricted), lifespan), service
+
+
+async def _start(service: InferenceService, settings: Settings) -> None:
+    await service.start(settings.load_models)
+    log.info("models:\n%s", startup_table(service))
+    # Everything allocated so far lives as long as the server: keep the collector off it,
+    # which removes its pauses from request latency.
+    gc.collect()
+    gc.freeze()
+    log.info("ready: serving %s on http://%s:%d", settings.model_repository, settings.http_host, settings.http_port)
+
+
+def startup_table(service: InferenceService) -> str:
+    rows = [("MODEL", "VERSION", "BACKEND", "INSTANCES", "STATE")]
+    loaded = {(v.name, v.version): v for v in service.repository.loaded()}
+    for entry in service.repository.index():
+        version = loaded.get((entry.name, int(entry.version))) if entry.version else None
+        state = entry.state or "NOT LOADED"
+        if entry.reason and entry.state != "READY":
+            state = f"{state}: {entry.reason}"
+        rows.append(
+            (
+                entry.name,
+                entry.version or "-",
+                version.backend if version else "-",
+                str(len(version.instances)) if version else "-",
+                state,
+            )
+        )
+    widths = [max(len(row[column]) for row in rows[:]) for column in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        for row in rows
+    )
+
+
+def serve(settings: Settings) -> None:
+    app, _ = build(settings)
+    server = settings.http_server
+    if server == "auto":
+        server = "hypercorn" if settings.http2 else "uvicorn"
+    if server == "uvicorn":
+        if settings.http2:
+            raise SystemExit("reposerve: uvicorn has no HTTP/2; use --http-server hypercorn or auto")
+        _serve_uvicorn(app, settings)
+    else:
+        _serve_hypercorn(app, settings)
+
+
+def _serve_uvicorn(app: Starlette, settings: Settings) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=int(settings.exit_timeout_secs),
+    )
+    uvicorn.Server(config).run()
+
+
+def _serve_hypercorn(app: Starlette, settings: Settings) -> None:
+    import uvloop
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config
+
+    config = Config()
+    config.bind = [f"{settings.http_host}:{settings.http_port}"]
+    config.accesslog = None
+    config.graceful_timeout = settings.exit_timeout_secs
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await hypercorn_serve(app, config, shutdown_trigger=stop.wait)
+
+    uvloop.run(main())

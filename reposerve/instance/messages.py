@@ -1,0 +1,110 @@
+"""Control frames between the front and an instance process.
+
+Each frame is a 4-byte little-endian length and a msgpack-encoded tagged Struct. Frames
+carry only metadata: tensors stay in the slot named by the frame (``arena``). The one
+exception to plain bytes is ``AddSlot``, which carries a file descriptor as SCM_RIGHTS
+ancillary data alongside its first byte.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+
+FRAME_HEADER = struct.Struct("<I")
+
+
+class TensorRef(msgspec.Struct, array_like=True, frozen=True):
+    """Where one tensor lies in a slot, in wire layout (``reposerve.datatypes``)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+# front -> instance
+class Load(msgspec.Struct, tag=True, array_like=True):
+    model: str
+    version: int
+    version_path: str
+    backend: str
+    config: bytes  # the ModelConfig, JSON-encoded
+    instance_index: int
+    device: str
+    threads: int
+
+
+class AddSlot(msgspec.Struct, tag=True, array_like=True):
+    slot: int
+    size: int
+
+
+class Execute(msgspec.Struct, tag=True, array_like=True):
+    batch_id: int
+    slot: int
+    slot_size: int
+    inputs: list[TensorRef]
+
+
+class Shutdown(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+# instance -> front
+class Ready(msgspec.Struct, tag=True, array_like=True):
+    max_inflight: int
+
+
+class LoadFailed(msgspec.Struct, tag=True, array_like=True):
+    reason: str
+
+
+class Result(msgspec.Struct, tag=True, array_like=True):
+    batch_id: int
+    slot_size: int
+    outputs: list[TensorRef]
+    compute_ns: int
+
+
+class Failure(msgspec.Struct, tag=True, array_like=True):
+    batch_id: int
+    message: str
+
+
+ToInstance = Load | AddSlot | Execute | Shutdown
+FromInstance = Ready | LoadFailed | Result | Failure
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_frame(message: ToInstance | FromInstance) -> bytes:
+    payload = _encoder.encode(message)
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Splits a byte stream into decoded messages; fed whatever the socket returned."""
+
+    def __init__(self, message_type: object) -> None:
+        self._decoder = msgspec.msgpack.Decoder(message_type)
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        buffer = self._buffer
+        buffer += data
+        messages = []
+        start = 0
+        header_size = FRAME_HEADER.size
+        while len(buffer) - start >= header_size:
+            (length,) = FRAME_HEADER.unpack_from(buffer, start)
+            end = start + header_size + length
+            if end > len(buffer):
+                break
+            messages.append(self._decoder.decode(memoryview(buffer)[start + header_size : end]))
+            start = end
+        if start:
+            del buffer[:start]
+        return messages

@@ -1,0 +1,287 @@
+"""The front's handle on one instance process: spawn, load, run batches, stop.
+
+Each instance tracks the batches it has in flight, so when its process dies exactly those
+batches fail (and nothing else), and the owner is told through ``on_exit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+
+import reposerve
+from reposerve.errors import InstanceError
+from reposerve.instance.arena import Slot, align
+from reposerve.instance.messages import (
+    AddSlot,
+    Execute,
+    Failure,
+    FrameReader,
+    FromInstance,
+    Load,
+    LoadFailed,
+    Ready,
+    Result,
+    Shutdown,
+    TensorRef,
+    encode_frame,
+)
+from reposerve.tensor import Tensor
+
+_PACKAGE_ROOT = str(Path(reposerve.__file__).resolve().parent.parent)
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+class InstanceSpec(msgspec.Struct, frozen=True):
+    """Everything needed to start one instance process."""
+
+    model: str
+    version: int
+    version_path: str
+    backend: str
+    config_json: bytes
+    index: int
+    kind: str  # "cpu" or "gpu"
+    gpu: int | None
+    threads: int
+
+    @property
+    def label(self) -> str:
+        where = f"gpu {self.gpu}" if self.gpu is not None else "cpu"
+        return f"model '{self.model}' version {self.version} instance {self.index} ({where})"
+
+
+class BatchOutcome(msgspec.Struct):
+    """A finished batch: outputs are views on the slot, valid only during ``on_done``."""
+
+    outputs: dict[str, Tensor]
+    compute_ns: int
+
+
+BatchInput = tuple[str, str, tuple[int, ...], Sequence[bytes | memoryview]]
+"""(name, datatype, batch shape, the requests' wire bytes in batch order)."""
+
+OnDone = Callable[[BatchOutcome | InstanceError], None]
+
+
+class InstanceState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    EXITED = "exited"
+
+
+class InstanceProcess:
+    def __init__(self, spec: InstanceSpec, on_exit: Callable[[InstanceProcess], None]) -> None:
+        self.spec = spec
+        self.state = InstanceState.STARTING
+        self.max_inflight = 1
+        self._on_exit = on_exit
+        self._process: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+        self._transport: asyncio.Transport | None = None
+        self._slots: list[Slot] = []
+        self._free_slots: list[int] = []
+        self._in_flight: dict[int, tuple[int, OnDone]] = {}
+        self._next_batch_id = 0
+        self._ready: asyncio.Future[None] | None = None
+        self._closed = asyncio.Event()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def has_capacity(self) -> bool:
+        if self.state is not InstanceState.READY:
+            return False
+        if self._free_slots:
+            return True
+        # A new slot's fd goes out beside the socket's byte stream; only while nothing is
+        # queued in the transport does it keep its place among the frames.
+        return (
+            len(self._slots) < self.max_inflight
+            and self._transport is not None
+            and self._transport.get_write_buffer_size() == 0
+        )
+
+    async def start(self, timeout: float) -> None:
+        """Spawn the process and wait until its backend has loaded."""
+        loop = asyncio.get_running_loop()
+        parent_sock, child_sock = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
+        for variable in _THREAD_VARIABLES:
+            env[variable] = str(self.spec.threads)
+        if self.spec.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.spec.gpu)
+        elif self.spec.kind == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "reposerve.instance.worker", str(child_sock.fileno())],
+            pass_fds=[child_sock.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        child_sock.close()
+        self._sock = parent_sock
+        spec = self.spec
+        parent_sock.sendall(
+            encode_frame(
+                Load(
+                    model=spec.model,
+                    version=spec.version,
+                    version_path=spec.version_path,
+                    backend=spec.backend,
+                    config=spec.config_json,
+                    instance_index=spec.index,
+                    device="cpu" if spec.gpu is None else "cuda:0",
+                    threads=spec.threads,
+                )
+            )
+        )
+        self._ready = loop.create_future()
+        self._transport, _ = await loop.connect_accepted_socket(
+            lambda: _Channel(self), sock=parent_sock
+        )
+        self._free_slots.append(self._add_slot())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except TimeoutError:
+            self.kill()
+            raise InstanceError(f"{spec.label}: did not load within {timeout:g} s") from None
+        except InstanceError:
+            self.kill()
+            raise
+
+    def run(self, inputs: Sequence[BatchInput], on_done: OnDone) -> None:
+        """Assemble a batch into a free slot and send it; ``on_done`` gets the outcome."""
+        slot_index = self._free_slots.pop() if self._free_slots else self._add_slot()
+        slot = self._slots[slot_index]
+        refs: list[TensorRef] = []
+        offset = 0
+        for name, datatype, shape, parts in inputs:
+            nbytes = sum(len(part) for part in parts)
+            refs.append(TensorRef(name, datatype, shape, offset, nbytes))
+            offset = align(offset + nbytes)
+        slot.ensure(offset)
+        view = memoryview(slot.buffer)
+        for ref, (_, _, _, parts) in zip(refs, inputs, strict=True):
+            position = ref.offset
+            for part in parts:
+                end = position + len(part)
+                view[position:end] = part
+                position = end
+        batch_id = self._next_batch_id
+        self._next_batch_id += 1
+        self._in_flight[batch_id] = (slot_index, on_done)
+        assert self._transport is not None
+        self._transport.write(encode_frame(Execute(batch_id, slot_index, slot.size, refs)))
+
+    async def stop(self, timeout: float) -> None:
+        """Ask the process to finish its batches and exit; kill it after ``timeout``."""
+        if self.state is InstanceState.READY and self._transport is not None:
+            self.state = InstanceState.STOPPING
+            self._transport.write(encode_frame(Shutdown()))
+        try:
+            await asyncio.wait_for(self._closed.wait(), timeout)
+            await asyncio.wait_for(asyncio.to_thread(self._wait_process, timeout), timeout)
+        except TimeoutError:
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        """End the process now (idempotent); its in-flight batches fail."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        if self._transport is not None:
+            self._transport.abort()
+        for slot in self._slots:
+            slot.close()
+        self._slots.clear()
+        self._free_slots.clear()
+
+    def _wait_process(self, timeout: float) -> None:
+        if self._process is not None:
+            self._process.wait(timeout)
+
+    def _add_slot(self) -> int:
+        index = len(self._slots)
+        slot = Slot.create(f"reposerve-{self.spec.model}-{self.spec.index}-{index}")
+        self._slots.append(slot)
+        assert self._sock is not None
+        # Sent on the raw socket so the fd rides as ancillary data with the frame.
+        socket.send_fds(self._sock, [encode_frame(AddSlot(index, slot.size))], [slot.fd])
+        return index
+
+    def _on_message(self, message: FromInstance) -> None:
+        match message:
+            case Result(batch_id=batch_id):
+                slot_index, on_done = self._in_flight.pop(batch_id)
+                slot = self._slots[slot_index]
+                slot.remap(message.slot_size)
+                view = memoryview(slot.buffer)
+                outputs = {
+                    ref.name: Tensor(
+                        ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes]
+                    )
+                    for ref in message.outputs
+                }
+                try:
+                    on_done(BatchOutcome(outputs, message.compute_ns))
+                finally:
+                    self._free_slots.append(slot_index)
+            case Failure(batch_id=batch_id):
+                slot_index, on_done = self._in_flight.pop(batch_id)
+                self._free_slots.append(slot_index)
+                on_done(InstanceError(message.message))
+            case Ready():
+                self.max_inflight = message.max_inflight
+                self.state = InstanceState.READY
+                if self._ready and not self._ready.done():
+                    self._ready.set_result(None)
+            case LoadFailed():
+                if self._ready and not self._ready.done():
+                    self._ready.set_exception(
+                        InstanceError(f"{self.spec.label}: load failed: {message.reason}")
+                    )
+
+    def _on_closed(self) -> None:
+        was = self.state
+        self.state = InstanceState.EXITED
+        self._closed.set()
+        code = self._process.poll() if self._process else None
+        how = f"exited with code {code}" if code is not None else "closed its connection"
+        if self._ready and not self._ready.done():
+            self._ready.set_exception(InstanceError(f"{self.spec.label}: {how} while loading"))
+        failed, self._in_flight = self._in_flight, {}
+        where = f"instance {self.spec.index} (pid {self.pid})"
+        for _, on_done in failed.values():
+            on_done(InstanceError(f"{where} {how} while running this batch"))
+        if was in (InstanceState.READY, InstanceState.STOPPING):
+            self._on_exit(self)
+
+
+class _Channel(asyncio.Protocol):
+    def __init__(self, instance: InstanceProcess) -> None:
+        self._instance = instance
+        self._reader = FrameReader(FromInstance)
+
+    def data_received(self, data: bytes) -> None:
+        for message in self._reader.feed(data):
+            self._instance._on_message(message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._instance._on_closed()

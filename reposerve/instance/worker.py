@@ -1,0 +1,288 @@
+"""Instance process main: load one backend, then run batches until told to stop.
+
+The pipeline per batch: map the slot -> numpy views on the inputs -> execute -> check the
+outputs against the config -> write them into the slot after the inputs -> one Result frame.
+A sync model runs batches one at a time on the main thread; an async model runs many at
+once on an event loop while a reader thread takes frames off the socket.
+
+Started by ``reposerve.instance.process`` as ``python -m reposerve.instance.worker FD``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from reposerve.backends import Backend, ModelContext, create_backend
+from reposerve.config import ModelConfig
+from reposerve.datatypes import NUMPY_DTYPES, to_numpy, to_wire
+from reposerve.instance.arena import Slot, align
+from reposerve.instance.messages import (
+    AddSlot,
+    Execute,
+    Failure,
+    FromInstance,
+    FrameReader,
+    Load,
+    LoadFailed,
+    Ready,
+    Result,
+    Shutdown,
+    TensorRef,
+    ToInstance,
+    encode_frame,
+)
+
+# How many batches one async instance may hold at once unless [parameters] says otherwise.
+DEFAULT_ASYNC_INFLIGHT = 256
+_MAX_FDS_PER_READ = 16
+_PR_SET_PDEATHSIG = 1
+
+
+class OutputError(Exception):
+    """What execute returned does not match the model's declared outputs."""
+
+
+class Channel:
+    """The worker's end of the socket: blocking reads (with passed fds), locked writes."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._reader = FrameReader(ToInstance)
+        self._messages: deque = deque()
+        self._fds: deque[int] = deque()
+        self._write_lock = threading.Lock()
+
+    def receive(self) -> ToInstance | None:
+        """The next message, or None once the front has gone."""
+        while not self._messages:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 16, _MAX_FDS_PER_READ)
+            except OSError:
+                return None
+            if not data:
+                return None
+            self._fds.extend(fds)
+            self._messages.extend(self._reader.feed(data))
+        return self._messages.popleft()
+
+    def take_fd(self) -> int:
+        return self._fds.popleft()
+
+    def send(self, message: FromInstance) -> None:
+        frame = encode_frame(message)
+        with self._write_lock:
+            self._sock.sendall(frame)
+
+
+class BatchRunner:
+    """Runs Execute frames against the backend, reading and writing the slots."""
+
+    def __init__(self, backend: Backend, config: ModelConfig, model: str) -> None:
+        self.backend = backend
+        self.slots: dict[int, Slot] = {}
+        self._config = config
+        self._model = model
+
+    def add_slot(self, message: AddSlot, fd: int) -> None:
+        self.slots[message.slot] = Slot(fd, message.size)
+
+    def prepare(self, message: Execute) -> tuple[Slot, dict[str, np.ndarray]]:
+        slot = self.slots[message.slot]
+        slot.remap(message.slot_size)
+        view = memoryview(slot.buffer)
+        inputs = {
+            ref.name: to_numpy(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
+            for ref in message.inputs
+        }
+        return slot, inputs
+
+    def finish(
+        self, message: Execute, slot: Slot, outputs: object, started_ns: int
+    ) -> Result | Failure:
+        compute_ns = time.perf_counter_ns() - started_ns
+        batch_size = message.inputs[0].shape[0] if message.inputs else 1
+        try:
+            checked = self._check_outputs(outputs, batch_size)
+        except OutputError as exc:
+            return Failure(message.batch_id, f"model '{self._model}': {exc}")
+        end = max((ref.offset + ref.nbytes for ref in message.inputs), default=0)
+        offset = align(end)
+        placed: list[tuple[TensorRef, bytes | memoryview]] = []
+        for name, datatype, array in checked:
+            raw = to_wire(datatype, array)
+            placed.append((TensorRef(name, datatype, array.shape, offset, len(raw)), raw))
+            offset = align(offset + len(raw))
+        slot.ensure(offset)
+        view = memoryview(slot.buffer)
+        for ref, raw in placed:
+            view[ref.offset : ref.offset + ref.nbytes] = raw
+        return Result(message.batch_id, slot.size, [ref for ref, _ in placed], compute_ns)
+
+    def failure(self, message: Execute, exc: BaseException) -> Failure:
+        traceback.print_exception(exc, file=sys.stderr)
+        return Failure(message.batch_id, f"{type(exc).__name__}: {exc}")
+
+    def _check_outputs(self, outputs: object, batch_size: int) -> list[tuple[str, str, np.ndarray]]:
+        if not isinstance(outputs, dict):
+            raise OutputError(f"execute() must return a dict of arrays, got {type(outputs).__name__}")
+        batched = self._config.max_batch_size > 0
+        checked = []
+        for spec in self._config.output:
+            if spec.name not in outputs:
+                returned = ", ".join(map(str, outputs)) or "nothing"
+                raise OutputError(f"execute() returned no output '{spec.name}' (returned: {returned})")
+            array = np.asarray(outputs[spec.name])
+            where = f"output '{spec.name}'"
+            if spec.datatype == "BYTES":
+                if array.dtype.kind not in "OSU":
+                    raise OutputError(f"{where}: expected BYTES (bytes objects), got {array.dtype}")
+            else:
+                dtype = NUMPY_DTYPES[spec.datatype]
+                if array.dtype != dtype:
+                    if not np.can_cast(array.dtype, dtype, "same_kind"):
+                        raise OutputError(f"{where}: expected {spec.datatype}, got {array.dtype}")
+                    array = array.astype(dtype)
+            dims = array.shape
+            if batched:
+                if not dims or dims[0] != batch_size:
+                    raise OutputError(
+                        f"{where}: expected {batch_size} items on axis 0, got shape {list(dims)}"
+                    )
+                dims = dims[1:]
+            if len(dims) != len(spec.shape) or any(
+                want not in (-1, got) for want, got in zip(spec.shape, dims, strict=True)
+            ):
+                raise OutputError(f"{where}: expected item shape {spec.shape}, got {list(dims)}")
+            checked.append((spec.name, spec.datatype, array))
+        return checked
+
+
+def _run_sync(channel: Channel, runner: BatchRunner) -> None:
+    while True:
+        message = channel.receive()
+        if isinstance(message, Execute):
+            started = time.perf_counter_ns()
+            try:
+                slot, inputs = runner.prepare(message)
+                outputs = runner.backend.execute(inputs)
+                reply = runner.finish(message, slot, outputs, started)
+            except Exception as exc:
+                reply = runner.failure(message, exc)
+            channel.send(reply)
+        elif isinstance(message, AddSlot):
+            runner.add_slot(message, channel.take_fd())
+        else:
+            return
+
+
+def _run_async(channel: Channel, runner: BatchRunner) -> None:
+    loop = asyncio.new_event_loop()
+    tasks: set[asyncio.Task] = set()
+    stopped = asyncio.Event()
+
+    async def execute(message: Execute) -> None:
+        started = time.perf_counter_ns()
+        try:
+            slot, inputs = runner.prepare(message)
+            outputs = await runner.backend.execute(inputs)
+            reply = runner.finish(message, slot, outputs, started)
+        except Exception as exc:
+            reply = runner.failure(message, exc)
+        channel.send(reply)
+
+    def deliver(message: ToInstance | None) -> None:
+        if isinstance(message, Execute):
+            task = loop.create_task(execute(message))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        else:
+            stopped.set()
+
+    def read() -> None:
+        while True:
+            message = channel.receive()
+            if isinstance(message, AddSlot):
+                # The fd must be taken on this thread, in frame order.
+                fd = channel.take_fd()
+                loop.call_soon_threadsafe(runner.add_slot, message, fd)
+                continue
+            loop.call_soon_threadsafe(deliver, message)
+            if not isinstance(message, Execute):
+                return
+
+    async def main() -> None:
+        threading.Thread(target=read, name="reposerve-reader", daemon=True).start()
+        await stopped.wait()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    loop.run_until_complete(main())
+    loop.close()
+
+
+def _max_inflight(config: ModelConfig) -> int:
+    value = config.parameters.get("max_inflight_batches", DEFAULT_ASYNC_INFLIGHT)
+    if type(value) is not int or value < 1:
+        raise ValueError(f"parameters.max_inflight_batches: expected int >= 1, got {value!r}")
+    return value
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to kill us if the front dies, so no instance outlives it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: EOF on the socket still ends us
+        pass
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent()
+    # Ctrl-C reaches the whole process group; the front decides when instances stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    channel = Channel(socket.socket(fileno=int(argv[1])))
+    load = channel.receive()
+    if not isinstance(load, Load):
+        return 2
+    config = msgspec.json.decode(load.config, type=ModelConfig)
+    context = ModelContext(
+        model_name=load.model,
+        config=config,
+        version=load.version,
+        version_path=Path(load.version_path),
+        device=load.device,
+        instance_index=load.instance_index,
+        threads=load.threads,
+    )
+    try:
+        backend = create_backend(load.backend, context)
+        inflight = _max_inflight(config) if backend.is_async else 1
+    except Exception as exc:
+        traceback.print_exception(exc, file=sys.stderr)
+        channel.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
+        return 1
+    runner = BatchRunner(backend, config, load.model)
+    channel.send(Ready(max_inflight=inflight))
+    try:
+        (_run_async if backend.is_async else _run_sync)(channel, runner)
+    finally:
+        backend.unload()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv))

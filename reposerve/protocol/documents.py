@@ -1,0 +1,160 @@
+"""The JSON documents of the V2 protocol and Triton's extensions, other than inference.
+
+Shapes follow Triton so its clients and tools (tritonclient, perf_analyzer) read them:
+server metadata, model metadata, the model configuration in Triton's model-config JSON,
+statistics and the repository index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+import reposerve
+from reposerve.config import ModelConfig, TensorConfig
+from reposerve.datatypes import TRITON_CONFIG_TYPES
+from reposerve.statistics import ModelStats
+
+SERVER_NAME = "reposerve"
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "schedule_policy",
+    "statistics",
+    "parameters",
+)
+PLATFORMS = {"python": "python", "onnxruntime": "onnxruntime_onnx", "torch": "pytorch_libtorch"}
+TRITON_BACKENDS = {"python": "python", "onnxruntime": "onnxruntime", "torch": "pytorch"}
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(document: Any) -> bytes:
+    return _encoder.encode(document)
+
+
+def server_metadata() -> bytes:
+    return encode(
+        {"name": SERVER_NAME, "version": reposerve.__version__, "extensions": list(EXTENSIONS)}
+    )
+
+
+def model_metadata(name: str, versions: Sequence[int], backend: str, config: ModelConfig) -> bytes:
+    batch = [-1] if config.max_batch_size > 0 else []
+
+    def tensors(specs: list[TensorConfig]) -> list[dict[str, Any]]:
+        return [
+            {"name": spec.name, "datatype": spec.datatype, "shape": batch + spec.shape}
+            for spec in specs
+        ]
+
+    return encode(
+        {
+            "name": name,
+            "versions": [str(version) for version in versions],
+            "platform": PLATFORMS[backend],
+            "inputs": tensors(config.input),
+            "outputs": tensors(config.output),
+        }
+    )
+
+
+def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
+    """The config in Triton's model-config JSON (what ``GET .../config`` returns)."""
+    document: dict[str, Any] = {
+        "name": name,
+        "platform": PLATFORMS[backend] if backend != "python" else "",
+        "backend": TRITON_BACKENDS[backend],
+        "version_policy": _version_policy(config),
+        "max_batch_size": config.max_batch_size,
+        "input": [
+            {
+                "name": spec.name,
+                "data_type": TRITON_CONFIG_TYPES[spec.datatype],
+                "format": "FORMAT_NONE",
+                "dims": spec.shape,
+                "is_shape_tensor": False,
+                "allow_ragged_batch": False,
+                "optional": spec.optional,
+            }
+            for spec in config.input
+        ],
+        "output": [
+            {
+                "name": spec.name,
+                "data_type": TRITON_CONFIG_TYPES[spec.datatype],
+                "dims": spec.shape,
+                "label_filename": "",
+                "is_shape_tensor": False,
+            }
+            for spec in config.output
+        ],
+        "batch_input": [],
+        "batch_output": [],
+        "instance_group": [
+            {
+                "name": f"{name}_{index}",
+                "kind": {"cpu": "KIND_CPU", "gpu": "KIND_GPU", "auto": "KIND_AUTO"}[group.kind],
+                "count": group.count,
+                "gpus": group.gpus or [],
+                "secondary_devices": [],
+                "profile": [],
+                "passive": False,
+                "host_policy": "",
+            }
+            for index, group in enumerate(config.instance_group)
+        ],
+        "optimization": {"precision": config.optimization.precision},
+        "parameters": {
+            key: {"string_value": value if isinstance(value, str) else encode(value).decode()}
+            for key, value in config.parameters.items()
+        },
+        "model_warmup": [
+            {
+                "name": f"warmup_{index}",
+                "batch_size": warmup.batch_size,
+                "inputs": {
+                    spec.name: {
+                        "data_type": TRITON_CONFIG_TYPES[spec.datatype],
+                        "dims": [max(dim, 1) for dim in spec.shape],
+                        "zero_data" if warmup.inputs.get(spec.name, "zero") == "zero"
+                        else "random_data": True,
+                    }
+                    for spec in config.input
+                },
+            }
+            for index, warmup in enumerate(config.warmup)
+        ],
+    }
+    batching = config.dynamic_batching
+    if batching is not None:
+        document["dynamic_batching"] = {
+            "preferred_batch_size": batching.preferred_batch_size,
+            "max_queue_delay_microseconds": batching.max_queue_delay_microseconds,
+            "preserve_ordering": batching.preserve_ordering,
+            "priority_levels": batching.priority_levels,
+            "default_priority_level": batching.default_priority_level,
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": batching.default_timeout_microseconds,
+                "allow_timeout_override": True,
+                "max_queue_size": batching.max_queue_size,
+            },
+        }
+    return encode(document)
+
+
+def _version_policy(config: ModelConfig) -> dict[str, Any]:
+    policy = config.version_policy
+    if policy.all:
+        return {"all": {}}
+    if policy.specific is not None:
+        return {"specific": {"versions": policy.specific}}
+    return {"latest": {"num_versions": policy.latest or 1}}
+
+
+def model_statistics(stats: Sequence[ModelStats]) -> bytes:
+    return encode({"model_stats": list(stats)})

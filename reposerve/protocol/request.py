@@ -1,0 +1,259 @@
+"""Decode a V2 infer request (JSON, or JSON header + binary tensor data) into Tensors.
+
+Everything a client sends is checked against the model's config before anything is
+allocated from it: a shape is only trusted after the bytes that back it have been found
+in the body, so a lying shape or length costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from reposerve.config import ModelConfig, TensorConfig
+from reposerve.datatypes import NUMPY_DTYPES, bytes_offsets, element_count, pack_bytes
+from reposerve.errors import ProtocolError
+from reposerve.tensor import Tensor
+
+
+class _InputHeader(msgspec.Struct):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: Any = msgspec.UNSET
+
+
+class _OutputHeader(msgspec.Struct):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class _RequestHeader(msgspec.Struct):
+    inputs: list[_InputHeader]
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    outputs: list[_OutputHeader] | None = None
+
+
+_header_decoder = msgspec.json.Decoder(_RequestHeader)
+
+
+class InferRequest(msgspec.Struct):
+    """A decoded request: validated inputs and how each requested output is to be sent."""
+
+    id: str | None
+    inputs: dict[str, Tensor]
+    batch_size: int
+    outputs: dict[str, bool | None] | None  # name -> binary (None: as binary_output); None = all
+    binary_output: bool  # default for outputs that do not say
+    priority: int
+    timeout_us: int
+
+
+def decode_request(
+    body: bytes, header_length: int | None, config: ModelConfig, model: str
+) -> InferRequest:
+    """Parse ``body`` for ``config``'s model; ``model`` names it in errors."""
+    size = len(body)
+    if header_length is None:
+        header_length = size
+    elif header_length > size:
+        raise ProtocolError(
+            f"model '{model}': Inference-Header-Content-Length {header_length} exceeds "
+            f"the {size}-byte body"
+        )
+    view = memoryview(body)
+    try:
+        header = _header_decoder.decode(view[:header_length])
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"model '{model}': malformed request JSON: {exc}") from exc
+
+    specs = {tensor.name: tensor for tensor in config.input}
+    inputs: dict[str, Tensor] = {}
+    cursor = header_length
+    for item in header.inputs:
+        where = f"model '{model}': input '{item.name}'"
+        spec = specs.get(item.name)
+        if spec is None:
+            known = ", ".join(specs) or "none"
+            raise ProtocolError(f"model '{model}': unknown input '{item.name}' (inputs: {known})")
+        if item.name in inputs:
+            raise ProtocolError(f"{where}: given more than once")
+        _check_signature(item, spec, config.max_batch_size, where)
+        tensor, cursor = _read_tensor(item, view, cursor, where)
+        inputs[item.name] = tensor
+    if cursor != size:
+        raise ProtocolError(
+            f"model '{model}': body has {size - cursor} bytes beyond the header and the "
+            "binary_data_size of its inputs"
+        )
+    missing = [name for name, spec in specs.items() if name not in inputs and not spec.optional]
+    if missing:
+        raise ProtocolError(f"model '{model}': missing required input(s): {', '.join(missing)}")
+    return InferRequest(
+        id=header.id,
+        inputs=inputs,
+        batch_size=_batch_size(inputs, config.max_batch_size, model),
+        outputs=_requested_outputs(header.outputs, config, model),
+        **_request_parameters(header.parameters, config, model),
+    )
+
+
+def _check_signature(item: _InputHeader, spec: TensorConfig, max_batch: int, where: str) -> None:
+    if item.datatype != spec.datatype:
+        raise ProtocolError(f"{where}: expected datatype {spec.datatype}, got {item.datatype}")
+    if any(dim < 0 for dim in item.shape):
+        raise ProtocolError(f"{where}: shape {item.shape} has a negative dimension")
+    dims = item.shape
+    if max_batch > 0:
+        if not dims or not 1 <= dims[0] <= max_batch:
+            raise ProtocolError(
+                f"{where}: shape {item.shape} needs a batch dimension of 1..{max_batch} first"
+            )
+        dims = dims[1:]
+    if len(dims) != len(spec.shape) or any(
+        want not in (-1, got) for want, got in zip(spec.shape, dims, strict=True)
+    ):
+        expected = ([-1] if max_batch > 0 else []) + spec.shape
+        raise ProtocolError(f"{where}: expected shape {expected}, got {item.shape}")
+
+
+def _read_tensor(
+    item: _InputHeader, view: memoryview, cursor: int, where: str
+) -> tuple[Tensor, int]:
+    shape = tuple(item.shape)
+    count = element_count(shape)
+    parameters = item.parameters or {}
+    binary_size = parameters.get("binary_data_size")
+    if binary_size is not None:
+        if item.data is not msgspec.UNSET:
+            raise ProtocolError(f"{where}: has both data and binary_data_size")
+        if type(binary_size) is not int or binary_size < 0:
+            raise ProtocolError(f"{where}: binary_data_size must be an int >= 0")
+        left = len(view) - cursor
+        if binary_size > left:
+            raise ProtocolError(
+                f"{where}: binary_data_size {binary_size} exceeds the {left} bytes left in the body"
+            )
+        raw = view[cursor : cursor + binary_size]
+        _check_binary(item.datatype, raw, count, shape, where)
+        return Tensor(item.datatype, shape, raw), cursor + binary_size
+    if item.data is msgspec.UNSET:
+        raise ProtocolError(f"{where}: has neither data nor binary_data_size")
+    return Tensor(item.datatype, shape, _json_to_wire(item, count, where)), cursor
+
+
+def _check_binary(datatype: str, raw: memoryview, count: int, shape: tuple, where: str) -> None:
+    if datatype == "BYTES":
+        try:
+            bytes_offsets(raw, count)
+        except ValueError as exc:
+            raise ProtocolError(f"{where}: BYTES data for shape {list(shape)} {exc}") from exc
+        return
+    needed = count * NUMPY_DTYPES[datatype].itemsize
+    if len(raw) != needed:
+        raise ProtocolError(
+            f"{where}: binary data holds {len(raw)} bytes, shape {list(shape)} of "
+            f"{datatype} needs {needed}"
+        )
+
+
+def _flatten(data: Any, where: str) -> list:
+    if not isinstance(data, list):
+        raise ProtocolError(f"{where}: data must be a JSON array")
+    if not any(isinstance(element, list) for element in data):
+        return data
+    flat: list = []
+    stack = [iter(data)]
+    while stack:
+        for element in stack[-1]:
+            if isinstance(element, list):
+                stack.append(iter(element))
+                break
+            flat.append(element)
+        else:
+            stack.pop()
+    return flat
+
+
+# What kinds of JSON values each datatype family accepts (numpy dtype.kind of np.array(data)).
+_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
+    flat = _flatten(item.data, where)
+    if len(flat) != count:
+        raise ProtocolError(
+            f"{where}: data has {len(flat)} elements, shape {item.shape} needs {count}"
+        )
+    if item.datatype == "BYTES":
+        if not all(isinstance(element, str) for element in flat):
+            raise ProtocolError(f"{where}: BYTES data in JSON must be strings")
+        return pack_bytes(element.encode() for element in flat)
+    if item.datatype == "BF16":
+        raise ProtocolError(f"{where}: BF16 data must be sent as binary tensor data")
+    dtype = NUMPY_DTYPES[item.datatype]
+    values = np.array(flat)
+    if count and values.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+        raise ProtocolError(f"{where}: data holds values that are not {item.datatype}")
+    if dtype.kind in "iu" and count:
+        limits = np.iinfo(dtype)
+        if values.min() < limits.min or values.max() > limits.max:
+            raise ProtocolError(f"{where}: data holds values out of range for {item.datatype}")
+    return values.astype(dtype).tobytes()
+
+
+def _batch_size(inputs: dict[str, Tensor], max_batch: int, model: str) -> int:
+    if max_batch == 0 or not inputs:
+        return 1
+    sizes = {name: tensor.shape[0] for name, tensor in inputs.items()}
+    if len(set(sizes.values())) > 1:
+        described = ", ".join(f"{name}={size}" for name, size in sizes.items())
+        raise ProtocolError(f"model '{model}': inputs disagree on the batch size ({described})")
+    return next(iter(sizes.values()))
+
+
+def _requested_outputs(
+    outputs: list[_OutputHeader] | None, config: ModelConfig, model: str
+) -> dict[str, bool | None] | None:
+    if outputs is None:
+        return None
+    known = {tensor.name for tensor in config.output}
+    requested: dict[str, bool | None] = {}
+    for output in outputs:
+        if output.name not in known:
+            listed = ", ".join(sorted(known)) or "none"
+            raise ProtocolError(
+                f"model '{model}': unknown output '{output.name}' (outputs: {listed})"
+            )
+        binary = (output.parameters or {}).get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise ProtocolError(f"model '{model}': output '{output.name}': binary_data must be a bool")
+        requested[output.name] = binary
+    return requested
+
+
+def _request_parameters(
+    parameters: dict[str, Any] | None, config: ModelConfig, model: str
+) -> dict[str, Any]:
+    parameters = parameters or {}
+    binary = parameters.get("binary_data_output", False)
+    if not isinstance(binary, bool):
+        raise ProtocolError(f"model '{model}': parameter binary_data_output must be a bool")
+    batching = config.dynamic_batching
+    levels = batching.priority_levels if batching else 0
+    priority = parameters.get("priority", 0)
+    if type(priority) is not int or priority < 0 or (priority > levels and priority != 0):
+        raise ProtocolError(
+            f"model '{model}': parameter priority must be an int in 1..{levels} "
+            "(or 0 for the default level)"
+            if levels
+            else f"model '{model}': parameter priority needs dynamic_batching.priority_levels"
+        )
+    timeout = parameters.get("timeout", 0)
+    if type(timeout) is not int or timeout < 0:
+        raise ProtocolError(f"model '{model}': parameter timeout must be microseconds >= 0")
+    return {"binary_output": binary, "priority": priority, "timeout_us": timeout}

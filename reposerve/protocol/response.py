@@ -1,0 +1,86 @@
+"""Encode a V2 infer response: JSON tensors, or a JSON header followed by binary data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from reposerve.datatypes import NUMPY_DTYPES, element_count, unpack_bytes
+from reposerve.errors import ProtocolError
+from reposerve.tensor import Tensor
+
+
+class _OutputJSON(msgspec.Struct, omit_defaults=True):
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any = msgspec.UNSET
+    parameters: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+class _ResponseJSON(msgspec.Struct, omit_defaults=True):
+    model_name: str
+    model_version: str
+    outputs: list[_OutputJSON]
+    id: str | msgspec.UnsetType = msgspec.UNSET
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_response(
+    model: str,
+    version: str,
+    request_id: str | None,
+    outputs: list[tuple[str, Tensor, bool]],
+) -> tuple[bytes, int | None]:
+    """The response body and, when any output is binary, the JSON header's length.
+
+    ``outputs`` lists (name, tensor, binary) in response order.
+    """
+    described: list[_OutputJSON] = []
+    binary_parts: list[bytes | memoryview] = []
+    for name, tensor, binary in outputs:
+        if binary:
+            described.append(
+                _OutputJSON(
+                    name,
+                    tensor.datatype,
+                    tensor.shape,
+                    parameters={"binary_data_size": len(tensor.raw)},
+                )
+            )
+            binary_parts.append(tensor.raw)
+        else:
+            described.append(
+                _OutputJSON(name, tensor.datatype, tensor.shape, data=_json_data(model, name, tensor))
+            )
+    header = _encoder.encode(
+        _ResponseJSON(
+            model,
+            version,
+            described,
+            msgspec.UNSET if request_id is None else request_id,
+        )
+    )
+    if not binary_parts:
+        return header, None
+    return b"".join([header, *binary_parts]), len(header)
+
+
+def _json_data(model: str, name: str, tensor: Tensor) -> list:
+    count = element_count(tensor.shape)
+    if tensor.datatype == "BYTES":
+        try:
+            return [item.decode() for item in unpack_bytes(tensor.raw, count)]
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(
+                f"model '{model}': output '{name}' holds non-UTF-8 bytes, which JSON cannot "
+                "carry; request it with binary_data"
+            ) from exc
+    values = np.frombuffer(tensor.raw, dtype=NUMPY_DTYPES[tensor.datatype], count=count)
+    if tensor.datatype == "BF16":
+        values = (values.astype(np.uint32) << 16).view(np.float32)
+    return values.tolist()

@@ -1,0 +1,145 @@
+"""The repository: which models and versions are loaded, and loading, swapping, unloading.
+
+A (re)load builds the new versions beside the old ones and swaps each in only once it is
+READY, so requests never see a gap; a new version that fails leaves the old one serving.
+Loads and unloads of one model are serialised; different models proceed in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import msgspec
+
+from reposerve.errors import ConfigError, ErrorKind, RepositoryError
+from reposerve.repository.scan import model_names, read_model
+from reposerve.repository.version import ModelState, ModelVersion
+
+log = logging.getLogger("reposerve.repository")
+
+
+class IndexEntry(msgspec.Struct, omit_defaults=True):
+    """One row of ``POST /v2/repository/index`` (Triton's shape)."""
+
+    name: str
+    version: str = ""
+    state: str = ""
+    reason: str = ""
+
+
+class _Model:
+    def __init__(self) -> None:
+        self.versions: dict[int, ModelVersion] = {}
+        self.error = ""  # why the last load could not even start (config, layout)
+        self.lock = asyncio.Lock()
+
+
+class Repository:
+    def __init__(self, root: Path, load_timeout: float, unload_timeout: float) -> None:
+        self.root = root
+        self._load_timeout = load_timeout
+        self._unload_timeout = unload_timeout
+        self._models: dict[str, _Model] = {}
+
+    def names(self) -> list[str]:
+        return model_names(self.root)
+
+    async def load(self, name: str) -> None:
+        """Load or reload ``name`` from disk; raises ConfigError when it cannot be read."""
+        model = self._models.setdefault(name, _Model())
+        async with model.lock:
+            try:
+                source = read_model(self.root, name)
+            except ConfigError as exc:
+                model.error = exc.message
+                log.error("%s", exc.message)
+                raise
+            model.error = ""
+            fresh = [ModelVersion(name, source.config, version) for version in source.versions]
+            await asyncio.gather(*(version.load(self._load_timeout) for version in fresh))
+            old = model.versions
+            current: dict[int, ModelVersion] = {}
+            for version in fresh:
+                previous = old.get(version.version)
+                if version.state is not ModelState.READY and previous is not None and (
+                    previous.state is ModelState.READY
+                ):
+                    log.error("%s: reload failed, version kept serving", previous.label)
+                    current[version.version] = previous
+                else:
+                    current[version.version] = version
+            model.versions = current
+            retired = [version for version in old.values() if current.get(version.version) is not version]
+            await asyncio.gather(*(version.unload(self._unload_timeout) for version in retired))
+
+    async def unload(self, name: str) -> None:
+        model = self._models.get(name)
+        if model is None:
+            raise RepositoryError(f"unknown model '{name}'")
+        async with model.lock:
+            versions = list(model.versions.values())
+            await asyncio.gather(*(version.unload(self._unload_timeout) for version in versions))
+
+    async def close(self) -> None:
+        names = list(self._models)
+        await asyncio.gather(*(self.unload(name) for name in names))
+
+    def get(self, name: str, version: str | None = None) -> ModelVersion:
+        """The READY version asked for (the newest READY one when ``version`` is empty)."""
+        model = self._models.get(name)
+        if model is None:
+            raise RepositoryError(f"unknown model '{name}'")
+        if version:
+            number = int(version) if version.isdigit() else -1
+            found = model.versions.get(number)
+            if found is None:
+                raise RepositoryError(f"model '{name}' has no version '{version}'")
+            if found.state is not ModelState.READY:
+                raise _not_ready(found.label, found.state, found.reason)
+            return found
+        ready = [v for v in model.versions.values() if v.state is ModelState.READY]
+        if ready:
+            return max(ready, key=lambda v: v.version)
+        reasons = [v.reason for v in model.versions.values() if v.reason] or [model.error]
+        raise _not_ready(f"model '{name}'", ModelState.UNAVAILABLE, "; ".join(filter(None, reasons)))
+
+    def versions(self, name: str) -> list[ModelVersion]:
+        model = self._models.get(name)
+        if model is None:
+            raise RepositoryError(f"unknown model '{name}'")
+        return sorted(model.versions.values(), key=lambda v: v.version)
+
+    def loaded(self) -> list[ModelVersion]:
+        return [
+            version
+            for name in sorted(self._models)
+            for version in self.versions(name)
+        ]
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model on disk or known, with each version's state."""
+        entries: list[IndexEntry] = []
+        for name in sorted(set(self.names()) | set(self._models)):
+            model = self._models.get(name)
+            if model is None or (not model.versions and not model.error):
+                if not ready_only:
+                    entries.append(IndexEntry(name))
+                continue
+            if model.error and not model.versions:
+                if not ready_only:
+                    entries.append(IndexEntry(name, state="UNAVAILABLE", reason=model.error))
+                continue
+            for number, version in sorted(model.versions.items()):
+                if ready_only and version.state is not ModelState.READY:
+                    continue
+                entries.append(IndexEntry(name, str(number), version.state.value, version.reason))
+        return entries
+
+
+def _not_ready(label: str, state: ModelState, reason: str) -> RepositoryError:
+    detail = f": {reason}" if reason else ""
+    return RepositoryError(
+        f"{label} is not ready ({state.value}){detail}", kind=ErrorKind.UNAVAILABLE
+    )

@@ -1,0 +1,110 @@
+"""Read one model folder: its config, the versions its policy selects, and their backend.
+
+Reads file names only; the backends open the model files inside instance processes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+
+from reposerve.config import ModelConfig, load_model_config
+from reposerve.errors import ConfigError
+
+CONFIG_FILE = "config.toml"
+MODEL_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
+BACKEND_FILES: dict[str, tuple[str, ...]] = {
+    "python": ("model.py",),
+    "onnxruntime": ("model.onnx",),
+    "torch": ("model.pt", "model.pt2"),
+}
+
+
+class VersionSource(msgspec.Struct, frozen=True):
+    number: int
+    path: Path
+    backend: str
+
+
+class ModelSource(msgspec.Struct, frozen=True):
+    name: str
+    path: Path
+    config: ModelConfig
+    versions: list[VersionSource]
+
+
+def model_names(root: Path) -> list[str]:
+    """Folders of ``root`` that name models, sorted."""
+    return sorted(
+        entry.name for entry in root.iterdir() if entry.is_dir() and MODEL_NAME.match(entry.name)
+    )
+
+
+def read_model(root: Path, name: str) -> ModelSource:
+    """Parse ``root/name``; ConfigError names the file and what to fix."""
+    if not MODEL_NAME.match(name):
+        raise ConfigError(f"{name}: not a valid model name (letters, digits, _ . -)")
+    path = root / name
+    if not path.is_dir():
+        raise ConfigError(f"{name}: no such model folder in {root}")
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise ConfigError(f"{name}/{CONFIG_FILE}: missing. Hint: every model folder needs one")
+    config = load_model_config(config_path, label=f"{name}/{CONFIG_FILE}")
+    numbers = sorted(int(entry.name) for entry in path.iterdir() if _is_version_folder(entry))
+    if not numbers:
+        raise ConfigError(f"{name}: no version folders. Hint: put the model in {name}/1/")
+    chosen = _apply_policy(config, numbers, name)
+    versions = [
+        VersionSource(number, path / str(number), _backend(config, path / str(number), name))
+        for number in chosen
+    ]
+    if any(version.backend == "python" for version in versions) and not (
+        config.input and config.output
+    ):
+        raise ConfigError(
+            f"{name}/{CONFIG_FILE}: python models must declare their [[input]] and [[output]] tensors"
+        )
+    return ModelSource(name, path, config, versions)
+
+
+def _is_version_folder(entry: Path) -> bool:
+    return entry.is_dir() and entry.name.isdigit() and int(entry.name) > 0
+
+
+def _apply_policy(config: ModelConfig, numbers: list[int], name: str) -> list[int]:
+    policy = config.version_policy
+    if policy.all:
+        return numbers
+    if policy.specific is not None:
+        missing = [number for number in policy.specific if number not in numbers]
+        if missing:
+            raise ConfigError(
+                f"{name}/{CONFIG_FILE}: version_policy.specific: no folder for version(s) "
+                f"{', '.join(map(str, missing))}"
+            )
+        return sorted(set(policy.specific))
+    return numbers[-(policy.latest or 1) :]
+
+
+def _backend(config: ModelConfig, version_path: Path, name: str) -> str:
+    where = f"{name}/{version_path.name}"
+    if config.backend is not None:
+        files = BACKEND_FILES[config.backend]
+        if not any((version_path / file).is_file() for file in files):
+            raise ConfigError(f"{where}: backend {config.backend} needs {' or '.join(files)}")
+        return config.backend
+    found = [
+        backend
+        for backend, files in BACKEND_FILES.items()
+        if any((version_path / file).is_file() for file in files)
+    ]
+    if len(found) != 1:
+        wanted = ", ".join(file for files in BACKEND_FILES.values() for file in files)
+        what = "several model files" if found else "no model file"
+        raise ConfigError(
+            f"{where}: {what}; put exactly one of {wanted} there or set backend in config.toml"
+        )
+    return found[0]

@@ -1,0 +1,156 @@
+"""The protocol-agnostic operations the HTTP front calls.
+
+Each takes names and bytes and returns bytes or plain values; status codes and headers
+stay in ``reposerve.http``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+
+from reposerve.errors import ConfigError, ErrorKind, ProtocolError, RepositoryError
+from reposerve.protocol import documents
+from reposerve.protocol.request import InferRequest, decode_request
+from reposerve.protocol.response import encode_response
+from reposerve.repository import IndexEntry, ModelState, Repository
+from reposerve.tensor import Tensor
+
+log = logging.getLogger("reposerve")
+
+
+class _IndexRequest(msgspec.Struct):
+    ready: bool = False
+
+
+class _LoadRequest(msgspec.Struct):
+    parameters: dict[str, object] | None = None
+
+
+class InferenceService:
+    def __init__(self, repository: Repository, model_control: bool = True) -> None:
+        self.repository = repository
+        self.model_control = model_control
+        self.ready = False
+
+    # -- start-up and shutdown ---------------------------------------------------------
+
+    async def start(self, names: list[str] | None) -> None:
+        """Load ``names`` (every model on disk when None); failures leave others serving."""
+        wanted = self.repository.names() if names is None else names
+        await asyncio.gather(*(self._load_quietly(name) for name in wanted))
+        self.ready = True
+
+    async def stop(self) -> None:
+        self.ready = False
+        await self.repository.close()
+
+    async def _load_quietly(self, name: str) -> None:
+        try:
+            await self.repository.load(name)
+        except ConfigError:
+            pass  # recorded in the index and logged by the repository
+
+    # -- metadata ------------------------------------------------------------------------
+
+    def server_metadata(self) -> bytes:
+        return documents.server_metadata()
+
+    def model_metadata(self, name: str, version: str | None) -> bytes:
+        model = self.repository.get(name, version)
+        ready = [
+            v.version for v in self.repository.versions(name) if v.state is ModelState.READY
+        ]
+        return documents.model_metadata(name, ready, model.backend, model.config)
+
+    def model_config(self, name: str, version: str | None) -> bytes:
+        model = self.repository.get(name, version)
+        return documents.model_config(name, model.backend, model.config)
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        try:
+            self.repository.get(name, version)
+        except RepositoryError:
+            return False
+        return True
+
+    def model_statistics(self, name: str | None, version: str | None) -> bytes:
+        if name is None:
+            versions = self.repository.loaded()
+        elif version:
+            versions = [self.repository.get(name, version)]
+        else:
+            versions = self.repository.versions(name)
+        return documents.model_statistics([v.statistics.snapshot() for v in versions])
+
+    # -- inference -----------------------------------------------------------------------
+
+    async def infer(
+        self, name: str, version: str | None, body: bytes, header_length: int | None
+    ) -> tuple[bytes, int | None]:
+        """Run one V2 request; returns the response body and its JSON header length."""
+        model = self.repository.get(name, version)
+        request = decode_request(body, header_length, model.config, name)
+        assert model.scheduler is not None
+        selected = _selected_outputs(request, [spec.name for spec in model.config.output])
+        version_text = str(model.version)
+
+        def finish(outputs: dict[str, Tensor]) -> tuple[bytes, int | None]:
+            return encode_response(
+                name,
+                version_text,
+                request.id,
+                [(output, outputs[output], binary) for output, binary in selected],
+            )
+
+        return await model.scheduler.submit(request, finish)
+
+    # -- repository control --------------------------------------------------------------
+
+    def repository_index(self, body: bytes) -> bytes:
+        try:
+            query = msgspec.json.decode(body or b"{}", type=_IndexRequest)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"repository index: malformed request JSON: {exc}") from exc
+        entries: list[IndexEntry] = self.repository.index(ready_only=query.ready)
+        return documents.encode(entries)
+
+    async def load_model(self, name: str, body: bytes) -> None:
+        self._check_control()
+        try:
+            request = msgspec.json.decode(body or b"{}", type=_LoadRequest)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"load '{name}': malformed request JSON: {exc}") from exc
+        if request.parameters:
+            raise ProtocolError(
+                f"load '{name}': parameters ({', '.join(request.parameters)}) are not supported; "
+                "edit the files in the repository and load again"
+            )
+        await self.repository.load(name)
+        failed = [v for v in self.repository.versions(name) if v.state is not ModelState.READY]
+        if failed:
+            reasons = "; ".join(f"version {v.version}: {v.reason}" for v in failed)
+            raise RepositoryError(f"failed to load '{name}': {reasons}", kind=ErrorKind.INVALID_ARGUMENT)
+
+    async def unload_model(self, name: str) -> None:
+        self._check_control()
+        await self.repository.unload(name)
+
+    def _check_control(self) -> None:
+        if not self.model_control:
+            raise RepositoryError(
+                "explicit model load / unload is not allowed with --model-control-mode none",
+                kind=ErrorKind.INVALID_ARGUMENT,
+            )
+
+
+def _selected_outputs(request: InferRequest, declared: list[str]) -> list[tuple[str, bool]]:
+    """(output, binary) in response order: the requested ones, or every declared output."""
+    if request.outputs is None:
+        return [(output, request.binary_output) for output in declared]
+    return [
+        (output, request.binary_output if binary is None else binary)
+        for output, binary in request.outputs.items()
+    ]

@@ -1,0 +1,30 @@
+"""Server settings: what the CLI flags say, as one value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+
+class RestrictedApi(msgspec.Struct, frozen=True):
+    """``--http-restricted-api API[,API]:KEY=VALUE``: these APIs need header KEY: VALUE."""
+
+    apis: frozenset[str]
+    header: str
+    value: str
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    model_repository: Path = Path("model_repository")
+    http_host: str = "0.0.0.0"
+    http_port: int = 8000
+    model_control_mode: str = "explicit"
+    load_models: list[str] | None = None  # None: every model in the repository
+    http_server: str = "auto"
+    http2: bool = False
+    restricted: list[RestrictedApi] = []
+    exit_timeout_secs: float = 30.0
+    load_timeout_secs: float = 120.0
+    log_level: str = "info"
+    log_format: str = "text"

@@ -1,0 +1,94 @@
+"""Per model version inference statistics, in the shape of Triton's statistics extension.
+
+Recorded once per batch (never per request on the hot path beyond a few additions) and
+read by ``GET /v2/models/.../stats`` and the Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+
+class Duration(msgspec.Struct):
+    count: int = 0
+    ns: int = 0
+
+    def add(self, count: int, ns: int) -> None:
+        self.count += count
+        self.ns += ns
+
+
+class InferenceStats(msgspec.Struct):
+    success: Duration = msgspec.field(default_factory=Duration)
+    fail: Duration = msgspec.field(default_factory=Duration)
+    queue: Duration = msgspec.field(default_factory=Duration)
+    compute_input: Duration = msgspec.field(default_factory=Duration)
+    compute_infer: Duration = msgspec.field(default_factory=Duration)
+    compute_output: Duration = msgspec.field(default_factory=Duration)
+    cache_hit: Duration = msgspec.field(default_factory=Duration)
+    cache_miss: Duration = msgspec.field(default_factory=Duration)
+
+
+class BatchStats(msgspec.Struct):
+    batch_size: int
+    compute_input: Duration = msgspec.field(default_factory=Duration)
+    compute_infer: Duration = msgspec.field(default_factory=Duration)
+    compute_output: Duration = msgspec.field(default_factory=Duration)
+
+
+class ModelStats(msgspec.Struct):
+    """One entry of Triton's ``model_stats`` list."""
+
+    name: str
+    version: str
+    last_inference: int = 0  # ms since the epoch
+    inference_count: int = 0  # items (batch elements) inferred
+    execution_count: int = 0  # batches executed
+    inference_stats: InferenceStats = msgspec.field(default_factory=InferenceStats)
+    batch_stats: list[BatchStats] = []
+    memory_usage: list[dict] = []
+
+
+class ModelStatistics:
+    """Accumulates one model version's numbers; ``snapshot`` gives Triton's JSON shape."""
+
+    def __init__(self, name: str, version: int) -> None:
+        self._stats = ModelStats(name=name, version=str(version))
+        self._by_batch_size: dict[int, BatchStats] = {}
+
+    def record_batch(
+        self,
+        items: int,
+        requests: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        success_ns: int,
+        queue_ns: int,
+    ) -> None:
+        stats = self._stats
+        stats.last_inference = time.time_ns() // 1_000_000
+        stats.inference_count += items
+        stats.execution_count += 1
+        inference = stats.inference_stats
+        inference.success.add(requests, success_ns)
+        inference.queue.add(requests, queue_ns)
+        # Triton splits batch durations over the requests in the inference totals.
+        inference.compute_input.add(requests, input_ns * requests)
+        inference.compute_infer.add(requests, infer_ns * requests)
+        inference.compute_output.add(requests, output_ns * requests)
+        by_size = self._by_batch_size.get(items)
+        if by_size is None:
+            by_size = self._by_batch_size[items] = BatchStats(items)
+            stats.batch_stats = sorted(self._by_batch_size.values(), key=lambda b: b.batch_size)
+        by_size.compute_input.add(1, input_ns)
+        by_size.compute_infer.add(1, infer_ns)
+        by_size.compute_output.add(1, output_ns)
+
+    def record_failure(self, requests: int, ns: int) -> None:
+        self._stats.inference_stats.fail.add(requests, ns)
+
+    def snapshot(self) -> ModelStats:
+        return self._stats
