@@ -12,7 +12,7 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from starlette.applications import Starlette
 
@@ -98,6 +98,21 @@ def serve(settings: Settings) -> None:
 def _serve_uvicorn(app: Starlette, settings: Settings) -> None:
     import uvicorn
 
+    class _GracefulServer(uvicorn.Server):
+        """uvicorn re-raises SIGTERM after a graceful stop, so the process reports being
+        killed; we handle the signals on the loop instead and exit 0 once drained."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, self.handle_exit, signum, None)
+            try:
+                yield
+            finally:
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(signum)
+
     config = uvicorn.Config(
         app,
         host=settings.http_host,
@@ -109,7 +124,7 @@ def _serve_uvicorn(app: Starlette, settings: Settings) -> None:
         log_config=None,
         timeout_graceful_shutdown=int(settings.exit_timeout_secs),
     )
-    uvicorn.Server(config).run()
+    _GracefulServer(config).run()
 
 
 def _serve_hypercorn(app: Starlette, settings: Settings) -> None:

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server import REPO_ROOT, Server, start_server
+
+
+@pytest.fixture(scope="module")
+def bundled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """reposerve serving the bundled model_repository/."""
+    server = start_server(REPO_ROOT / "model_repository", tmp_path_factory.mktemp("log"))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "repository"
+    root.mkdir()
+    return root
