@@ -145,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from(args)
     configure_logging(settings.log_level, settings.log_format)
     if not settings.model_repository.is_dir():
-        print(f"reposerve: model repository {settings.model_repository} is not a folder", file=sys.stderr)
+        print(
+            f"reposerve: model repository {settings.model_repository} is not a folder",
+            file=sys.stderr,
+        )
         return 2
     from reposerve.http.server import serve
 

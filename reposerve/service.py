@@ -7,6 +7,7 @@ stay in ``reposerve.http``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import msgspec
@@ -48,10 +49,9 @@ class InferenceService:
         await self.repository.close()
 
     async def _load_quietly(self, name: str) -> None:
-        try:
+        # A broken model is recorded in the index and logged by the repository.
+        with contextlib.suppress(ConfigError):
             await self.repository.load(name)
-        except ConfigError:
-            pass  # recorded in the index and logged by the repository
 
     # -- metadata ------------------------------------------------------------------------
 
@@ -60,9 +60,7 @@ class InferenceService:
 
     def model_metadata(self, name: str, version: str | None) -> bytes:
         model = self.repository.get(name, version)
-        ready = [
-            v.version for v in self.repository.versions(name) if v.state is ModelState.READY
-        ]
+        ready = [v.version for v in self.repository.versions(name) if v.state is ModelState.READY]
         return documents.model_metadata(name, ready, model.backend, model.config)
 
     def model_config(self, name: str, version: str | None) -> bytes:
@@ -132,7 +130,9 @@ class InferenceService:
         failed = [v for v in self.repository.versions(name) if v.state is not ModelState.READY]
         if failed:
             reasons = "; ".join(f"version {v.version}: {v.reason}" for v in failed)
-            raise RepositoryError(f"failed to load '{name}': {reasons}", kind=ErrorKind.INVALID_ARGUMENT)
+            raise RepositoryError(
+                f"failed to load '{name}': {reasons}", kind=ErrorKind.INVALID_ARGUMENT
+            )
 
     async def unload_model(self, name: str) -> None:
         self._check_control()

@@ -68,7 +68,9 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"reposerve exited with {self.process.returncode}:\n{self.log()}")
+                raise RuntimeError(
+                    f"reposerve exited with {self.process.returncode}:\n{self.log()}"
+                )
             try:
                 if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
                     return
@@ -93,7 +95,9 @@ class Server:
 
 
 def start_server(repository: Path, tmp_path: Path, *args: str) -> Server:
-    server = Server(repository, *args, log_path=tmp_path / f"reposerve-{os.getpid()}-{time.monotonic_ns()}.log")
+    server = Server(
+        repository, *args, log_path=tmp_path / f"reposerve-{os.getpid()}-{time.monotonic_ns()}.log"
+    )
     try:
         server.wait_ready()
     except BaseException:

@@ -32,9 +32,7 @@ class AccessPolicy:
         rule = self._rules.get(api)
         if rule is not None:
             if request.headers.get(rule.header) != rule.value:
-                raise AccessError(
-                    f"This API is restricted, expecting header '{rule.header}'"
-                )
+                raise AccessError(f"This API is restricted, expecting header '{rule.header}'")
             return
         if api == CONTROL_API and not _is_loopback(request):
             raise AccessError(

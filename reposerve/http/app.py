@@ -84,7 +84,9 @@ class Handlers:
         header_length = None
         if header is not None:
             if not header.isdigit():
-                raise ProtocolError(f"{HEADER_LENGTH} must be a non-negative integer, got {header!r}")
+                raise ProtocolError(
+                    f"{HEADER_LENGTH} must be a non-negative integer, got {header!r}"
+                )
             header_length = int(header)
         body = await request.body()
         content, json_length = await self.service.infer(

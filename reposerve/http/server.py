@@ -55,7 +55,12 @@ async def _start(service: InferenceService, settings: Settings) -> None:
     # which removes its pauses from request latency.
     gc.collect()
     gc.freeze()
-    log.info("ready: serving %s on http://%s:%d", settings.model_repository, settings.http_host, settings.http_port)
+    log.info(
+        "ready: serving %s on http://%s:%d",
+        settings.model_repository,
+        settings.http_host,
+        settings.http_port,
+    )
 
 
 def startup_table(service: InferenceService) -> str:
@@ -77,7 +82,9 @@ def startup_table(service: InferenceService) -> str:
         )
     widths = [max(len(row[column]) for row in rows[:]) for column in range(4)]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        + "  "
+        + row[4]
         for row in rows
     )
 
@@ -89,7 +96,9 @@ def serve(settings: Settings) -> None:
         server = "hypercorn" if settings.http2 else "uvicorn"
     if server == "uvicorn":
         if settings.http2:
-            raise SystemExit("reposerve: uvicorn has no HTTP/2; use --http-server hypercorn or auto")
+            raise SystemExit(
+                "reposerve: uvicorn has no HTTP/2; use --http-server hypercorn or auto"
+            )
         _serve_uvicorn(app, settings)
     else:
         _serve_hypercorn(app, settings)

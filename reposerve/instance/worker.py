@@ -33,13 +33,12 @@ from reposerve.instance.messages import (
     AddSlot,
     Execute,
     Failure,
-    FromInstance,
     FrameReader,
+    FromInstance,
     Load,
     LoadFailed,
     Ready,
     Result,
-    Shutdown,
     TensorRef,
     ToInstance,
     encode_frame,
@@ -137,13 +136,17 @@ class BatchRunner:
 
     def _check_outputs(self, outputs: object, batch_size: int) -> list[tuple[str, str, np.ndarray]]:
         if not isinstance(outputs, dict):
-            raise OutputError(f"execute() must return a dict of arrays, got {type(outputs).__name__}")
+            raise OutputError(
+                f"execute() must return a dict of arrays, got {type(outputs).__name__}"
+            )
         batched = self._config.max_batch_size > 0
         checked = []
         for spec in self._config.output:
             if spec.name not in outputs:
                 returned = ", ".join(map(str, outputs)) or "nothing"
-                raise OutputError(f"execute() returned no output '{spec.name}' (returned: {returned})")
+                raise OutputError(
+                    f"execute() returned no output '{spec.name}' (returned: {returned})"
+                )
             array = np.asarray(outputs[spec.name])
             where = f"output '{spec.name}'"
             if spec.datatype == "BYTES":

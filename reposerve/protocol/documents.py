@@ -120,7 +120,8 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
                     spec.name: {
                         "data_type": TRITON_CONFIG_TYPES[spec.datatype],
                         "dims": [max(dim, 1) for dim in spec.shape],
-                        "zero_data" if warmup.inputs.get(spec.name, "zero") == "zero"
+                        "zero_data"
+                        if warmup.inputs.get(spec.name, "zero") == "zero"
                         else "random_data": True,
                     }
                     for spec in config.input

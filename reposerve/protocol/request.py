@@ -231,7 +231,9 @@ def _requested_outputs(
             )
         binary = (output.parameters or {}).get("binary_data")
         if binary is not None and not isinstance(binary, bool):
-            raise ProtocolError(f"model '{model}': output '{output.name}': binary_data must be a bool")
+            raise ProtocolError(
+                f"model '{model}': output '{output.name}': binary_data must be a bool"
+            )
         requested[output.name] = binary
     return requested
 

@@ -55,7 +55,9 @@ def encode_response(
             binary_parts.append(tensor.raw)
         else:
             described.append(
-                _OutputJSON(name, tensor.datatype, tensor.shape, data=_json_data(model, name, tensor))
+                _OutputJSON(
+                    name, tensor.datatype, tensor.shape, data=_json_data(model, name, tensor)
+                )
             )
     header = _encoder.encode(
         _ResponseJSON(

@@ -63,15 +63,19 @@ class Repository:
             current: dict[int, ModelVersion] = {}
             for version in fresh:
                 previous = old.get(version.version)
-                if version.state is not ModelState.READY and previous is not None and (
-                    previous.state is ModelState.READY
+                if (
+                    version.state is not ModelState.READY
+                    and previous is not None
+                    and (previous.state is ModelState.READY)
                 ):
                     log.error("%s: reload failed, version kept serving", previous.label)
                     current[version.version] = previous
                 else:
                     current[version.version] = version
             model.versions = current
-            retired = [version for version in old.values() if current.get(version.version) is not version]
+            retired = [
+                version for version in old.values() if current.get(version.version) is not version
+            ]
             await asyncio.gather(*(version.unload(self._unload_timeout) for version in retired))
 
     async def unload(self, name: str) -> None:
@@ -103,7 +107,9 @@ class Repository:
         if ready:
             return max(ready, key=lambda v: v.version)
         reasons = [v.reason for v in model.versions.values() if v.reason] or [model.error]
-        raise _not_ready(f"model '{name}'", ModelState.UNAVAILABLE, "; ".join(filter(None, reasons)))
+        raise _not_ready(
+            f"model '{name}'", ModelState.UNAVAILABLE, "; ".join(filter(None, reasons))
+        )
 
     def versions(self, name: str) -> list[ModelVersion]:
         model = self._models.get(name)
@@ -112,11 +118,7 @@ class Repository:
         return sorted(model.versions.values(), key=lambda v: v.version)
 
     def loaded(self) -> list[ModelVersion]:
-        return [
-            version
-            for name in sorted(self._models)
-            for version in self.versions(name)
-        ]
+        return [version for name in sorted(self._models) for version in self.versions(name)]
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model on disk or known, with each version's state."""

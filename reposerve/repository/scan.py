@@ -65,7 +65,8 @@ def read_model(root: Path, name: str) -> ModelSource:
         config.input and config.output
     ):
         raise ConfigError(
-            f"{name}/{CONFIG_FILE}: python models must declare their [[input]] and [[output]] tensors"
+            f"{name}/{CONFIG_FILE}: python models must declare their [[input]] and "
+            "[[output]] tensors"
         )
     return ModelSource(name, path, config, versions)
 

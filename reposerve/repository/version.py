@@ -113,7 +113,9 @@ class ModelVersion:
                 kind = warmup.inputs.get(spec.name, "zero")
                 dims = tuple(1 if dim < 0 else dim for dim in spec.shape)
                 shape = (warmup.batch_size, *dims) if batched else dims
-                inputs[spec.name] = Tensor(spec.datatype, shape, _sample(spec.datatype, shape, kind, rng))
+                inputs[spec.name] = Tensor(
+                    spec.datatype, shape, _sample(spec.datatype, shape, kind, rng)
+                )
             request = InferRequest(
                 id=f"warmup-{index}",
                 inputs=inputs,
@@ -126,7 +128,9 @@ class ModelVersion:
             try:
                 await self.scheduler.submit(request, lambda outputs: None)
             except ReposerveError as exc:
-                raise ReposerveError(f"{self.label}: warmup[{index}] failed: {exc.message}") from exc
+                raise ReposerveError(
+                    f"{self.label}: warmup[{index}] failed: {exc.message}"
+                ) from exc
 
 
 def _sample(datatype: str, shape: tuple[int, ...], kind: str, rng: np.random.Generator) -> bytes:

@@ -71,9 +71,7 @@ class Scheduler:
         self._clock = clock
         batching = config.dynamic_batching
         self._levels = max(batching.priority_levels, 1) if batching else 1
-        self._default_level = (
-            (batching.default_priority_level or self._levels) if batching else 1
-        )
+        self._default_level = (batching.default_priority_level or self._levels) if batching else 1
         self._max_queue = batching.max_queue_size if batching else 0
         self._default_timeout_us = batching.default_timeout_microseconds if batching else 0
         self._ordered = bool(batching and batching.preserve_ordering)
@@ -163,9 +161,7 @@ class Scheduler:
                 sizes.append(self._rules.max_batch_size + 1)
             plan = plan_batch(sizes, self._clock() - head[0].enqueued_ns, self._rules)
             if not isinstance(plan, Take):
-                self._delay_timer = asyncio.get_running_loop().call_later(
-                    plan.ns / 1e9, self._wake
-                )
+                self._delay_timer = asyncio.get_running_loop().call_later(plan.ns / 1e9, self._wake)
                 return
             self._launch(instance, self._pop(plan.count))
 
@@ -297,7 +293,9 @@ class Scheduler:
             waited_us = (self._clock() - item.enqueued_ns) // 1000
             self._fail(
                 item,
-                SchedulerError(f"{self._label}: request timed out in the queue after {waited_us} us"),
+                SchedulerError(
+                    f"{self._label}: request timed out in the queue after {waited_us} us"
+                ),
             )
             self._check_idle()
             return

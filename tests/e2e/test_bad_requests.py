@@ -35,7 +35,9 @@ def _assert_still_serving(http: httpx.Client) -> None:
 
 def _with_input(**changes) -> dict:
     """GOOD with INPUT0 changed; a change to None removes that key."""
-    first = {key: value for key, value in dict(GOOD["inputs"][0], **changes).items() if value is not None}
+    first = {
+        key: value for key, value in dict(GOOD["inputs"][0], **changes).items() if value is not None
+    }
     return {"inputs": [first, GOOD["inputs"][1]]}
 
 
@@ -53,76 +55,110 @@ CASES = {
     "malformed json": (b'{"inputs": [', {}, 400, "model 'add_sub': malformed request JSON"),
     "not an object": (b"[1, 2]", {}, 400, "malformed request JSON"),
     "unknown input": (
-        msgspec.json.encode(_with_input(name="FOO")), {}, 400,
+        msgspec.json.encode(_with_input(name="FOO")),
+        {},
+        400,
         "model 'add_sub': unknown input 'FOO' (inputs: INPUT0, INPUT1)",
     ),
     "wrong datatype": (
-        msgspec.json.encode(_with_input(datatype="FP32")), {}, 400,
+        msgspec.json.encode(_with_input(datatype="FP32")),
+        {},
+        400,
         "model 'add_sub': input 'INPUT0': expected datatype INT32, got FP32",
     ),
     "wrong shape": (
-        msgspec.json.encode(_with_input(shape=[1, 15], data=list(range(15)))), {}, 400,
+        msgspec.json.encode(_with_input(shape=[1, 15], data=list(range(15)))),
+        {},
+        400,
         "model 'add_sub': input 'INPUT0': expected shape [-1, 16], got [1, 15]",
     ),
     "batch too large": (
-        msgspec.json.encode(_with_input(shape=[9, 16], data=[0] * 144)), {}, 400,
+        msgspec.json.encode(_with_input(shape=[9, 16], data=[0] * 144)),
+        {},
+        400,
         "input 'INPUT0': shape [9, 16] needs a batch dimension of 1..8 first",
     ),
     "negative dim": (
-        msgspec.json.encode(_with_input(shape=[-1, 16])), {}, 400, "has a negative dimension",
+        msgspec.json.encode(_with_input(shape=[-1, 16])),
+        {},
+        400,
+        "has a negative dimension",
     ),
     "data shorter than shape": (
-        msgspec.json.encode(_with_input(data=[1, 2, 3])), {}, 400,
+        msgspec.json.encode(_with_input(data=[1, 2, 3])),
+        {},
+        400,
         "model 'add_sub': input 'INPUT0': data has 3 elements, shape [1, 16] needs 16",
     ),
     "strings as INT32": (
-        msgspec.json.encode(_with_input(data=["a"] * 16)), {}, 400,
+        msgspec.json.encode(_with_input(data=["a"] * 16)),
+        {},
+        400,
         "input 'INPUT0': data holds values that are not INT32",
     ),
     "floats as INT32": (
-        msgspec.json.encode(_with_input(data=[0.5] * 16)), {}, 400, "values that are not INT32",
+        msgspec.json.encode(_with_input(data=[0.5] * 16)),
+        {},
+        400,
+        "values that are not INT32",
     ),
     "INT32 out of range": (
-        msgspec.json.encode(_with_input(data=[2**40] * 16)), {}, 400, "out of range for INT32",
+        msgspec.json.encode(_with_input(data=[2**40] * 16)),
+        {},
+        400,
+        "out of range for INT32",
     ),
     "missing input": (
-        msgspec.json.encode({"inputs": [GOOD["inputs"][0]]}), {}, 400,
+        msgspec.json.encode({"inputs": [GOOD["inputs"][0]]}),
+        {},
+        400,
         "model 'add_sub': missing required input(s): INPUT1",
     ),
     "no data": (
-        msgspec.json.encode(_with_input(data=None)), {}, 400,
+        msgspec.json.encode(_with_input(data=None)),
+        {},
+        400,
         "input 'INPUT0': has neither data nor binary_data_size",
     ),
     "batch sizes disagree": (
         msgspec.json.encode(
             {"inputs": [_with_input(shape=[2, 16], data=[0] * 32)["inputs"][0], GOOD["inputs"][1]]}
         ),
-        {}, 400, "inputs disagree on the batch size (INPUT0=2, INPUT1=1)",
+        {},
+        400,
+        "inputs disagree on the batch size (INPUT0=2, INPUT1=1)",
     ),
     "unknown output": (
-        msgspec.json.encode({**GOOD, "outputs": [{"name": "NOPE"}]}), {}, 400,
+        msgspec.json.encode({**GOOD, "outputs": [{"name": "NOPE"}]}),
+        {},
+        400,
         "model 'add_sub': unknown output 'NOPE' (outputs: OUTPUT0, OUTPUT1)",
     ),
     "header length beyond body": (
-        *_binary(GOOD, b"", header_length=10_000), 400,
+        *_binary(GOOD, b"", header_length=10_000),
+        400,
         "Inference-Header-Content-Length 10000 exceeds the",
     ),
     "header length not a number": (
-        msgspec.json.encode(GOOD), {"Inference-Header-Content-Length": "-3"}, 400,
+        msgspec.json.encode(GOOD),
+        {"Inference-Header-Content-Length": "-3"},
+        400,
         "Inference-Header-Content-Length must be a non-negative integer",
     ),
     "binary size beyond body": (
-        *_binary(
-            _with_input(data=None, parameters={"binary_data_size": 1 << 40}), _int32([0])
-        ),
-        400, "binary_data_size 1099511627776 exceeds the 4 bytes left in the body",
+        *_binary(_with_input(data=None, parameters={"binary_data_size": 1 << 40}), _int32([0])),
+        400,
+        "binary_data_size 1099511627776 exceeds the 4 bytes left in the body",
     ),
     "binary size not matching shape": (
         *_binary(_with_input(data=None, parameters={"binary_data_size": 8}), _int32([1, 2])),
-        400, "input 'INPUT0': binary data holds 8 bytes, shape [1, 16] of INT32 needs 64",
+        400,
+        "input 'INPUT0': binary data holds 8 bytes, shape [1, 16] of INT32 needs 64",
     ),
     "bytes left over": (
-        *_binary(GOOD, b"trailing"), 400, "body has 8 bytes beyond the header",
+        *_binary(GOOD, b"trailing"),
+        400,
+        "body has 8 bytes beyond the header",
     ),
 }
 
@@ -173,7 +209,9 @@ def test_absurd_shapes_do_not_allocate(http):
     # The same lie in JSON.
     response = http.post(
         "/v2/models/identity_bytes/infer",
-        json={"inputs": [{"name": "INPUT0", "shape": [8, 2**62], "datatype": "BYTES", "data": ["x"]}]},
+        json={
+            "inputs": [{"name": "INPUT0", "shape": [8, 2**62], "datatype": "BYTES", "data": ["x"]}]
+        },
     )
     assert response.status_code == 400
     assert "data has 1 elements, shape [8, 4611686018427387904] needs" in response.json()["error"]
@@ -205,12 +243,16 @@ def test_non_utf8_bytes_need_binary_output(http):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     inputs=st.lists(
         st.fixed_dictionaries(
@@ -219,8 +261,12 @@ json_values = st.recursive(
                 "shape": st.lists(st.integers(-2, 2**40), max_size=3),
                 "datatype": st.sampled_from(["INT32", "FP32", "BYTES", "BOOL", "??"]),
             },
-            optional={"data": json_values, "parameters": st.dictionaries(
-                st.sampled_from(["binary_data_size", "x"]), json_values, max_size=2)},
+            optional={
+                "data": json_values,
+                "parameters": st.dictionaries(
+                    st.sampled_from(["binary_data_size", "x"]), json_values, max_size=2
+                ),
+            },
         ),
         max_size=3,
     ),
@@ -229,7 +275,9 @@ json_values = st.recursive(
 )
 def test_fuzzed_requests_get_4xx(http, inputs, tail, header_length):
     header = msgspec.json.encode({"inputs": inputs})
-    headers = {} if header_length is None else {"Inference-Header-Content-Length": str(header_length)}
+    headers = (
+        {} if header_length is None else {"Inference-Header-Content-Length": str(header_length)}
+    )
     response = http.post("/v2/models/add_sub/infer", content=header + tail, headers=headers)
     assert response.status_code in (200, 400), response.text
     if response.status_code == 400:

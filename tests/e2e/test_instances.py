@@ -131,7 +131,9 @@ def test_failed_loads_leave_others_serving(toy_server, client):
 
 
 def test_dead_instance_fails_only_its_batch(repository, tmp_path):
-    write_model(repository, "crash", vector_config(size=1, extra="[[instance_group]]\ncount = 2"), CRASH)
+    write_model(
+        repository, "crash", vector_config(size=1, extra="[[instance_group]]\ncount = 2"), CRASH
+    )
     server = start_server(repository, tmp_path)
     try:
         client = httpclient.InferenceServerClient(server.address)
@@ -157,7 +159,9 @@ def _memfd_count(pid: int) -> int:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_shutdown_leaves_nothing_behind(repository, tmp_path, signum):
-    write_model(repository, "plus_one", vector_config(extra="[[instance_group]]\ncount = 2"), PLUS_ONE)
+    write_model(
+        repository, "plus_one", vector_config(extra="[[instance_group]]\ncount = 2"), PLUS_ONE
+    )
     shm_before = set(os.listdir("/dev/shm"))
     server = start_server(repository, tmp_path)
     client = httpclient.InferenceServerClient(server.address)

@@ -1,0 +1,123 @@
+"""`reposerve check` and the serve flags that shape start-up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.server import REPO_ROOT, start_server
+from tests.toy_models import PLUS_ONE, vector_config, write_model
+
+pytestmark = pytest.mark.e2e
+
+
+def _check(path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "reposerve", "check", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
+
+
+def test_check_bundled_repository_is_clean():
+    result = _check(REPO_ROOT / "model_repository")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok   add_sub (versions 1; python)" in result.stdout.splitlines()
+
+
+def test_check_prints_one_line_per_model(repository):
+    write_model(repository, "good", vector_config(), PLUS_ONE)
+    write_model(
+        repository,
+        "late",
+        vector_config(extra="[dynamic_batching]\nmax_queue_delay_microseconds = -5"),
+        PLUS_ONE,
+    )
+    write_model(repository, "empty", vector_config(), None)
+    (repository / "empty" / "1").rmdir()
+    result = _check(repository)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "FAIL empty: no version folders. Hint: put the model in empty/1/",
+        "ok   good (versions 1; python)",
+        "FAIL late/config.toml: dynamic_batching.max_queue_delay_microseconds: "
+        "expected int >= 0, got -5",
+    ]
+
+
+def test_load_model_flag_and_explicit_control(repository, tmp_path):
+    write_model(repository, "a", vector_config(), PLUS_ONE)
+    write_model(repository, "b", vector_config(), PLUS_ONE)
+    server = start_server(repository, tmp_path, "--load-model", "a")
+    try:
+        base = server.url
+        assert httpx.get(f"{base}/v2/models/a/ready").status_code == 200
+        assert httpx.get(f"{base}/v2/models/b/ready").status_code == 400
+        index = httpx.post(f"{base}/v2/repository/index").json()
+        assert {"name": "b"} in index
+        assert httpx.post(f"{base}/v2/repository/models/b/load").status_code == 200
+        assert httpx.get(f"{base}/v2/models/b/ready").status_code == 200
+        assert httpx.post(f"{base}/v2/repository/models/a/unload").status_code == 200
+        assert httpx.get(f"{base}/v2/models/a/ready").status_code == 400
+        ready = httpx.post(f"{base}/v2/repository/index", json={"ready": True}).json()
+        assert ready == [{"name": "b", "version": "1", "state": "READY"}]
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_restricted_control_api_needs_its_header(repository, tmp_path):
+    write_model(repository, "a", vector_config(), PLUS_ONE)
+    server = start_server(
+        repository, tmp_path, "--http-restricted-api", "model-repository:admin-key=s3cret"
+    )
+    try:
+        response = httpx.post(f"{server.url}/v2/repository/models/a/unload")
+        assert response.status_code == 403
+        assert response.json() == {"error": "This API is restricted, expecting header 'admin-key'"}
+        response = httpx.post(
+            f"{server.url}/v2/repository/models/a/unload", headers={"admin-key": "s3cret"}
+        )
+        assert response.status_code == 200
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("http_server", ["uvicorn", "hypercorn"])
+def test_both_http_servers_serve(repository, tmp_path, http_server):
+    write_model(repository, "a", vector_config(size=2), PLUS_ONE)
+    server = start_server(repository, tmp_path, "--http-server", http_server)
+    try:
+        response = httpx.post(
+            f"{server.url}/v2/models/a/infer",
+            json={
+                "inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]
+            },
+        )
+        assert response.json()["outputs"][0]["data"] == [2.0, 3.0]
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_http2_on_hypercorn(repository, tmp_path):
+    pytest.importorskip("h2", reason="httpx needs h2 for HTTP/2")
+    write_model(repository, "a", vector_config(size=2), PLUS_ONE)
+    server = start_server(repository, tmp_path, "--http2")
+    try:
+        with httpx.Client(http1=False, http2=True) as client:
+            response = client.post(
+                f"{server.url}/v2/models/a/infer",
+                json={
+                    "inputs": [
+                        {"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}
+                    ]
+                },
+            )
+        assert response.http_version == "HTTP/2"
+        assert response.json()["outputs"][0]["data"] == [2.0, 3.0]
+    finally:
+        assert server.stop() == 0, server.log()

@@ -1,0 +1,63 @@
+"""Triton's perf_analyzer measures against us unchanged (JSON and binary tensors)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+BIN = Path(sys.executable).parent / "perf_analyzer"
+
+
+def _cuda_runtime_dir() -> str | None:
+    try:
+        import nvidia.cuda_runtime
+    except ImportError:
+        return None
+    return str(Path(next(iter(nvidia.cuda_runtime.__path__))) / "lib")
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    runtime = _cuda_runtime_dir()
+    if runtime:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            filter(None, [runtime, env.get("LD_LIBRARY_PATH")])
+        )
+    return env
+
+
+def _runnable() -> str | None:
+    """Why perf_analyzer cannot run here, or None when it can."""
+    if not BIN.exists():
+        return f"{BIN} is missing: install the test extra (tritonclient==2.51.0 ships it)"
+    probe = subprocess.run(
+        [str(BIN), "--version"], capture_output=True, text=True, env=_environment()
+    )
+    if "error while loading shared libraries" in probe.stderr:
+        why = probe.stderr.strip()
+        return f"perf_analyzer cannot start: {why} (see tools/install_perf_analyzer.sh)"
+    return None
+
+
+@pytest.mark.parametrize("tensor_format", ["binary", "json"])
+def test_perf_analyzer_completes(bundled_server, tensor_format):
+    reason = _runnable()
+    if reason:
+        pytest.skip(reason)
+    result = subprocess.run(
+        [
+            str(BIN), "-m", "add_sub", "-u", bundled_server.address, "-i", "http",
+            "--concurrency-range", "4", "--measurement-interval", "1000",
+            f"--input-tensor-format={tensor_format}", f"--output-tensor-format={tensor_format}",
+        ],
+        capture_output=True, text=True, env=_environment(), timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Concurrency: 4, throughput:" in result.stdout
+    assert "error" not in result.stdout.lower()

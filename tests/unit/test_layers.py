@@ -1,0 +1,81 @@
+"""The architecture's import direction (STYLE.md): a layer imports only layers to its right.
+
+cli -> http -> service -> repository -> scheduler -> instance -> backends, and every
+layer may use the leaves (protocol, config, errors, datatypes, tensor, statistics, settings).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PACKAGE = Path(__file__).resolve().parents[2] / "reposerve"
+ORDER = ["cli", "http", "service", "repository", "scheduler", "instance", "backends"]
+LEAVES = {
+    "protocol",
+    "config",
+    "errors",
+    "datatypes",
+    "tensor",
+    "statistics",
+    "settings",
+    "__init__",
+}
+# What each leaf may import besides the standard library and numpy/msgspec.
+LEAF_RULES = {
+    "errors": set(),
+    "datatypes": set(),
+    "tensor": {"datatypes"},
+    "config": {"errors"},
+    "statistics": set(),
+    "settings": set(),
+    "protocol": {"config", "datatypes", "errors", "tensor", "statistics", "__init__"},
+}
+FORBIDDEN_IN_LEAVES = {"starlette", "uvicorn", "hypercorn", "multiprocessing", "subprocess"}
+
+
+def _layer(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _modules() -> list[Path]:
+    return [p for p in PACKAGE.rglob("*.py") if p.name != "__main__.py"]
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_right(path):
+    layer = _layer(path)
+    for name in _imports(path):
+        root = name.split(".")[0]
+        if root in FORBIDDEN_IN_LEAVES and layer in LEAVES:
+            pytest.fail(f"{path.name}: leaf '{layer}' imports {name}")
+        if root != "reposerve":
+            continue
+        parts = name.split(".")
+        target = parts[1] if len(parts) > 1 else "__init__"
+        if target == layer:
+            continue
+        if layer in LEAVES:
+            assert target in LEAF_RULES[layer] or (layer == "__init__"), (
+                f"{path.relative_to(PACKAGE)}: leaf '{layer}' imports reposerve.{target}"
+            )
+        elif target not in LEAVES:
+            assert ORDER.index(target) > ORDER.index(layer), (
+                f"{path.relative_to(PACKAGE)}: '{layer}' imports '{target}', a layer to its left"
+            )

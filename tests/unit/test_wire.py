@@ -1,0 +1,128 @@
+"""The wire formats: BYTES framing, request decoding and response encoding, fuzzed."""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reposerve.config import parse_model_config
+from reposerve.datatypes import bytes_offsets, pack_bytes, to_numpy, unpack_bytes
+from reposerve.errors import ProtocolError
+from reposerve.protocol.request import decode_request
+from reposerve.protocol.response import encode_response
+from reposerve.tensor import Tensor, split_batch
+
+pytestmark = pytest.mark.unit
+
+CONFIG = parse_model_config(
+    """
+    max_batch_size = 4
+    [[input]]
+    name = "X"
+    datatype = "FP32"
+    shape = [2]
+    [[input]]
+    name = "S"
+    datatype = "BYTES"
+    shape = [-1]
+    optional = true
+    [[output]]
+    name = "Y"
+    datatype = "FP32"
+    shape = [2]
+    """,
+    "m/config.toml",
+)
+
+
+@given(st.lists(st.binary(max_size=40), max_size=20))
+def test_bytes_framing_round_trips(items):
+    raw = pack_bytes(items)
+    assert unpack_bytes(raw, len(items)) == items
+    assert len(bytes_offsets(raw, len(items))) == len(items) + 1
+
+
+@given(st.binary(max_size=64), st.integers(0, 10**12))
+def test_bytes_framing_never_reads_past_the_end(raw, count):
+    try:
+        offsets = bytes_offsets(raw, count)
+    except ValueError:
+        return
+    assert offsets[-1] == len(raw)
+
+
+def _binary_body(header: dict, payload: bytes) -> tuple[bytes, int]:
+    encoded = msgspec.json.encode(header)
+    return encoded + payload, len(encoded)
+
+
+def test_binary_input_is_a_view_on_the_body():
+    values = np.array([[1.5, -2.0], [3.0, 4.0]], dtype=np.float32)
+    body, length = _binary_body(
+        {"inputs": [{"name": "X", "shape": [2, 2], "datatype": "FP32",
+                     "parameters": {"binary_data_size": values.nbytes}}]},
+        values.tobytes(),
+    )  # fmt: skip
+    request = decode_request(body, length, CONFIG, "m")
+    tensor = request.inputs["X"]
+    assert isinstance(tensor.raw, memoryview) and tensor.raw.obj is body
+    np.testing.assert_array_equal(to_numpy("FP32", tensor.shape, tensor.raw), values)
+    assert request.batch_size == 2
+
+
+@given(
+    values=st.lists(st.floats(width=32, allow_nan=False), min_size=2, max_size=8).filter(
+        lambda v: len(v) % 2 == 0
+    ),
+    binary=st.booleans(),
+)
+def test_response_carries_what_the_model_returned(values, binary):
+    array = np.array(values, dtype=np.float32).reshape(-1, 2)
+    tensor = Tensor("FP32", array.shape, memoryview(array.tobytes()))
+    body, length = encode_response("m", "1", "id-1", [("Y", tensor, binary)])
+    header = msgspec.json.decode(body[: length or len(body)])
+    assert header["id"] == "id-1" and header["outputs"][0]["shape"] == list(array.shape)
+    if binary:
+        assert header["outputs"][0]["parameters"] == {"binary_data_size": array.nbytes}
+        assert body[length:] == array.tobytes()
+    else:
+        assert header["outputs"][0]["data"] == array.reshape(-1).tolist()
+
+
+@given(st.lists(st.lists(st.binary(max_size=6), min_size=1, max_size=3), min_size=1, max_size=4))
+def test_split_batch_cuts_bytes_tensors_per_request(requests):
+    width = len(requests[0])
+    requests = [(items * width)[:width] for items in requests]
+    raw = pack_bytes([item for items in requests for item in items])
+    tensor = Tensor("BYTES", (len(requests), width), memoryview(raw))
+    pieces = split_batch(tensor, [1] * len(requests))
+    for piece, items in zip(pieces, requests, strict=True):
+        assert piece.shape == (1, width)
+        assert unpack_bytes(piece.raw, width) == items
+
+
+@given(st.binary(max_size=200), st.none() | st.integers(0, 300))
+def test_decoder_rejects_garbage_with_protocol_errors_only(body, header_length):
+    try:
+        decode_request(body, header_length, CONFIG, "m")
+    except ProtocolError as exc:
+        assert exc.message.startswith("model 'm'")
+
+
+def test_bytes_lying_length_is_rejected():
+    payload = struct.pack("<I", 99) + b"abc"
+    body, length = _binary_body(
+        {"inputs": [
+            {"name": "X", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]},
+            {"name": "S", "shape": [1, 1], "datatype": "BYTES",
+             "parameters": {"binary_data_size": len(payload)}},
+        ]},
+        payload,
+    )  # fmt: skip
+    with pytest.raises(ProtocolError, match="element 0 claims 99 bytes, past the end"):
+        decode_request(body, length, CONFIG, "m")
