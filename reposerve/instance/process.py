@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -94,6 +95,7 @@ class InstanceProcess:
         self._next_batch_id = 0
         self._ready: asyncio.Future[None] | None = None
         self._closed = asyncio.Event()
+        self._exit_report: asyncio.Task | None = None
 
     @property
     def in_flight(self) -> int:
@@ -196,7 +198,7 @@ class InstanceProcess:
             self._transport.write(encode_frame(Shutdown()))
         try:
             await asyncio.wait_for(self._closed.wait(), timeout)
-            await asyncio.wait_for(asyncio.to_thread(self._wait_process, timeout), timeout)
+            await asyncio.to_thread(self._exit_code, timeout)
         except TimeoutError:
             pass
         self.kill()
@@ -213,9 +215,13 @@ class InstanceProcess:
         self._slots.clear()
         self._free_slots.clear()
 
-    def _wait_process(self, timeout: float) -> None:
-        if self._process is not None:
-            self._process.wait(timeout)
+    def _exit_code(self, timeout: float = 5.0) -> int | None:
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def _add_slot(self) -> int:
         index = len(self._slots)
@@ -262,8 +268,18 @@ class InstanceProcess:
         was = self.state
         self.state = InstanceState.EXITED
         self._closed.set()
-        code = self._process.poll() if self._process else None
-        how = f"exited with code {code}" if code is not None else "closed its connection"
+        # The socket closes a moment before the process can be reaped; wait for its exit
+        # status so the error says how it ended.
+        self._exit_report = asyncio.get_running_loop().create_task(self._report_exit(was))
+
+    async def _report_exit(self, was: InstanceState) -> None:
+        code = await asyncio.to_thread(self._exit_code)
+        if code is None:
+            how = "closed its connection"
+        elif code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
         if self._ready and not self._ready.done():
             self._ready.set_exception(InstanceError(f"{self.spec.label}: {how} while loading"))
         failed, self._in_flight = self._in_flight, {}

@@ -85,4 +85,9 @@ def _json_data(model: str, name: str, tensor: Tensor) -> list:
     values = np.frombuffer(tensor.raw, dtype=NUMPY_DTYPES[tensor.datatype], count=count)
     if tensor.datatype == "BF16":
         values = (values.astype(np.uint32) << 16).view(np.float32)
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise ProtocolError(
+            f"model '{model}': output '{name}' holds NaN or infinity, which JSON cannot carry; "
+            "request it with binary_data"
+        )
     return values.tolist()

@@ -54,6 +54,8 @@ def test_perf_analyzer_completes(bundled_server, tensor_format):
         [
             str(BIN), "-m", "add_sub", "-u", bundled_server.address, "-i", "http",
             "--concurrency-range", "4", "--measurement-interval", "1000",
+            # CI machines are shared and noisy: completing without errors is the point here.
+            "--stability-percentage", "100", "--max-trials", "20",
             f"--input-tensor-format={tensor_format}", f"--output-tensor-format={tensor_format}",
         ],
         capture_output=True, text=True, env=_environment(), timeout=240,

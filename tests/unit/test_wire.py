@@ -76,7 +76,9 @@ def test_binary_input_is_a_view_on_the_body():
 
 
 @given(
-    values=st.lists(st.floats(width=32, allow_nan=False), min_size=2, max_size=8).filter(
+    values=st.lists(
+        st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=2, max_size=8
+    ).filter(
         lambda v: len(v) % 2 == 0
     ),
     binary=st.booleans(),
@@ -126,3 +128,12 @@ def test_bytes_lying_length_is_rejected():
     )  # fmt: skip
     with pytest.raises(ProtocolError, match="element 0 claims 99 bytes, past the end"):
         decode_request(body, length, CONFIG, "m")
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_json_refuses_what_it_cannot_carry(value):
+    tensor = Tensor("FP32", (1, 2), memoryview(np.array([0, value], np.float32).tobytes()))
+    with pytest.raises(ProtocolError, match="output 'Y' holds NaN or infinity"):
+        encode_response("m", "1", None, [("Y", tensor, False)])
+    body, length = encode_response("m", "1", None, [("Y", tensor, True)])
+    assert np.frombuffer(body[length:], np.float32)[1] == value or np.isnan(value)
