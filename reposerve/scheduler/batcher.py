@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from reposerve.config import ModelConfig
 from reposerve.errors import InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.process import BatchInput, BatchOutcome, OnDone
 from reposerve.protocol.request import InferRequest
+from reposerve.scheduler.clock import Clock, LoopClock, Timer
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor, split_batch
@@ -51,7 +52,7 @@ class _Queued:
         self.future = future
         self.key = key
         self.enqueued_ns = now
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: Timer | None = None
 
 
 class Scheduler:
@@ -61,14 +62,14 @@ class Scheduler:
         config: ModelConfig,
         instances: Sequence[Executor],
         statistics: ModelStatistics,
-        clock: Callable[[], int] = time.monotonic_ns,
+        clock: Clock | None = None,
     ) -> None:
         self._label = label
         self._config = config
         self._rules = BatchRules.from_config(config)
         self._instances = list(instances)
         self._statistics = statistics
-        self._clock = clock
+        self._clock: Clock = clock or LoopClock()
         batching = config.dynamic_batching
         self._levels = max(batching.priority_levels, 1) if batching else 1
         self._default_level = (batching.default_priority_level or self._levels) if batching else 1
@@ -79,7 +80,7 @@ class Scheduler:
         self._queued = 0
         self._in_flight = 0
         self._dispatch_scheduled = False
-        self._delay_timer: asyncio.TimerHandle | None = None
+        self._delay_timer: Timer | None = None
         self._rotation = 0
         self._closed = False
         self._idle = asyncio.Event()
@@ -104,12 +105,12 @@ class Scheduler:
                 f"{self._label}: queue full ({self._queued} requests waiting, "
                 "dynamic_batching.max_queue_size); retry later"
             )
-        loop = asyncio.get_running_loop()
         key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
-        item = _Queued(request, finish, loop.create_future(), key, self._clock())
+        future = asyncio.get_running_loop().create_future()
+        item = _Queued(request, finish, future, key, self._clock.now())
         timeout_us = request.timeout_us or self._default_timeout_us
         if timeout_us:
-            item.timer = loop.call_later(timeout_us / 1e6, self._expire, item)
+            item.timer = self._clock.call_later(timeout_us * 1000, partial(self._expire, item))
         level = (request.priority or self._default_level) - 1
         self._queues[level].append(item)
         self._queued += 1
@@ -159,9 +160,9 @@ class Scheduler:
             if blocked:
                 # A request of another shape follows: the batch cannot grow past it.
                 sizes.append(self._rules.max_batch_size + 1)
-            plan = plan_batch(sizes, self._clock() - head[0].enqueued_ns, self._rules)
+            plan = plan_batch(sizes, self._clock.now() - head[0].enqueued_ns, self._rules)
             if not isinstance(plan, Take):
-                self._delay_timer = asyncio.get_running_loop().call_later(plan.ns / 1e9, self._wake)
+                self._delay_timer = self._clock.call_later(plan.ns, self._wake)
                 return
             self._launch(instance, self._pop(plan.count))
 
@@ -223,7 +224,7 @@ class Scheduler:
         self._launched += 1
         self._in_flight += 1
         # [started, handed over]: the hand-over time is known only after run() returns.
-        times = [self._clock(), 0]
+        times = [self._clock.now(), 0]
 
         def on_done(outcome: BatchOutcome | InstanceError) -> None:
             self._complete(batch, sequence, times[0], times[1] or times[0], outcome)
@@ -232,7 +233,7 @@ class Scheduler:
             instance.run(inputs, on_done)
         except OSError as exc:
             on_done(InstanceError(f"could not hand the batch to an instance: {exc}"))
-        times[1] = self._clock()
+        times[1] = self._clock.now()
 
     def _complete(
         self,
@@ -242,7 +243,7 @@ class Scheduler:
         launched: int,
         outcome: BatchOutcome | InstanceError,
     ) -> None:
-        now = self._clock()
+        now = self._clock.now()
         deliveries: list[tuple[asyncio.Future, Any, BaseException | None]] = []
         if isinstance(outcome, InstanceError):
             error = InstanceError(f"{self._label}: {outcome.message}")
@@ -259,7 +260,7 @@ class Scheduler:
                     deliveries.append((item.future, result, None))
                 except ReposerveError as exc:
                     deliveries.append((item.future, None, exc))
-            finished = self._clock()
+            finished = self._clock.now()
             self._statistics.record_batch(
                 items=sum(sizes),
                 requests=len(batch),
@@ -290,7 +291,7 @@ class Scheduler:
             except ValueError:
                 continue
             self._queued -= 1
-            waited_us = (self._clock() - item.enqueued_ns) // 1000
+            waited_us = (self._clock.now() - item.enqueued_ns) // 1000
             self._fail(
                 item,
                 SchedulerError(
@@ -305,7 +306,7 @@ class Scheduler:
             item.timer.cancel()
         if not item.future.done():
             item.future.set_exception(error)
-        self._statistics.record_failure(1, self._clock() - item.enqueued_ns)
+        self._statistics.record_failure(1, self._clock.now() - item.enqueued_ns)
 
     def _discard(self, item: _Queued) -> None:
         """Drop a request whose caller gave up before it was scheduled."""

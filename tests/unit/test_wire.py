@@ -78,9 +78,7 @@ def test_binary_input_is_a_view_on_the_body():
 @given(
     values=st.lists(
         st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=2, max_size=8
-    ).filter(
-        lambda v: len(v) % 2 == 0
-    ),
+    ).filter(lambda v: len(v) % 2 == 0),
     binary=st.booleans(),
 )
 def test_response_carries_what_the_model_returned(values, binary):

@@ -1,0 +1,358 @@
+"""The scheduler with a fake clock and stand-in instances: every batching rule, timeouts,
+queue limits, priorities and ordering, without processes or sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from reposerve.config import parse_model_config
+from reposerve.errors import InstanceError, SchedulerError
+from reposerve.instance.process import BatchOutcome
+from reposerve.protocol.request import InferRequest
+from reposerve.scheduler.batcher import Scheduler
+from reposerve.statistics import ModelStatistics
+from reposerve.tensor import Tensor
+
+pytestmark = pytest.mark.unit
+
+US = 1000
+
+
+class FakeTimer:
+    def __init__(self, due: int, callback: Callable[[], None]) -> None:
+        self.due = due
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ns = 0
+        self.timers: list[FakeTimer] = []
+
+    def now(self) -> int:
+        return self.ns
+
+    def call_later(self, delay_ns: int, callback: Callable[[], None]) -> FakeTimer:
+        timer = FakeTimer(self.ns + delay_ns, callback)
+        self.timers.append(timer)
+        return timer
+
+    def advance(self, ns: int) -> None:
+        self.ns += ns
+        due = sorted((t for t in self.timers if t.due <= self.ns), key=lambda t: t.due)
+        self.timers = [t for t in self.timers if t.due > self.ns]
+        for timer in due:
+            if not timer.cancelled:
+                timer.callback()
+
+
+class StandInInstance:
+    """Records the batches it is given; the test finishes them (Y = X) when it likes."""
+
+    def __init__(self, capacity: int = 1) -> None:
+        self.capacity = capacity
+        self.running: list[tuple[np.ndarray, Callable]] = []
+        self.batches: list[np.ndarray] = []
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    def has_capacity(self) -> bool:
+        return len(self.running) < self.capacity
+
+    def run(self, inputs, on_done) -> None:
+        ((_, datatype, shape, parts),) = inputs
+        batch = np.frombuffer(b"".join(parts), np.float32).reshape(shape)
+        self.running.append((batch, on_done))
+        self.batches.append(batch)
+
+    def finish(self, index: int = 0) -> None:
+        batch, on_done = self.running.pop(index)
+        on_done(BatchOutcome({"Y": Tensor("FP32", batch.shape, memoryview(batch.tobytes()))}, 0))
+
+    def fail(self, message: str) -> None:
+        _, on_done = self.running.pop(0)
+        on_done(InstanceError(message))
+
+
+def _config(batching: str | None, max_batch: int = 8, dims: str = "[2]"):
+    text = f"""
+        max_batch_size = {max_batch}
+        [[input]]
+        name = "X"
+        datatype = "FP32"
+        shape = {dims}
+        [[output]]
+        name = "Y"
+        datatype = "FP32"
+        shape = {dims}
+    """
+    if batching is not None:
+        text += f"[dynamic_batching]\n{batching}\n"
+    return parse_model_config(text, "m/config.toml")
+
+
+def _request(values, priority: int = 0, timeout_us: int = 0) -> InferRequest:
+    array = np.asarray(values, np.float32)
+    return InferRequest(
+        id=None,
+        inputs={"X": Tensor("FP32", array.shape, memoryview(array.tobytes()))},
+        batch_size=array.shape[0],
+        outputs=None,
+        binary_output=False,
+        priority=priority,
+        timeout_us=timeout_us,
+    )
+
+
+def _finish(outputs: dict[str, Tensor]) -> np.ndarray:
+    y = outputs["Y"]
+    return np.frombuffer(y.raw, np.float32).reshape(y.shape).copy()
+
+
+async def _turn() -> None:
+    """Let call_soon callbacks (the dispatcher) run."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+def scenario(batching: str | None, instances: int = 1, capacity: int = 1, **config):
+    clock = FakeClock()
+    stand_ins = [StandInInstance(capacity) for _ in range(instances)]
+    scheduler = Scheduler(
+        "model 'm' version 1",
+        _config(batching, **config),
+        stand_ins,
+        ModelStatistics("m", 1),
+        clock,
+    )
+    return scheduler, stand_ins, clock
+
+
+def run(test: Callable) -> None:
+    asyncio.run(test())
+
+
+def test_without_dynamic_batching_requests_run_alone_and_spread():
+    async def body():
+        scheduler, (a, b), _ = scenario(None, instances=2)
+        futures = [scheduler.submit(_request([[i, i]]), _finish) for i in range(2)]
+        await _turn()
+        assert [len(x.batches) for x in (a, b)] == [1, 1]
+        a.finish()
+        b.finish()
+        await _turn()
+        assert [f.result().tolist() for f in futures] == [[[0, 0]], [[1, 1]]]
+
+    run(body)
+
+
+def test_queue_delay_collects_a_batch():
+    async def body():
+        scheduler, (instance,), clock = scenario("max_queue_delay_microseconds = 1000")
+        futures = [scheduler.submit(_request([[i, -i]]), _finish) for i in range(3)]
+        await _turn()
+        assert instance.batches == []
+        clock.advance(999 * US)
+        await _turn()
+        assert instance.batches == []
+        clock.advance(1 * US)
+        await _turn()
+        assert instance.batches[0].shape == (3, 2)
+        instance.finish()
+        await _turn()
+        for i, future in enumerate(futures):
+            assert future.result().tolist() == [[i, -i]]  # each gets its own slice back
+
+    run(body)
+
+
+def test_preferred_size_leaves_at_once_and_the_rest_waits():
+    async def body():
+        scheduler, (instance,), clock = scenario(
+            "preferred_batch_size = [2]\nmax_queue_delay_microseconds = 10000", capacity=2
+        )
+        for i in range(3):
+            scheduler.submit(_request([[i, i]]), _finish)
+        await _turn()
+        assert [b.shape[0] for b in instance.batches] == [2]
+        clock.advance(10_000 * US)
+        await _turn()
+        assert [b.shape[0] for b in instance.batches] == [2, 1]
+
+    run(body)
+
+
+def test_requests_queue_while_busy_and_leave_together():
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
+        scheduler.submit(_request([[0, 0]]), _finish)
+        await _turn()
+        later = [scheduler.submit(_request([[i, i]]), _finish) for i in range(1, 5)]
+        await _turn()
+        assert len(instance.batches) == 1
+        instance.finish()
+        await _turn()
+        assert instance.batches[1].tolist() == [[1, 1], [2, 2], [3, 3], [4, 4]]
+        instance.finish()
+        await _turn()
+        assert [f.result().tolist() for f in later] == [[[i, i]] for i in range(1, 5)]
+
+    run(body)
+
+
+def test_multi_item_requests_are_packed_whole():
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0", max_batch=4)
+        scheduler.submit(_request(np.zeros((3, 2))), _finish)
+        scheduler.submit(_request(np.ones((2, 2))), _finish)
+        await _turn()
+        instance.finish()
+        await _turn()
+        assert [b.shape[0] for b in instance.batches] == [3, 2]
+
+    run(body)
+
+
+def test_only_matching_shapes_share_a_batch():
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0", dims="[-1]")
+        for values in ([[1, 2]], [[3, 4]], [[5, 6, 7]]):
+            scheduler.submit(_request(values), _finish)
+        await _turn()
+        instance.finish()
+        await _turn()
+        assert [b.shape for b in instance.batches] == [(2, 2), (1, 3)]
+
+    run(body)
+
+
+def test_queue_full_is_refused_with_a_clear_error():
+    async def body():
+        scheduler, _, _ = scenario("max_queue_size = 2")
+        scheduler.submit(_request([[0, 0]]), _finish)
+        await _turn()  # the first one runs; two may wait
+        scheduler.submit(_request([[1, 1]]), _finish)
+        scheduler.submit(_request([[2, 2]]), _finish)
+        with pytest.raises(SchedulerError, match=r"queue full \(2 requests waiting"):
+            scheduler.submit(_request([[3, 3]]), _finish)
+
+    run(body)
+
+
+def test_expired_requests_fail_and_never_run():
+    async def body():
+        scheduler, (instance,), clock = scenario("default_timeout_microseconds = 500")
+        scheduler.submit(_request([[0, 0]]), _finish)
+        await _turn()
+        waiting = scheduler.submit(_request([[1, 1]]), _finish)
+        patient = scheduler.submit(_request([[2, 2]], timeout_us=5000), _finish)
+        clock.advance(600 * US)
+        await _turn()
+        with pytest.raises(SchedulerError, match="timed out in the queue after 600 us"):
+            waiting.result()
+        instance.finish()
+        await _turn()
+        assert instance.batches[1].tolist() == [[2, 2]]
+        instance.finish()
+        await _turn()
+        assert patient.result().tolist() == [[2, 2]]
+
+    run(body)
+
+
+def test_higher_priority_leaves_first():
+    async def body():
+        scheduler, (instance,), _ = scenario(
+            "priority_levels = 2\ndefault_priority_level = 2", max_batch=1
+        )
+        scheduler.submit(_request([[0, 0]]), _finish)
+        await _turn()
+        scheduler.submit(_request([[1, 1]]), _finish)  # default level 2
+        scheduler.submit(_request([[2, 2]], priority=1), _finish)
+        instance.finish()
+        await _turn()
+        instance.finish()
+        await _turn()
+        assert [b.tolist() for b in instance.batches[1:]] == [[[2, 2]], [[1, 1]]]
+
+    run(body)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_preserve_ordering_holds_later_batches(ordered):
+    async def body():
+        scheduler, (a, b), _ = scenario(
+            f"preserve_ordering = {str(ordered).lower()}", instances=2, max_batch=1
+        )
+        first = scheduler.submit(_request([[1, 1]]), _finish)
+        second = scheduler.submit(_request([[2, 2]]), _finish)
+        await _turn()
+        b.finish()
+        await _turn()
+        assert second.done() is not ordered
+        a.finish()
+        await _turn()
+        assert first.done() and second.done()
+
+    run(body)
+
+
+def test_cancelled_requests_do_not_run():
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
+        scheduler.submit(_request([[0, 0]]), _finish)
+        await _turn()
+        gone = scheduler.submit(_request([[1, 1]]), _finish)
+        kept = scheduler.submit(_request([[2, 2]]), _finish)
+        gone.cancel()
+        instance.finish()
+        await _turn()
+        assert instance.batches[1].tolist() == [[2, 2]]
+        instance.finish()
+        await _turn()
+        assert kept.result().tolist() == [[2, 2]]
+
+    run(body)
+
+
+def test_a_failed_batch_fails_exactly_its_requests():
+    async def body():
+        scheduler, (a, b), _ = scenario(None, instances=2)
+        doomed = scheduler.submit(_request([[1, 1]]), _finish)
+        fine = scheduler.submit(_request([[2, 2]]), _finish)
+        await _turn()
+        a.fail("ValueError: boom")
+        b.finish()
+        await _turn()
+        with pytest.raises(InstanceError, match="model 'm' version 1: ValueError: boom"):
+            doomed.result()
+        assert fine.result().tolist() == [[2, 2]]
+
+    run(body)
+
+
+def test_drain_waits_for_running_work_and_refuses_new():
+    async def body():
+        scheduler, (instance,), _ = scenario(None)
+        running = scheduler.submit(_request([[1, 1]]), _finish)
+        await _turn()
+        drained = asyncio.ensure_future(scheduler.drain())
+        await _turn()
+        assert not drained.done()
+        with pytest.raises(SchedulerError, match="is unloading"):
+            scheduler.submit(_request([[2, 2]]), _finish)
+        instance.finish()
+        await _turn()
+        assert drained.done() and running.result().tolist() == [[1, 1]]
+
+    run(body)
