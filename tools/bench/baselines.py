@@ -1,0 +1,51 @@
+"""Baseline servers measured beside reposerve in the same run.
+
+- ``starlette_echo``: returns the body it got; the ceiling of our HTTP stack.
+- ``fastapi_plus_one``: a plain FastAPI app doing the +1 of the overhead model in-process,
+  the way a seed project would, with FastAPI's own JSON handling.
+"""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+
+async def _echo(request: Request) -> Response:
+    return Response(await request.body(), media_type="application/json")
+
+
+starlette_echo = Starlette(routes=[Route("/v2/models/{model}/infer", _echo, methods=["POST"])])
+
+
+def _fastapi_app():  # imported lazily: FastAPI is a bench-only dependency
+    import numpy as np
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/v2/models/{model}/infer")
+    async def infer(model: str, request: dict) -> dict:
+        tensor = request["inputs"][0]
+        values = np.asarray(tensor["data"], dtype=np.float32) + 1
+        return {
+            "model_name": model,
+            "outputs": [
+                {
+                    "name": "OUTPUT",
+                    "datatype": "FP32",
+                    "shape": tensor["shape"],
+                    "data": values.tolist(),
+                }
+            ],
+        }
+
+    return app
+
+
+def __getattr__(name: str):
+    if name == "fastapi_plus_one":
+        return _fastapi_app()
+    raise AttributeError(name)

@@ -1,0 +1,211 @@
+"""The benchmark scenarios: each builds its repository, runs its targets and baselines in
+one go, and returns results plus the ratios the issues ask about."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from tools.bench import servers
+from tools.bench.loadgen import RunResult, closed_loop, encode_request, open_loop
+
+HOST = "127.0.0.1"
+
+
+class Report(msgspec.Struct):
+    scenario: str
+    results: list[RunResult]
+    facts: dict[str, float] = {}
+
+    def text(self) -> str:
+        lines = [f"== {self.scenario} ({servers.environment_note()})"]
+        lines += [result.line() for result in self.results]
+        lines += [f"{key}: {value:.3f}" for key, value in self.facts.items()]
+        return "\n".join(lines)
+
+
+def _model(root: Path, name: str, config: str, code: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.toml").write_text(textwrap.dedent(config))
+    (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
+
+
+def _vector_config(size: int, max_batch: int, batching: bool) -> str:
+    return f"""
+        max_batch_size = {max_batch}
+        [[input]]
+        name = "INPUT"
+        datatype = "FP32"
+        shape = [{size}]
+        [[output]]
+        name = "OUTPUT"
+        datatype = "FP32"
+        shape = [{size}]
+        {"[dynamic_batching]" if batching else ""}
+    """
+
+
+def _json_payloads(model: str, size: int, count: int = 64) -> list[bytes]:
+    rng = np.random.default_rng(0)
+    payloads = []
+    for _ in range(count):
+        values = rng.standard_normal(size).astype(np.float32).tolist()
+        body = msgspec.json.encode(
+            {"inputs": [{"name": "INPUT", "shape": [1, size], "datatype": "FP32", "data": values}]}
+        )
+        payloads.append(
+            encode_request(
+                HOST, f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"}
+            )
+        )
+    return payloads
+
+
+def _binary_payloads(model: str, size: int, count: int = 64) -> list[bytes]:
+    rng = np.random.default_rng(0)
+    payloads = []
+    for _ in range(count):
+        raw = rng.standard_normal(size).astype(np.float32).tobytes()
+        header = msgspec.json.encode(
+            {
+                "inputs": [
+                    {"name": "INPUT", "shape": [1, size], "datatype": "FP32",
+                     "parameters": {"binary_data_size": len(raw)}}
+                ],
+                "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}],
+            }
+        )  # fmt: skip
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+        payloads.append(encode_request(HOST, f"/v2/models/{model}/infer", header + raw, headers))
+    return payloads
+
+
+def _mean_batch(port: int, model: str) -> tuple[int, int]:
+    url = f"http://{HOST}:{port}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url) as reply:
+        stats = json.loads(reply.read())["model_stats"][0]
+    return stats["inference_count"], stats["execution_count"]
+
+
+async def overhead(duration: float, concurrencies: tuple[int, ...] = (1, 8, 32)) -> Report:
+    """+1 on an FP32[16] vector: reposerve against the bare HTTP stacks and FastAPI."""
+    results: list[RunResult] = []
+    facts: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        _model(root, "plus_one", _vector_config(16, 64, batching=True), """
+            class Model:
+                def execute(self, inputs):
+                    return {"OUTPUT": inputs["INPUT"] + 1}
+        """)  # fmt: skip
+        server = servers.reposerve(root)
+        try:
+            facts["reposerve time to ready (s)"] = server.ready_s
+            facts["reposerve idle memory, front + instance (MiB PSS)"] = server.memory_mib()
+            for label, payloads in (
+                ("reposerve json", _json_payloads("plus_one", 16)),
+                ("reposerve binary", _binary_payloads("plus_one", 16)),
+            ):
+                for concurrency in concurrencies:
+                    before = _mean_batch(server.port, "plus_one")
+                    result = await closed_loop(
+                        label, HOST, server.port, payloads, concurrency, duration
+                    )
+                    after = _mean_batch(server.port, "plus_one")
+                    executions = max(after[1] - before[1], 1)
+                    facts[f"{label} c={concurrency} mean batch"] = (
+                        after[0] - before[0]
+                    ) / executions
+                    results.append(result)
+        finally:
+            server.stop()
+    baselines = [
+        ("starlette echo uvicorn", "tools.bench.baselines:starlette_echo", "uvicorn"),
+        ("starlette echo hypercorn", "tools.bench.baselines:starlette_echo", "hypercorn"),
+        ("fastapi +1 in-process", "tools.bench.baselines:fastapi_plus_one", "uvicorn"),
+    ]
+    payloads = _json_payloads("plus_one", 16)
+    for label, app, http in baselines:
+        baseline = servers.asgi(label, app, http)
+        try:
+            for concurrency in concurrencies:
+                results.append(
+                    await closed_loop(label, HOST, baseline.port, payloads, concurrency, duration)
+                )
+        finally:
+            baseline.stop()
+    by_key = {(r.label, r.concurrency): r for r in results}
+    for concurrency in concurrencies:
+        ours = by_key[("reposerve json", concurrency)]
+        fastapi = by_key[("fastapi +1 in-process", concurrency)]
+        echo = by_key[("starlette echo uvicorn", concurrency)]
+        facts[f"c={concurrency} reposerve json / fastapi throughput"] = (
+            ours.throughput / fastapi.throughput
+        )
+        facts[f"c={concurrency} reposerve json / starlette echo throughput"] = (
+            ours.throughput / echo.throughput
+        )
+    return Report("overhead", results, facts)
+
+
+async def batching(duration: float, concurrency: int = 64) -> Report:
+    """A 50 ms model at concurrency 64, with dynamic batching on and off."""
+    code = """
+        import time
+
+        class Model:
+            def execute(self, inputs):
+                time.sleep(0.05)
+                return {"OUTPUT": inputs["INPUT"] * 2}
+    """
+    results = []
+    facts: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        _model(root, "slow_batched", _vector_config(16, 64, batching=True), code)
+        _model(root, "slow_alone", _vector_config(16, 64, batching=False), code)
+        server = servers.reposerve(root)
+        try:
+            for model in ("slow_batched", "slow_alone"):
+                payloads = _json_payloads(model, 16)
+                results.append(
+                    await closed_loop(model, HOST, server.port, payloads, concurrency, duration)
+                )
+                items, executions = _mean_batch(server.port, model)
+                facts[f"{model} mean batch"] = items / max(executions, 1)
+        finally:
+            server.stop()
+    facts["throughput batched / alone"] = results[0].throughput / results[1].throughput
+    return Report("batching", results, facts)
+
+
+async def async_sleep(duration: float, rate: float = 100.0) -> Report:
+    """MLServer's known complaint: an async model awaiting asyncio.sleep(1), open loop."""
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        config = _vector_config(16, 0, batching=False).replace("[16]", "[1, 16]")
+        _model(root, "sleep_1s", config, """
+            import asyncio
+
+            class Model:
+                async def execute(self, inputs):
+                    await asyncio.sleep(1)
+                    return {"OUTPUT": inputs["INPUT"]}
+        """)  # fmt: skip
+        server = servers.reposerve(root)
+        try:
+            payloads = _json_payloads("sleep_1s", 16)
+            result = await open_loop("async sleep(1)", HOST, server.port, payloads, rate, duration)
+        finally:
+            server.stop()
+    facts = {"latency slope (ms per s of run)": result.latency_slope_ms_per_s}
+    return Report("async-sleep", [result], facts)
+
+
+SCENARIOS = {"overhead": overhead, "batching": batching, "async-sleep": async_sleep}

@@ -1,0 +1,114 @@
+"""Start the servers a benchmark compares, and read their time to ready and memory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Launched:
+    """A server process; ``ready_s`` is how long it took to be ready: to answer 200 on
+    ``ready_path``, or, without one, to accept a connection."""
+
+    def __init__(self, label: str, command: list[str], port: int, ready_path: str | None) -> None:
+        self.label = label
+        self.port = port
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        while not self._ready(ready_path):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{label} exited: {self.process.stderr.read().decode()[-2000:]}")
+            if time.perf_counter() - started > 120:
+                raise TimeoutError(f"{label} not ready after 120 s")
+            time.sleep(0.02)
+        self.ready_s = time.perf_counter() - started
+
+    def _ready(self, path: str | None) -> bool:
+        try:
+            if path is None:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return True
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=1) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def memory_mib(self) -> float:
+        """Proportional set size of the server and its child processes, in MiB."""
+        pids = [self.process.pid, *_children(self.process.pid)]
+        return sum(_pss_kib(pid) for pid in pids) / 1024
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def reposerve(repository: Path, *flags: str) -> Launched:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "reposerve", "--model-repository", str(repository),
+        "--http-host", "127.0.0.1", "--http-port", str(port), "--log-level", "warning", *flags,
+    ]  # fmt: skip
+    return Launched("reposerve", command, port, "/v2/health/ready")
+
+
+def asgi(label: str, app: str, server: str) -> Launched:
+    """A baseline ASGI app from ``tools.bench.baselines`` on uvicorn or Hypercorn."""
+    port = free_port()
+    if server == "uvicorn":
+        command = [
+            sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+            "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
+        ]  # fmt: skip
+    else:
+        command = [sys.executable, "-m", "hypercorn", app, "--bind", f"127.0.0.1:{port}"]
+    return Launched(label, command, port, ready_path=None)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def environment_note() -> str:
+    return f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
