@@ -28,6 +28,10 @@ class AccessPolicy:
     def __init__(self, restricted: list[RestrictedApi]) -> None:
         self._rules = {api: rule for rule in restricted for api in rule.apis}
 
+    def guards(self, api: str) -> bool:
+        """Whether calls to ``api`` need checking at all (lets the hot path skip it)."""
+        return api in self._rules or api == CONTROL_API
+
     def check(self, api: str, request: Request) -> None:
         rule = self._rules.get(api)
         if rule is not None:

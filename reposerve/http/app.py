@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import Receive, Scope, Send
 
 from reposerve.errors import ErrorKind, ProtocolError, ReposerveError
 from reposerve.http.access import AccessPolicy
@@ -24,6 +25,7 @@ log = logging.getLogger("reposerve.http")
 
 JSON = "application/json"
 HEADER_LENGTH = "Inference-Header-Content-Length"
+INFERENCE_API = "inference"
 
 STATUS = {
     ErrorKind.INVALID_ARGUMENT: 400,
@@ -79,27 +81,6 @@ class Handlers:
         name = request.path_params.get("model")
         return _json(self.service.model_statistics(name, _version(request)))
 
-    async def infer(self, request: Request) -> Response:
-        header = request.headers.get(HEADER_LENGTH)
-        header_length = None
-        if header is not None:
-            if not header.isdigit():
-                raise ProtocolError(
-                    f"{HEADER_LENGTH} must be a non-negative integer, got {header!r}"
-                )
-            header_length = int(header)
-        body = await request.body()
-        content, json_length = await self.service.infer(
-            request.path_params["model"], _version(request), body, header_length
-        )
-        if json_length is None:
-            return Response(content, media_type=JSON)
-        return Response(
-            content,
-            media_type="application/octet-stream",
-            headers={HEADER_LENGTH: str(json_length)},
-        )
-
     async def repository_index(self, request: Request) -> Response:
         return _json(self.service.repository_index(await request.body()))
 
@@ -110,6 +91,75 @@ class Handlers:
     async def unload(self, request: Request) -> Response:
         await self.service.unload_model(request.path_params["model"])
         return _json(b"{}")
+
+
+class InferEndpoint:
+    """``POST .../infer`` as a bare ASGI app.
+
+    The hot path: it reads the header and body straight from the ASGI messages and sends
+    the reply in two messages, skipping Starlette's Request and Response objects, which
+    cost more per request than everything reposerve itself does.
+    """
+
+    def __init__(self, service: InferenceService, policy: AccessPolicy) -> None:
+        self._service = service
+        self._policy = policy
+        self._checked = policy.guards(INFERENCE_API)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 200
+        try:
+            if self._checked:
+                self._policy.check(INFERENCE_API, Request(scope))
+            header_length = _header_length(scope["headers"])
+            body = await _read_body(receive)
+            parameters = scope["path_params"]
+            content, json_length = await self._service.infer(
+                parameters["model"], parameters.get("version"), body, header_length
+            )
+        except _Disconnected:
+            return
+        except ReposerveError as exc:
+            status, content, json_length = STATUS[exc.kind], _error_body(exc.message), None
+        except Exception as exc:
+            log.exception("unhandled error on %s", scope["path"])
+            status, json_length = 500, None
+            content = _error_body(f"internal error: {type(exc).__name__}: {exc}")
+        headers = [(b"content-length", b"%d" % len(content))]
+        if json_length is None:
+            headers.append((b"content-type", b"application/json"))
+        else:
+            headers.append((b"content-type", b"application/octet-stream"))
+            headers.append((b"inference-header-content-length", b"%d" % json_length))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+
+class _Disconnected(Exception):
+    """The client went away before its request body arrived."""
+
+
+def _header_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"inference-header-content-length":
+            if not value.isdigit():
+                shown = value.decode(errors="replace")
+                raise ProtocolError(
+                    f"{HEADER_LENGTH} must be a non-negative integer, got {shown!r}"
+                )
+            return int(value)
+    return None
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
@@ -127,9 +177,12 @@ def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
 
 
 def routes(handlers: Handlers, policy: AccessPolicy) -> list[Route]:
-    """The whole HTTP surface (DESIGN.md §3): (path, handler, API category, methods)."""
+    """The whole HTTP surface (DESIGN.md §3): inference, then (path, handler, API, methods)."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
+    infer = InferEndpoint(handlers.service, policy)
+    # Inference first: it carries the load (see App).
+    inference = [Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in (model, versioned)]
     table: list[tuple[str, Handler, str, list[str]]] = [
         ("/v2/health/live", handlers.live, "health", ["GET"]),
         ("/v2/health/ready", handlers.ready, "health", ["GET"]),
@@ -145,17 +198,37 @@ def routes(handlers: Handlers, policy: AccessPolicy) -> list[Route]:
             (f"{prefix}/ready", handlers.model_ready, "health", ["GET"]),
             (f"{prefix}/config", handlers.model_config, "model-config", ["GET"]),
             (f"{prefix}/stats", handlers.model_statistics, "statistics", ["GET"]),
-            (f"{prefix}/infer", handlers.infer, "inference", ["POST"]),
         ]
-    return [
+    return inference + [
         Route(path, _guarded(handler, api, policy), methods=methods)
         for path, handler, api, methods in table
     ]
 
 
+class App:
+    """The ASGI app: inference routes are tried first and called directly; everything else
+    goes through Starlette (middleware, router). Inference handles its own errors, so the
+    middleware would only add cost to the one path that carries the load."""
+
+    def __init__(self, table: list[Route], lifespan: Lifespan | None) -> None:
+        self._inference = [route for route in table if isinstance(route.endpoint, InferEndpoint)]
+        self._starlette = Starlette(routes=table, lifespan=lifespan)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            for route in self._inference:
+                match, child = route.matches(scope)
+                if match is Match.FULL:
+                    scope.update(child)
+                    await route.endpoint(scope, receive, send)
+                    return
+        await self._starlette(scope, receive, send)
+
+
+Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
+
+
 def create_app(
-    service: InferenceService,
-    policy: AccessPolicy,
-    lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]] | None = None,
-) -> Starlette:
-    return Starlette(routes=routes(Handlers(service), policy), lifespan=lifespan)
+    service: InferenceService, policy: AccessPolicy, lifespan: Lifespan | None = None
+) -> App:
+    return App(routes(Handlers(service), policy), lifespan)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from starlette.applications import Starlette
 
 from reposerve.http.access import AccessPolicy
-from reposerve.http.app import create_app
+from reposerve.http.app import App, create_app
 from reposerve.repository import Repository
 from reposerve.service import InferenceService
 from reposerve.settings import Settings
@@ -25,7 +25,7 @@ from reposerve.settings import Settings
 log = logging.getLogger("reposerve")
 
 
-def build(settings: Settings) -> tuple[Starlette, InferenceService]:
+def build(settings: Settings) -> tuple[App, InferenceService]:
     repository = Repository(
         settings.model_repository.resolve(),
         load_timeout=settings.load_timeout_secs,
@@ -104,7 +104,7 @@ def serve(settings: Settings) -> None:
         _serve_hypercorn(app, settings)
 
 
-def _serve_uvicorn(app: Starlette, settings: Settings) -> None:
+def _serve_uvicorn(app: App, settings: Settings) -> None:
     import uvicorn
 
     class _GracefulServer(uvicorn.Server):
@@ -136,7 +136,7 @@ def _serve_uvicorn(app: Starlette, settings: Settings) -> None:
     _GracefulServer(config).run()
 
 
-def _serve_hypercorn(app: Starlette, settings: Settings) -> None:
+def _serve_hypercorn(app: App, settings: Settings) -> None:
     import uvloop
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config

@@ -184,19 +184,25 @@ _ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
 def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
-    flat = _flatten(item.data, where)
-    if len(flat) != count:
-        raise ProtocolError(
-            f"{where}: data has {len(flat)} elements, shape {item.shape} needs {count}"
-        )
     if item.datatype == "BYTES":
+        flat = _flatten(item.data, where)
+        _check_count(len(flat), count, item, where)
         if not all(isinstance(element, str) for element in flat):
             raise ProtocolError(f"{where}: BYTES data in JSON must be strings")
         return pack_bytes(element.encode() for element in flat)
     if item.datatype == "BF16":
         raise ProtocolError(f"{where}: BF16 data must be sent as binary tensor data")
+    if not isinstance(item.data, list):
+        raise ProtocolError(f"{where}: data must be a JSON array")
+    try:
+        # numpy flattens nested lists itself and refuses ragged ones.
+        values = np.array(item.data)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(
+            f"{where}: data must be a flat or rectangular nested array of {item.datatype} values"
+        ) from exc
+    _check_count(values.size, count, item, where)
     dtype = NUMPY_DTYPES[item.datatype]
-    values = np.array(flat)
     if count and values.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
         raise ProtocolError(f"{where}: data holds values that are not {item.datatype}")
     if dtype.kind in "iu" and count:
@@ -206,14 +212,19 @@ def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
     return values.astype(dtype).tobytes()
 
 
+def _check_count(found: int, count: int, item: _InputHeader, where: str) -> None:
+    if found != count:
+        raise ProtocolError(f"{where}: data has {found} elements, shape {item.shape} needs {count}")
+
+
 def _batch_size(inputs: dict[str, Tensor], max_batch: int, model: str) -> int:
     if max_batch == 0 or not inputs:
         return 1
-    sizes = {name: tensor.shape[0] for name, tensor in inputs.items()}
-    if len(set(sizes.values())) > 1:
-        described = ", ".join(f"{name}={size}" for name, size in sizes.items())
+    sizes = [tensor.shape[0] for tensor in inputs.values()]
+    if sizes.count(sizes[0]) != len(sizes):
+        described = ", ".join(f"{name}={t.shape[0]}" for name, t in inputs.items())
         raise ProtocolError(f"model '{model}': inputs disagree on the batch size ({described})")
-    return next(iter(sizes.values()))
+    return sizes[0]
 
 
 def _requested_outputs(

@@ -28,6 +28,7 @@ class _ResponseJSON(msgspec.Struct, omit_defaults=True):
 
 
 _encoder = msgspec.json.Encoder()
+_FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64", "BF16"})
 
 
 def encode_response(
@@ -67,6 +68,9 @@ def encode_response(
             msgspec.UNSET if request_id is None else request_id,
         )
     )
+    # Only a non-finite float (or a string holding "null") writes null: check closely then.
+    if b"null" in header:
+        _refuse_non_finite(model, outputs)
     if not binary_parts:
         return header, None
     return b"".join([header, *binary_parts]), len(header)
@@ -85,9 +89,19 @@ def _json_data(model: str, name: str, tensor: Tensor) -> list:
     values = np.frombuffer(tensor.raw, dtype=NUMPY_DTYPES[tensor.datatype], count=count)
     if tensor.datatype == "BF16":
         values = (values.astype(np.uint32) << 16).view(np.float32)
-    if values.dtype.kind == "f" and not np.isfinite(values).all():
-        raise ProtocolError(
-            f"model '{model}': output '{name}' holds NaN or infinity, which JSON cannot carry; "
-            "request it with binary_data"
-        )
     return values.tolist()
+
+
+def _refuse_non_finite(model: str, outputs: list[tuple[str, Tensor, bool]]) -> None:
+    """JSON has no NaN or infinity (msgspec writes null); name the output that holds one."""
+    for name, tensor, binary in outputs:
+        if binary or tensor.datatype not in _FLOAT_TYPES:
+            continue
+        values = np.frombuffer(tensor.raw, dtype=NUMPY_DTYPES[tensor.datatype])
+        if tensor.datatype == "BF16":
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        if not np.isfinite(values).all():
+            raise ProtocolError(
+                f"model '{model}': output '{name}' holds NaN or infinity, which JSON cannot "
+                "carry; request it with binary_data"
+            )

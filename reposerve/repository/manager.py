@@ -103,9 +103,10 @@ class Repository:
             if found.state is not ModelState.READY:
                 raise _not_ready(found.label, found.state, found.reason)
             return found
-        ready = [v for v in model.versions.values() if v.state is ModelState.READY]
-        if ready:
-            return max(ready, key=lambda v: v.version)
+        # Versions are kept in ascending order: the first READY one from the end is newest.
+        for candidate in reversed(model.versions.values()):
+            if candidate.state is ModelState.READY:
+                return candidate
         reasons = [v.reason for v in model.versions.values() if v.reason] or [model.error]
         raise _not_ready(
             f"model '{name}'", ModelState.UNAVAILABLE, "; ".join(filter(None, reasons))
