@@ -25,3 +25,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check reposerve tests tools
 	$(BIN)/ruff format --check reposerve tests tools
+
+# Benchmarks with their baselines in the same run; results in bench-out/.
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	mkdir -p bench-out
+	$(BIN)/python -m tools.bench all --plot bench-out/bench.png --json bench-out/bench.json | tee bench-out/bench.txt

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
@@ -212,7 +213,11 @@ class App:
 
     def __init__(self, table: list[Route], lifespan: Lifespan | None) -> None:
         self._inference = [route for route in table if isinstance(route.endpoint, InferEndpoint)]
-        self._starlette = Starlette(routes=table, lifespan=lifespan)
+        self._starlette = Starlette(
+            routes=table,
+            lifespan=lifespan,
+            exception_handlers={404: _unrouted, 405: _unrouted},
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -223,6 +228,16 @@ class App:
                     await route.endpoint(scope, receive, send)
                     return
         await self._starlette(scope, receive, send)
+
+
+async def _unrouted(request: Request, exc: Exception) -> Response:
+    """Paths and methods outside the route table still answer V2 error JSON."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+    else:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    return _json(_error_body(message), exc.status_code)
 
 
 Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]

@@ -196,11 +196,11 @@ class InstanceProcess:
         if self.state is InstanceState.READY and self._transport is not None:
             self.state = InstanceState.STOPPING
             self._transport.write(encode_frame(Shutdown()))
-        try:
-            await asyncio.wait_for(self._closed.wait(), timeout)
-            await asyncio.to_thread(self._exit_code, timeout)
-        except TimeoutError:
-            pass
+            try:
+                await asyncio.wait_for(self._closed.wait(), timeout)
+                await asyncio.to_thread(self._exit_code, timeout)
+            except TimeoutError:
+                pass
         self.kill()
 
     def kill(self) -> None:

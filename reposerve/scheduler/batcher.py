@@ -253,7 +253,10 @@ class Scheduler:
             )
         else:
             sizes = [item.request.batch_size for item in batch]
-            pieces = {name: split_batch(tensor, sizes) for name, tensor in outcome.outputs.items()}
+            if self._config.max_batch_size > 0:
+                pieces = {name: split_batch(t, sizes) for name, t in outcome.outputs.items()}
+            else:  # no batch dimension: the batch is one request, its outputs whole
+                pieces = {name: [tensor] for name, tensor in outcome.outputs.items()}
             for index, item in enumerate(batch):
                 try:
                     result = item.finish({name: cut[index] for name, cut in pieces.items()})

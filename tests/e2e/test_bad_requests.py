@@ -282,3 +282,17 @@ def test_fuzzed_requests_get_4xx(http, inputs, tail, header_length):
     assert response.status_code in (200, 400), response.text
     if response.status_code == 400:
         assert response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("GET", "/v2/nothing", 404, "no such endpoint: GET /v2/nothing"),
+        ("GET", "/v2/models/add_sub/infer", 405, "GET is not allowed on /v2/models/add_sub/infer"),
+        ("DELETE", "/v2/health/live", 405, "DELETE is not allowed on /v2/health/live"),
+    ],
+)
+def test_unrouted_requests_answer_error_json(http, method, path, status, message):
+    response = http.request(method, path)
+    assert response.status_code == status
+    assert response.json() == {"error": message}

@@ -68,6 +68,8 @@ def toy_server(tmp_path_factory):
     write_model(root, "plus_one", vector_config(), PLUS_ONE)
     write_model(root, "broken", vector_config(), "raise RuntimeError('cannot import this')\n")
     write_model(root, "bad_config", "max_batch_size = -1\n", PLUS_ONE)
+    matrix = vector_config(max_batch=0).replace("shape = [16]", "shape = [2, 3]")
+    write_model(root, "matrix", matrix, PLUS_ONE)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
     assert server.stop() == 0, server.log()
@@ -189,3 +191,10 @@ def test_killed_front_takes_its_instances_along(repository, tmp_path):
         time.sleep(0.05)
     assert not any(Path(f"/proc/{pid}").exists() for pid in instances)
     server.stop()
+
+
+def test_model_without_batch_dimension_returns_its_whole_output(client):
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(_infer(client, "matrix", values, "FP32"), values + 1)
+    with pytest.raises(InferenceServerException, match=r"expected shape \[2, 3\], got \[1, 2, 3\]"):
+        _infer(client, "matrix", values[None], "FP32")
