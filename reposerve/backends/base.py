@@ -9,7 +9,7 @@ from typing import Protocol
 import msgspec
 import numpy as np
 
-from reposerve.config import ModelConfig
+from reposerve.config import ModelConfig, TensorConfig
 from reposerve.errors import ReposerveError
 
 
@@ -30,10 +30,16 @@ class ModelContext(msgspec.Struct, frozen=True):
 
 
 Arrays = dict[str, np.ndarray]
+Signature = tuple[list[TensorConfig], list[TensorConfig]]
+"""A model file's (inputs, outputs), full shapes with -1 where dynamic."""
 
 
 class Backend(Protocol):
     is_async: bool
+
+    def signature(self) -> Signature | None:
+        """What the model file says its tensors are, when it says (auto-complete)."""
+        ...
 
     def execute(self, inputs: Arrays) -> Arrays | Awaitable[Arrays]: ...
 

@@ -19,7 +19,7 @@ import inspect
 import sys
 from collections.abc import Awaitable
 
-from reposerve.backends.base import Arrays, BackendError, ModelContext
+from reposerve.backends.base import Arrays, BackendError, ModelContext, Signature
 
 MODEL_FILE = "model.py"
 
@@ -51,6 +51,9 @@ class PythonBackend:
         load = getattr(self._model, "load", None)
         if callable(load):
             load(context)
+
+    def signature(self) -> Signature | None:
+        return None  # python models declare their tensors in config.toml
 
     def execute(self, inputs: Arrays) -> Arrays | Awaitable[Arrays]:
         return self._execute(inputs)

@@ -1,5 +1,6 @@
 """config.toml: the schema as msgspec Structs, and loading with file/key/reason errors."""
 
+from reposerve.config.complete import complete_config
 from reposerve.config.load import load_model_config, parse_model_config
 from reposerve.config.schema import (
     DynamicBatching,
@@ -18,6 +19,7 @@ __all__ = [
     "Optimization",
     "TensorConfig",
     "VersionPolicy",
+    "complete_config",
     "Warmup",
     "load_model_config",
     "parse_model_config",

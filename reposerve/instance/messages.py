@@ -56,6 +56,7 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
 # instance -> front
 class Ready(msgspec.Struct, tag=True, array_like=True):
     max_inflight: int
+    config: bytes  # the ModelConfig completed from the model file, JSON-encoded
 
 
 class LoadFailed(msgspec.Struct, tag=True, array_like=True):

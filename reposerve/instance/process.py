@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 import reposerve
+from reposerve.config import ModelConfig
 from reposerve.errors import InstanceError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import (
@@ -85,6 +86,7 @@ class InstanceProcess:
         self.spec = spec
         self.state = InstanceState.STARTING
         self.max_inflight = 1
+        self.config: ModelConfig | None = None  # as completed by the backend, once READY
         self._on_exit = on_exit
         self._process: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
@@ -255,6 +257,7 @@ class InstanceProcess:
                 on_done(InstanceError(message.message))
             case Ready():
                 self.max_inflight = message.max_inflight
+                self.config = msgspec.json.decode(message.config, type=ModelConfig)
                 self.state = InstanceState.READY
                 if self._ready and not self._ready.done():
                     self._ready.set_result(None)

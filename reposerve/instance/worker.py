@@ -26,8 +26,9 @@ import msgspec
 import numpy as np
 
 from reposerve.backends import Backend, ModelContext, create_backend
-from reposerve.config import ModelConfig
+from reposerve.config import ModelConfig, complete_config
 from reposerve.datatypes import NUMPY_DTYPES, to_numpy, to_wire
+from reposerve.errors import ReposerveError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import (
     AddSlot,
@@ -272,13 +273,19 @@ def main(argv: list[str]) -> int:
     )
     try:
         backend = create_backend(load.backend, context)
+        signature = backend.signature()
+        if signature is not None:
+            config = complete_config(config, *signature, label=f"{load.model}/config.toml")
         inflight = _max_inflight(config) if backend.is_async else 1
+    except ReposerveError as exc:
+        channel.send(LoadFailed(exc.message))
+        return 1
     except Exception as exc:
         traceback.print_exception(exc, file=sys.stderr)
         channel.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
     runner = BatchRunner(backend, config, load.model)
-    channel.send(Ready(max_inflight=inflight))
+    channel.send(Ready(max_inflight=inflight, config=msgspec.json.encode(config)))
     try:
         (_run_async if backend.is_async else _run_sync)(channel, runner)
     finally:

@@ -63,6 +63,8 @@ class ModelVersion:
             errors = [result for result in results if isinstance(result, BaseException)]
             if errors:
                 raise errors[0]
+            # Every instance loaded the same file; the first one's completed config stands.
+            self.config = self.instances[0].config or self.config
             self.scheduler = Scheduler(self.label, self.config, self.instances, self.statistics)
             await self._warm_up()
         except ReposerveError as exc:

@@ -1,0 +1,75 @@
+"""Complete a config from what the model file says (Triton's auto-complete).
+
+``[[input]]`` and ``[[output]]`` may be omitted for onnxruntime and torch models: the
+backend reads them from the file and they are filled in here. When they are given, they
+must agree with the file; a mismatch names both.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from reposerve.config.schema import ModelConfig, TensorConfig
+from reposerve.errors import ConfigError
+
+
+def complete_config(
+    config: ModelConfig,
+    inputs: list[TensorConfig],
+    outputs: list[TensorConfig],
+    label: str,
+) -> ModelConfig:
+    """``inputs``/``outputs``: the model's own tensors, full shapes, -1 where dynamic."""
+    return msgspec.structs.replace(
+        config,
+        input=_section("input", config.input, inputs, config.max_batch_size, label),
+        output=_section("output", config.output, outputs, config.max_batch_size, label),
+    )
+
+
+def _section(
+    section: str,
+    declared: list[TensorConfig],
+    found: list[TensorConfig],
+    max_batch: int,
+    label: str,
+) -> list[TensorConfig]:
+    items = {tensor.name: _item(tensor, section, max_batch, label) for tensor in found}
+    if not declared:
+        return list(items.values())
+    for tensor in declared:
+        model = items.get(tensor.name)
+        if model is None:
+            names = ", ".join(items) or "none"
+            raise ConfigError(
+                f"{label}: {section} '{tensor.name}' is not in the model file (it has: {names})"
+            )
+        if tensor.datatype != model.datatype:
+            raise ConfigError(
+                f"{label}: {section} '{tensor.name}': declared {tensor.datatype}, "
+                f"the model file says {model.datatype}"
+            )
+        if not _compatible(tensor.shape, model.shape):
+            raise ConfigError(
+                f"{label}: {section} '{tensor.name}': declared shape {tensor.shape}, "
+                f"the model file says {model.shape} (per item, batch dimension excluded)"
+            )
+    return declared
+
+
+def _item(tensor: TensorConfig, section: str, max_batch: int, label: str) -> TensorConfig:
+    """The per-item view of a model tensor: without its batch dimension when batching."""
+    if max_batch == 0:
+        return tensor
+    if not tensor.shape or tensor.shape[0] != -1:
+        raise ConfigError(
+            f"{label}: max_batch_size {max_batch} needs a dynamic first dimension, but the "
+            f"model's {section} '{tensor.name}' has shape {tensor.shape}; set max_batch_size = 0"
+        )
+    return msgspec.structs.replace(tensor, shape=tensor.shape[1:])
+
+
+def _compatible(declared: list[int], model: list[int]) -> bool:
+    return len(declared) == len(model) and all(
+        a == b or -1 in (a, b) for a, b in zip(declared, model, strict=True)
+    )

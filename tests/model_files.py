@@ -1,0 +1,69 @@
+"""Small real models made in the test run: one network exported to ONNX, TorchScript and
+torch.export, so every backend can be checked against a direct run of the same weights."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+
+
+class TinyNet(torch.nn.Module):
+    """x: FP32 [batch, 4] -> y: FP32 [batch, 3]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden = torch.nn.Linear(4, 8)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+
+
+def tiny_net() -> TinyNet:
+    return TinyNet().eval()
+
+
+def reference(values: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return tiny_net()(torch.from_numpy(values)).numpy()
+
+
+def _example() -> torch.Tensor:
+    return torch.zeros(2, 4)
+
+
+def export_onnx(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation notices are not ours
+        torch.onnx.export(
+            tiny_net(),
+            (_example(),),
+            str(path),
+            input_names=["x"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
+            dynamo=False,
+        )
+
+
+def export_torchscript(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(tiny_net(), (_example(),)).save(str(path))
+
+
+def export_program(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(tiny_net(), (_example(),), dynamic_shapes={"x": {0: batch}})
+        torch.export.save(program, str(path))
