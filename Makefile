@@ -9,13 +9,14 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,onnx,torch]'
 	bash tools/install_perf_analyzer.sh $(VENV)
 	touch $(STAMP)
 
 install: $(STAMP)
 
 serve: $(STAMP)
+	$(BIN)/python tools/export_examples.py --repository model_repository
 	$(BIN)/reposerve --model-repository model_repository
 
 test: $(STAMP)

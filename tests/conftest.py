@@ -8,7 +8,7 @@ import pytest
 from tests.server import REPO_ROOT, Server, start_server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bundled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """reposerve serving the bundled model_repository/."""
     server = start_server(REPO_ROOT / "model_repository", tmp_path_factory.mktemp("log"))

@@ -1,0 +1,102 @@
+"""The bundled image examples: tools/export_examples.py output served by onnxruntime and
+torch, and the image_classifier pipeline on real JPEG bytes, all against direct runs."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.server import REPO_ROOT, start_server
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+torchvision = pytest.importorskip("torchvision", reason="the torch extra is not installed")
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+Image = pytest.importorskip("PIL.Image", reason="pillow is not installed")
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    shutil.copytree(REPO_ROOT / "model_repository" / "image_classifier", root / "image_classifier")
+    subprocess.run(
+        [sys.executable, "tools/export_examples.py", "--repository", str(root)],
+        cwd=REPO_ROOT,
+        check=True,
+        timeout=600,
+    )
+    server = start_server(root, tmp_path_factory.mktemp("log"))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    client = httpclient.InferenceServerClient(server.address, network_timeout=300)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    return torchvision.models.resnet50(weights=None).eval()
+
+
+def _jpeg(seed: int, size: tuple[int, int]) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def _preprocess(blob: bytes) -> torch.Tensor:
+    transforms = torchvision.transforms
+    pipeline = transforms.Compose(
+        [
+            transforms.Resize(256),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ]
+    )
+    with Image.open(io.BytesIO(blob)) as image:
+        return pipeline(image.convert("RGB"))
+
+
+def test_exported_resnets_match_the_network(client, resnet):
+    images = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = resnet(images).numpy()
+    for model in ("resnet50_onnx", "resnet50_torch"):
+        tensor = httpclient.InferInput("input", [2, 3, 224, 224], "FP32")
+        tensor.set_data_from_numpy(images.numpy())
+        logits = client.infer(model, [tensor]).as_numpy("logits")
+        np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3, err_msg=model)
+
+
+def test_image_classifier_on_jpeg_bytes(client, resnet):
+    blobs = [_jpeg(0, (300, 400)), _jpeg(1, (256, 256)), _jpeg(2, (480, 320))]
+    tensor = httpclient.InferInput("IMAGE", [3, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array(blobs, dtype=object).reshape(3, 1))
+    result = client.infer("image_classifier", [tensor])
+    with torch.inference_mode():
+        expected = resnet(torch.stack([_preprocess(blob) for blob in blobs])).numpy()
+    np.testing.assert_allclose(result.as_numpy("LOGITS"), expected, rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(result.as_numpy("CLASS")[:, 0], expected.argmax(axis=1))
+
+
+def test_image_classifier_refuses_what_is_not_an_image(client):
+    from tritonclient.utils import InferenceServerException
+
+    tensor = httpclient.InferInput("IMAGE", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[b"not a jpeg"]], dtype=object))
+    with pytest.raises(InferenceServerException, match="UnidentifiedImageError"):
+        client.infer("image_classifier", [tensor])
