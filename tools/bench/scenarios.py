@@ -208,4 +208,119 @@ async def async_sleep(duration: float, rate: float = 100.0) -> Report:
     return Report("async-sleep", [result], facts)
 
 
-SCENARIOS = {"overhead": overhead, "batching": batching, "async-sleep": async_sleep}
+def _pure_resnet(batch: int, duration: float) -> float:
+    """Images/s of ResNet-50 alone: preprocessed tensors, torch.inference_mode, no server."""
+    import os
+    import time
+
+    import torch
+    import torchvision
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.manual_seed(0)
+    net = torchvision.models.resnet50(weights=None).eval()
+    images = torch.randn(batch, 3, 224, 224)
+    with torch.inference_mode():
+        for _ in range(2):
+            net(images)
+        done = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < duration:
+            net(images)
+            done += batch
+    return done / (time.perf_counter() - started)
+
+
+def _jpeg_payloads(model: str, count: int = 32) -> list[bytes]:
+    import io
+    import struct
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    payloads = []
+    for _ in range(count):
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)).save(buffer, "JPEG")
+        blob = buffer.getvalue()
+        raw = struct.pack("<I", len(blob)) + blob
+        header = msgspec.json.encode(
+            {
+                "inputs": [
+                    {"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES",
+                     "parameters": {"binary_data_size": len(raw)}}
+                ],
+                "outputs": [{"name": "CLASS", "parameters": {"binary_data": True}}],
+            }
+        )  # fmt: skip
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+        payloads.append(encode_request(HOST, f"/v2/models/{model}/infer", header + raw, headers))
+    return payloads
+
+
+def _tensor_payloads(model: str, count: int = 8) -> list[bytes]:
+    rng = np.random.default_rng(0)
+    payloads = []
+    for _ in range(count):
+        raw = rng.standard_normal((1, 3, 224, 224)).astype(np.float32).tobytes()
+        header = msgspec.json.encode(
+            {
+                "inputs": [
+                    {"name": "input", "shape": [1, 3, 224, 224], "datatype": "FP32",
+                     "parameters": {"binary_data_size": len(raw)}}
+                ],
+                "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+            }
+        )  # fmt: skip
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+        payloads.append(encode_request(HOST, f"/v2/models/{model}/infer", header + raw, headers))
+    return payloads
+
+
+async def images(duration: float, concurrency: int = 16) -> Report:
+    """ResNet-50 images/s: the model alone (batch 8, 16) against the server at c=16,
+    on JPEG bytes (image_classifier) and on preprocessed tensors (resnet50_onnx)."""
+    import shutil
+    import subprocess
+    import sys
+
+    facts = {f"pure torch batch {b} (images/s)": _pure_resnet(b, duration) for b in (8, 16)}
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        bundled = servers.ROOT / "model_repository"
+        shutil.copytree(bundled / "image_classifier", root / "image_classifier")
+        subprocess.run(
+            [sys.executable, "tools/export_examples.py", "--repository", str(root)],
+            cwd=servers.ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        shutil.rmtree(root / "resnet50_torch")
+        server = servers.reposerve(root)
+        try:
+            for model, payloads in (
+                ("image_classifier", _jpeg_payloads("image_classifier")),
+                ("resnet50_onnx", _tensor_payloads("resnet50_onnx")),
+            ):
+                result = await closed_loop(
+                    f"{model} (1 image/request)", HOST, server.port, payloads, concurrency,
+                    duration, warmup=3.0,
+                )  # fmt: skip
+                results.append(result)
+                items, executions = _mean_batch(server.port, model)
+                facts[f"{model} mean batch"] = items / max(executions, 1)
+                facts[f"{model} images/s / pure batch 8"] = (
+                    result.throughput / facts["pure torch batch 8 (images/s)"]
+                )
+        finally:
+            server.stop()
+    return Report("images", results, facts)
+
+
+SCENARIOS = {
+    "overhead": overhead,
+    "batching": batching,
+    "async-sleep": async_sleep,
+    "images": images,
+}
