@@ -16,8 +16,14 @@ def write_model(root: Path, name: str, config: str, code: str | None, version: i
 
 
 def vector_config(
-    datatype: str = "FP32", size: int = 16, max_batch: int = 8, extra: str = ""
+    datatype: str = "FP32",
+    size: int = 16,
+    max_batch: int = 8,
+    extra: str = "",
+    output: tuple[str, int] | None = None,
 ) -> str:
+    """INPUT and OUTPUT vectors of ``size``; ``output`` = (datatype, size) when they differ."""
+    output_datatype, output_size = output or (datatype, size)
     return f"""
         max_batch_size = {max_batch}
         [[input]]
@@ -26,8 +32,8 @@ def vector_config(
         shape = [{size}]
         [[output]]
         name = "OUTPUT"
-        datatype = "{datatype}"
-        shape = [{size}]
+        datatype = "{output_datatype}"
+        shape = [{output_size}]
         {extra}
     """
 

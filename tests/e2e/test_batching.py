@@ -37,19 +37,8 @@ THREADS = """
 
 
 def _threads_config(groups: str, parameters: str = "") -> str:
-    return f"""
-        max_batch_size = 4
-        [[input]]
-        name = "INPUT"
-        datatype = "FP32"
-        shape = [1]
-        [[output]]
-        name = "OUTPUT"
-        datatype = "INT64"
-        shape = [3]
-        {groups}
-        {parameters}
-    """
+    extra = f"{groups}\n{parameters}"
+    return vector_config(size=1, max_batch=4, output=("INT64", 3), extra=extra)
 
 
 @pytest.fixture(scope="module")

@@ -43,20 +43,8 @@ def _infer_many(client, model: str, batches: list[np.ndarray], datatype: str) ->
 
 
 def _pid_config(count: int) -> str:
-    return f"""
-        max_batch_size = 4
-        [[input]]
-        name = "INPUT"
-        datatype = "FP32"
-        shape = [1]
-        [[output]]
-        name = "OUTPUT"
-        datatype = "INT64"
-        shape = [1]
-        [[instance_group]]
-        kind = "cpu"
-        count = {count}
-    """
+    group = f'[[instance_group]]\nkind = "cpu"\ncount = {count}'
+    return vector_config(size=1, max_batch=4, output=("INT64", 1), extra=group)
 
 
 @pytest.fixture(scope="module")

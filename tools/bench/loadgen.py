@@ -55,6 +55,29 @@ def encode_request(
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+def encode_binary_infer(
+    host: str, model: str, tensor: tuple[str, str, list[int], bytes], output: str
+) -> bytes:
+    """A V2 infer request with one input (name, datatype, shape, raw) as binary tensor
+    data, asking for ``output`` as binary data too."""
+    name, datatype, shape, raw = tensor
+    header = msgspec.json.encode(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": shape,
+                    "datatype": datatype,
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": output, "parameters": {"binary_data": True}}],
+        }
+    )
+    headers = {"Inference-Header-Content-Length": str(len(header))}
+    return encode_request(host, f"/v2/models/{model}/infer", header + raw, headers)
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None

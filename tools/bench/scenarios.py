@@ -13,7 +13,13 @@ import msgspec
 import numpy as np
 
 from tools.bench import servers
-from tools.bench.loadgen import RunResult, closed_loop, encode_request, open_loop
+from tools.bench.loadgen import (
+    RunResult,
+    closed_loop,
+    encode_binary_infer,
+    encode_request,
+    open_loop,
+)
 
 HOST = "127.0.0.1"
 
@@ -69,21 +75,15 @@ def _json_payloads(model: str, size: int, count: int = 64) -> list[bytes]:
 
 def _binary_payloads(model: str, size: int, count: int = 64) -> list[bytes]:
     rng = np.random.default_rng(0)
-    payloads = []
-    for _ in range(count):
-        raw = rng.standard_normal(size).astype(np.float32).tobytes()
-        header = msgspec.json.encode(
-            {
-                "inputs": [
-                    {"name": "INPUT", "shape": [1, size], "datatype": "FP32",
-                     "parameters": {"binary_data_size": len(raw)}}
-                ],
-                "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}],
-            }
-        )  # fmt: skip
-        headers = {"Inference-Header-Content-Length": str(len(header))}
-        payloads.append(encode_request(HOST, f"/v2/models/{model}/infer", header + raw, headers))
-    return payloads
+    return [
+        encode_binary_infer(
+            HOST,
+            model,
+            ("INPUT", "FP32", [1, size], rng.standard_normal(size).astype(np.float32).tobytes()),
+            "OUTPUT",
+        )
+        for _ in range(count)
+    ]
 
 
 def _mean_batch(port: int, model: str) -> tuple[int, int]:
@@ -242,39 +242,23 @@ def _jpeg_payloads(model: str, count: int = 32) -> list[bytes]:
     for _ in range(count):
         buffer = io.BytesIO()
         Image.fromarray(rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)).save(buffer, "JPEG")
-        blob = buffer.getvalue()
-        raw = struct.pack("<I", len(blob)) + blob
-        header = msgspec.json.encode(
-            {
-                "inputs": [
-                    {"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES",
-                     "parameters": {"binary_data_size": len(raw)}}
-                ],
-                "outputs": [{"name": "CLASS", "parameters": {"binary_data": True}}],
-            }
-        )  # fmt: skip
-        headers = {"Inference-Header-Content-Length": str(len(header))}
-        payloads.append(encode_request(HOST, f"/v2/models/{model}/infer", header + raw, headers))
+        raw = struct.pack("<I", len(buffer.getvalue())) + buffer.getvalue()
+        payloads.append(encode_binary_infer(HOST, model, ("IMAGE", "BYTES", [1, 1], raw), "CLASS"))
     return payloads
 
 
 def _tensor_payloads(model: str, count: int = 8) -> list[bytes]:
     rng = np.random.default_rng(0)
-    payloads = []
-    for _ in range(count):
-        raw = rng.standard_normal((1, 3, 224, 224)).astype(np.float32).tobytes()
-        header = msgspec.json.encode(
-            {
-                "inputs": [
-                    {"name": "input", "shape": [1, 3, 224, 224], "datatype": "FP32",
-                     "parameters": {"binary_data_size": len(raw)}}
-                ],
-                "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
-            }
-        )  # fmt: skip
-        headers = {"Inference-Header-Content-Length": str(len(header))}
-        payloads.append(encode_request(HOST, f"/v2/models/{model}/infer", header + raw, headers))
-    return payloads
+    shape = [1, 3, 224, 224]
+    return [
+        encode_binary_infer(
+            HOST,
+            model,
+            ("input", "FP32", shape, rng.standard_normal(shape).astype(np.float32).tobytes()),
+            "logits",
+        )
+        for _ in range(count)
+    ]
 
 
 async def images(duration: float, concurrency: int = 16) -> Report:

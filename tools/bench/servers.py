@@ -52,7 +52,7 @@ class Launched:
 
     def memory_mib(self) -> float:
         """Proportional set size of the server and its child processes, in MiB."""
-        pids = [self.process.pid, *_children(self.process.pid)]
+        pids = [self.process.pid, *children_of(self.process.pid)]
         return sum(_pss_kib(pid) for pid in pids) / 1024
 
     def stop(self) -> None:
@@ -87,7 +87,8 @@ def asgi(label: str, app: str, server: str) -> Launched:
     return Launched(label, command, port, ready_path=None)
 
 
-def _children(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
