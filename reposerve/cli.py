@@ -56,6 +56,13 @@ def serve_parser() -> argparse.ArgumentParser:
     add("--http-server", choices=("auto", "uvicorn", "hypercorn"), default="auto")
     add("--http2", action="store_true", help="serve HTTP/2 (h2c) with Hypercorn")
     add(
+        "--http-max-input-size",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
+        help="refuse infer request bodies larger than this (default 64 MiB)",
+    )
+    add(
         "--http-restricted-api",
         type=_restricted,
         action="append",
@@ -82,6 +89,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         load_models=names,
         http_server=args.http_server,
         http2=args.http2,
+        http_max_input_size=args.http_max_input_size,
         restricted=args.http_restricted_api,
         exit_timeout_secs=args.exit_timeout_secs,
         load_timeout_secs=args.load_timeout_secs,

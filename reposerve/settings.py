@@ -23,6 +23,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     load_models: list[str] | None = None  # None: every model in the repository
     http_server: str = "auto"
     http2: bool = False
+    http_max_input_size: int = 64 * 1024 * 1024  # bytes, Triton's default
     restricted: list[RestrictedApi] = []
     exit_timeout_secs: float = 30.0
     load_timeout_secs: float = 120.0

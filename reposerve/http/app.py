@@ -102,9 +102,10 @@ class InferEndpoint:
     cost more per request than everything reposerve itself does.
     """
 
-    def __init__(self, service: InferenceService, policy: AccessPolicy) -> None:
+    def __init__(self, service: InferenceService, policy: AccessPolicy, max_body: int) -> None:
         self._service = service
         self._policy = policy
+        self._max_body = max_body
         self._checked = policy.guards(INFERENCE_API)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -113,7 +114,7 @@ class InferEndpoint:
             if self._checked:
                 self._policy.check(INFERENCE_API, Request(scope))
             header_length = _header_length(scope["headers"])
-            body = await _read_body(receive)
+            body = await _read_body(scope, receive, self._max_body)
             parameters = scope["path_params"]
             content, json_length = await self._service.infer(
                 parameters["model"], parameters.get("version"), body, header_length
@@ -152,15 +153,30 @@ def _header_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole body, refused past ``limit`` bytes before more of it is held."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            raise _too_large(int(value), limit)
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _Disconnected
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> ProtocolError:
+    return ProtocolError(
+        f"request body of {size} bytes exceeds the {limit}-byte limit (--http-max-input-size)"
+    )
 
 
 def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
@@ -177,11 +193,11 @@ def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
     return endpoint
 
 
-def routes(handlers: Handlers, policy: AccessPolicy) -> list[Route]:
+def routes(handlers: Handlers, policy: AccessPolicy, max_body: int) -> list[Route]:
     """The whole HTTP surface (DESIGN.md §3): inference, then (path, handler, API, methods)."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
-    infer = InferEndpoint(handlers.service, policy)
+    infer = InferEndpoint(handlers.service, policy, max_body)
     # Inference first: it carries the load (see App).
     inference = [Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in (model, versioned)]
     table: list[tuple[str, Handler, str, list[str]]] = [
@@ -244,6 +260,9 @@ Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
 
 
 def create_app(
-    service: InferenceService, policy: AccessPolicy, lifespan: Lifespan | None = None
+    service: InferenceService,
+    policy: AccessPolicy,
+    max_body: int,
+    lifespan: Lifespan | None = None,
 ) -> App:
-    return App(routes(Handlers(service), policy), lifespan)
+    return App(routes(Handlers(service), policy, max_body), lifespan)

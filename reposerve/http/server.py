@@ -45,7 +45,8 @@ def build(settings: Settings) -> tuple[App, InferenceService]:
             log.info("stopping: draining requests and stopping instances")
             await service.stop()
 
-    return create_app(service, AccessPolicy(settings.restricted), lifespan), service
+    policy = AccessPolicy(settings.restricted)
+    return create_app(service, policy, settings.http_max_input_size, lifespan), service
 
 
 async def _start(service: InferenceService, settings: Settings) -> None:

@@ -121,3 +121,26 @@ def test_http2_on_hypercorn(repository, tmp_path):
         assert response.json()["outputs"][0]["data"] == [2.0, 3.0]
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_bodies_past_the_input_limit_are_refused(repository, tmp_path):
+    write_model(repository, "a", vector_config(size=2), PLUS_ONE)
+    server = start_server(repository, tmp_path, "--http-max-input-size", "200")
+    try:
+        small = {"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+        assert httpx.post(f"{server.url}/v2/models/a/infer", json=small).status_code == 200
+        big = {"inputs": [dict(small["inputs"][0], parameters={"pad": "x" * 300})]}
+        response = httpx.post(f"{server.url}/v2/models/a/infer", json=big)
+        assert response.status_code == 400
+        assert "exceeds the 200-byte limit (--http-max-input-size)" in response.json()["error"]
+
+        def chunks():  # no Content-Length: counted as it arrives
+            yield b'{"inputs": ['
+            yield b" " * 300
+            yield b"]}"
+
+        response = httpx.post(f"{server.url}/v2/models/a/infer", content=chunks())
+        assert response.status_code == 400
+        assert "exceeds the 200-byte limit" in response.json()["error"]
+    finally:
+        assert server.stop() == 0, server.log()
