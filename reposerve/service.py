@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
 import msgspec
 
@@ -18,8 +17,6 @@ from reposerve.protocol.request import InferRequest, decode_request
 from reposerve.protocol.response import encode_response
 from reposerve.repository import IndexEntry, ModelState, Repository
 from reposerve.tensor import Tensor
-
-log = logging.getLogger("reposerve")
 
 
 class _IndexRequest(msgspec.Struct):

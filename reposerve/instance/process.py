@@ -97,7 +97,7 @@ class InstanceProcess:
         self._next_batch_id = 0
         self._ready: asyncio.Future[None] | None = None
         self._closed = asyncio.Event()
-        self._exit_report: asyncio.Task | None = None
+        self._exit_report: asyncio.Task | None = None  # held so the task is not collected
 
     @property
     def in_flight(self) -> int:

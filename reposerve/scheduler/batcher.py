@@ -90,10 +90,6 @@ class Scheduler:
         self._delivered = 0
         self._held: dict[int, list[tuple[asyncio.Future, Any, BaseException | None]]] = {}
 
-    @property
-    def queued(self) -> int:
-        return self._queued
-
     def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future:
         """Queue ``request``; the future resolves to ``finish``'s result or an error."""
         if self._closed:
