@@ -70,6 +70,9 @@ class ModelVersion:
         except ReposerveError as exc:
             self._fail(exc.message)
             return
+        except asyncio.CancelledError:  # shutdown during start-up: leave no process behind
+            self._fail("loading was cancelled")
+            raise
         except Exception as exc:  # a bug or an OS limit: still only this model fails
             log.exception("%s: load failed", self.label)
             self._fail(f"{type(exc).__name__}: {exc}")
