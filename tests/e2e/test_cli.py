@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import httpx
+import msgspec
 import pytest
 
 from tests.server import REPO_ROOT, start_server
@@ -144,3 +145,20 @@ def test_bodies_past_the_input_limit_are_refused(repository, tmp_path):
         assert "exceeds the 200-byte limit" in response.json()["error"]
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_fixed_repository_and_json_logs(repository, tmp_path):
+    write_model(repository, "a", vector_config(size=2), PLUS_ONE)
+    server = start_server(
+        repository, tmp_path, "--model-control-mode", "none", "--log-format", "json"
+    )
+    try:
+        response = httpx.post(f"{server.url}/v2/repository/models/a/unload")
+        assert response.status_code == 400
+        assert "not allowed with --model-control-mode none" in response.json()["error"]
+        assert httpx.get(f"{server.url}/v2/models/a/ready").status_code == 200
+    finally:
+        assert server.stop() == 0, server.log()
+    records = [msgspec.json.decode(line) for line in server.log().splitlines() if line]
+    assert any(r["message"].startswith("ready: serving") for r in records)
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
