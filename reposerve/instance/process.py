@@ -52,7 +52,7 @@ class InstanceSpec(msgspec.Struct, frozen=True):
     config_json: bytes
     index: int
     kind: str  # "cpu" or "gpu"
-    gpu: int | None
+    gpu: int | None  # the driver's GPU id, handed to the process as CUDA_VISIBLE_DEVICES
     threads: int
 
     @property

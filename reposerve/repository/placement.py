@@ -19,7 +19,8 @@ _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
 def visible_gpus() -> list[int]:
-    """Indices of the GPUs this process may use (CUDA numbering)."""
+    """The driver's ids of the GPUs this process may use, in CUDA order: CUDA device N of
+    this server is ``visible_gpus()[N]``."""
     try:
         present = len(list(_NVIDIA_GPUS.iterdir()))
     except OSError:
@@ -44,19 +45,21 @@ def plan_instances(
         if kind == "cpu":
             placements += [("cpu", None)] * group.count
             continue
-        wanted = group.gpus if group.gpus is not None else gpus
         if not gpus:
             raise ConfigError(
                 f"model '{name}': instance_group[{index}] asks for kind \"gpu\" but no GPU is "
                 'visible. Hint: use kind = "auto" to fall back to the CPU'
             )
-        missing = [gpu for gpu in wanted if gpu not in gpus]
+        # `gpus` counts CUDA devices as this server sees them; each instance process gets
+        # the driver's id of its device in CUDA_VISIBLE_DEVICES.
+        wanted = group.gpus if group.gpus is not None else range(len(gpus))
+        missing = [device for device in wanted if device >= len(gpus)]
         if missing:
             raise ConfigError(
                 f"model '{name}': instance_group[{index}].gpus: GPU(s) {missing} not visible "
-                f"(visible: {gpus})"
+                f"(this server sees {len(gpus)}: 0..{len(gpus) - 1})"
             )
-        placements += [("gpu", gpu) for gpu in wanted for _ in range(group.count)]
+        placements += [("gpu", gpus[device]) for device in wanted for _ in range(group.count)]
     config_json = msgspec.json.encode(config)
     threads = _threads(config, sum(1 for kind, _ in placements if kind == "cpu"))
     return [
