@@ -229,9 +229,13 @@ class InstanceProcess:
         index = len(self._slots)
         slot = Slot.create(f"reposerve-{self.spec.model}-{self.spec.index}-{index}")
         self._slots.append(slot)
-        assert self._sock is not None
-        # Sent on the raw socket so the fd rides as ancillary data with the frame.
-        socket.send_fds(self._sock, [encode_frame(AddSlot(index, slot.size))], [slot.fd])
+        assert self._sock is not None and self._transport is not None
+        # Sent on the raw socket so the fd rides as ancillary data with the frame's first
+        # byte; a short write leaves the rest to the transport, which keeps the order.
+        frame = encode_frame(AddSlot(index, slot.size))
+        sent = socket.send_fds(self._sock, [frame], [slot.fd])
+        if sent < len(frame):
+            self._transport.write(frame[sent:])
         return index
 
     def _on_message(self, message: FromInstance) -> None:
