@@ -12,6 +12,7 @@ import pytest
 
 from tools.bench.loadgen import closed_loop, encode_request, open_loop
 from tools.bench.scenarios import _binary_payloads, _json_payloads
+from tools.bench.workload import payloads
 
 pytestmark = pytest.mark.e2e
 
@@ -44,3 +45,17 @@ def test_open_loop_sends_at_its_rate(bundled_server):
     )
     assert closed.completed > 0 and closed.errors == 0
     assert closed.p50_ms <= closed.p99_ms <= closed.max_ms
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize(
+    ("model", "shapes"), [("add_sub", None), ("identity_bytes", {"INPUT0": [3]})]
+)
+def test_workload_from_metadata_is_accepted(bundled_server, model, shapes, binary):
+    requests = payloads(
+        bundled_server.address, model, batch=2, binary=binary, shapes=shapes, count=4
+    )
+    result = asyncio.run(
+        closed_loop("w", "127.0.0.1", bundled_server.port, requests, 2, 0.3, warmup=0.0)
+    )
+    assert result.completed > 0 and result.errors == 0

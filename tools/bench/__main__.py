@@ -1,4 +1,9 @@
-"""python -m tools.bench SCENARIO [--duration S] [--plot out.png] [--json out.json]"""
+"""Benchmarks with their baselines in the same run, and a load generator for any model.
+
+python -m tools.bench SCENARIO [--duration S] [--plot out.png] [--json out.json]
+python -m tools.bench load --url HOST:PORT --model NAME [--concurrency 1,8,32 | --rate R]
+                           [--binary] [--batch N] [--shape NAME:D1,D2] [--duration S]
+"""
 
 from __future__ import annotations
 
@@ -9,24 +14,72 @@ from pathlib import Path
 import msgspec
 import uvloop
 
+from tools.bench.loadgen import RunResult, closed_loop, open_loop
 from tools.bench.plot import plot
-from tools.bench.scenarios import SCENARIOS
+from tools.bench.scenarios import SCENARIOS, Report
+from tools.bench.workload import payloads
+
+
+def _shape(value: str) -> tuple[str, list[int]]:
+    name, _, dims = value.partition(":")
+    return name, [int(dim) for dim in dims.split(",") if dim]
+
+
+async def _load(args: argparse.Namespace) -> Report:
+    requests = payloads(
+        args.url, args.model, args.batch, args.binary, dict(args.shape or []), count=16
+    )
+    host, port = args.url.rsplit(":", 1)
+    label = f"{args.model} {'binary' if args.binary else 'json'} batch {args.batch}"
+    results: list[RunResult] = []
+    if args.rate:
+        results.append(await open_loop(label, host, int(port), requests, args.rate, args.duration))
+    else:
+        for concurrency in args.concurrency:
+            run = await closed_loop(label, host, int(port), requests, concurrency, args.duration)
+            print(run.line(), flush=True)
+            results.append(run)
+    return Report("load", results)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__)
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("scenario", choices=[*SCENARIOS, "all", "load"])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
     parser.add_argument("--plot", type=Path, help="draw the results to this PNG")
     parser.add_argument("--json", type=Path, help="write the full results as JSON")
+    load = parser.add_argument_group("load: drive a running server")
+    load.add_argument("--url", default="127.0.0.1:8000", help="HOST:PORT of the server")
+    load.add_argument("--model", help="the model to call (its metadata shapes the requests)")
+    load.add_argument(
+        "--concurrency",
+        type=lambda text: [int(part) for part in text.split(",")],
+        default=[1, 8, 32],
+        help="closed loop: a sweep of client counts (default 1,8,32)",
+    )
+    load.add_argument("--rate", type=float, help="open loop: requests per second instead")
+    load.add_argument("--binary", action="store_true", help="binary tensors instead of JSON")
+    load.add_argument("--batch", type=int, default=1, help="items per request (batched models)")
+    load.add_argument("--shape", type=_shape, action="append", help="NAME:D1,D2 for -1 dims")
     args = parser.parse_args()
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
-    reports = []
-    for name in names:
-        duration = max(args.duration, 10.0) if name == "async-sleep" else args.duration
-        report = uvloop.run(SCENARIOS[name](duration))
-        print(report.text(), flush=True)
-        reports.append(report)
+    if args.scenario == "load":
+        if not args.model:
+            parser.error("load needs --model")
+        reports = [uvloop.run(_load(args))]
+        if args.rate:
+            print(reports[0].text())
+    else:
+        names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+        reports = []
+        for name in names:
+            duration = max(args.duration, 10.0) if name == "async-sleep" else args.duration
+            report = uvloop.run(SCENARIOS[name](duration))
+            print(report.text(), flush=True)
+            reports.append(report)
     if args.plot:
         for report in reports:
             path = (

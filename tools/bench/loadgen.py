@@ -56,26 +56,34 @@ def encode_request(
 
 
 def encode_binary_infer(
-    host: str, model: str, tensor: tuple[str, str, list[int], bytes], output: str
+    host: str,
+    model: str,
+    tensors: list[tuple[str, str, list[int], bytes]],
+    outputs: list[str] | None = None,
 ) -> bytes:
-    """A V2 infer request with one input (name, datatype, shape, raw) as binary tensor
-    data, asking for ``output`` as binary data too."""
-    name, datatype, shape, raw = tensor
-    header = msgspec.json.encode(
-        {
-            "inputs": [
-                {
-                    "name": name,
-                    "shape": shape,
-                    "datatype": datatype,
-                    "parameters": {"binary_data_size": len(raw)},
-                }
-            ],
-            "outputs": [{"name": output, "parameters": {"binary_data": True}}],
-        }
-    )
-    headers = {"Inference-Header-Content-Length": str(len(header))}
-    return encode_request(host, f"/v2/models/{model}/infer", header + raw, headers)
+    """A V2 infer request carrying ``tensors`` (name, datatype, shape, raw) as binary
+    tensor data, asking for ``outputs`` (or, when None, every output) as binary data."""
+    header: dict = {
+        "inputs": [
+            {
+                "name": name,
+                "shape": shape,
+                "datatype": datatype,
+                "parameters": {"binary_data_size": len(raw)},
+            }
+            for name, datatype, shape, raw in tensors
+        ]
+    }
+    if outputs is None:
+        header["parameters"] = {"binary_data_output": True}
+    else:
+        header["outputs"] = [
+            {"name": name, "parameters": {"binary_data": True}} for name in outputs
+        ]
+    encoded = msgspec.json.encode(header)
+    body = encoded + b"".join(raw for _, _, _, raw in tensors)
+    headers = {"Inference-Header-Content-Length": str(len(encoded))}
+    return encode_request(host, f"/v2/models/{model}/infer", body, headers)
 
 
 class _Connection(asyncio.Protocol):

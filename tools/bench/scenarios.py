@@ -79,8 +79,8 @@ def _binary_payloads(model: str, size: int, count: int = 64) -> list[bytes]:
         encode_binary_infer(
             HOST,
             model,
-            ("INPUT", "FP32", [1, size], rng.standard_normal(size).astype(np.float32).tobytes()),
-            "OUTPUT",
+            [("INPUT", "FP32", [1, size], rng.standard_normal(size).astype(np.float32).tobytes())],
+            ["OUTPUT"],
         )
         for _ in range(count)
     ]
@@ -243,7 +243,9 @@ def _jpeg_payloads(model: str, count: int = 32) -> list[bytes]:
         buffer = io.BytesIO()
         Image.fromarray(rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)).save(buffer, "JPEG")
         raw = struct.pack("<I", len(buffer.getvalue())) + buffer.getvalue()
-        payloads.append(encode_binary_infer(HOST, model, ("IMAGE", "BYTES", [1, 1], raw), "CLASS"))
+        payloads.append(
+            encode_binary_infer(HOST, model, [("IMAGE", "BYTES", [1, 1], raw)], ["CLASS"])
+        )
     return payloads
 
 
@@ -254,8 +256,8 @@ def _tensor_payloads(model: str, count: int = 8) -> list[bytes]:
         encode_binary_infer(
             HOST,
             model,
-            ("input", "FP32", shape, rng.standard_normal(shape).astype(np.float32).tobytes()),
-            "logits",
+            [("input", "FP32", shape, rng.standard_normal(shape).astype(np.float32).tobytes())],
+            ["logits"],
         )
         for _ in range(count)
     ]
