@@ -111,7 +111,10 @@ class Scheduler:
         self._queues[level].append(item)
         self._queued += 1
         self._idle.clear()
-        self._wake()
+        if self._queued == 1 and not self._in_flight:
+            self._dispatch()  # an idle scheduler has nothing to gather: no need to wait a turn
+        else:
+            self._wake()
         return item.future
 
     async def drain(self) -> None:
