@@ -156,6 +156,20 @@ def test_without_dynamic_batching_requests_run_alone_and_spread():
     run(body)
 
 
+def test_an_idle_scheduler_dispatches_at_once_and_a_busy_one_gathers():
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
+        scheduler.submit(_request([[0, 0]]), _finish)
+        assert len(instance.batches) == 1  # no loop turn needed
+        scheduler.submit(_request([[1, 1]]), _finish)
+        scheduler.submit(_request([[2, 2]]), _finish)
+        instance.finish()
+        await _turn()
+        assert instance.batches[1].tolist() == [[1, 1], [2, 2]]
+
+    run(body)
+
+
 def test_queue_delay_collects_a_batch():
     async def body():
         scheduler, (instance,), clock = scenario("max_queue_delay_microseconds = 1000")
@@ -226,12 +240,15 @@ def test_multi_item_requests_are_packed_whole():
 def test_only_matching_shapes_share_a_batch():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0", dims="[-1]")
+        scheduler.submit(_request([[0, 0]]), _finish)  # occupies the instance
         for values in ([[1, 2]], [[3, 4]], [[5, 6, 7]]):
             scheduler.submit(_request(values), _finish)
         await _turn()
         instance.finish()
         await _turn()
-        assert [b.shape for b in instance.batches] == [(2, 2), (1, 3)]
+        instance.finish()
+        await _turn()
+        assert [b.shape for b in instance.batches] == [(1, 2), (2, 2), (1, 3)]
 
     run(body)
 
