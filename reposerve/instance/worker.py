@@ -90,11 +90,10 @@ class Channel:
 class BatchRunner:
     """Runs Execute frames against the backend, reading and writing the slots."""
 
-    def __init__(self, backend: Backend, config: ModelConfig, model: str) -> None:
+    def __init__(self, backend: Backend, config: ModelConfig) -> None:
         self.backend = backend
         self.slots: dict[int, Slot] = {}
         self._config = config
-        self._model = model
 
     def add_slot(self, message: AddSlot, fd: int) -> None:
         self.slots[message.slot] = Slot(fd, message.size)
@@ -116,8 +115,8 @@ class BatchRunner:
         batch_size = message.inputs[0].shape[0] if message.inputs else 1
         try:
             checked = self._check_outputs(outputs, batch_size)
-        except OutputError as exc:
-            return Failure(message.batch_id, f"model '{self._model}': {exc}")
+        except OutputError as exc:  # the front names the model and version
+            return Failure(message.batch_id, str(exc))
         end = max((ref.offset + ref.nbytes for ref in message.inputs), default=0)
         offset = align(end)
         placed: list[tuple[TensorRef, bytes | memoryview]] = []
@@ -284,7 +283,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exception(exc, file=sys.stderr)
         channel.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
-    runner = BatchRunner(backend, config, load.model)
+    runner = BatchRunner(backend, config)
     channel.send(Ready(max_inflight=inflight, config=msgspec.json.encode(config)))
     try:
         (_run_async if backend.is_async else _run_sync)(channel, runner)

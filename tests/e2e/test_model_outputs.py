@@ -1,0 +1,73 @@
+"""What a model returns is checked after every execute: each way of getting it wrong
+fails that batch with a message naming the model and the output, and nothing else."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server import start_server
+from tests.toy_models import vector_config, write_model
+
+pytestmark = pytest.mark.e2e
+
+# The first input value picks the mistake.
+MISBEHAVES = """
+    import numpy as np
+
+    class Model:
+        def execute(self, inputs):
+            x = inputs["INPUT"]
+            mistake = int(x[0, 0])
+            if mistake == 1:
+                return {"OTHER": x}
+            if mistake == 2:
+                return {"OUTPUT": x[:, :1]}
+            if mistake == 3:
+                return {"OUTPUT": np.concatenate([x, x])}
+            if mistake == 4:
+                return {"OUTPUT": x.astype(np.float64) + 0.5}
+            if mistake == 5:
+                return [x]
+            if mistake == 6:
+                return {"OUTPUT": (x * 2).astype(np.int64)}  # castable: delivered as INT32
+            return {"OUTPUT": x}
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    write_model(root, "misbehaves", vector_config(datatype="INT32", size=2), MISBEHAVES)
+    server = start_server(root, tmp_path_factory.mktemp("log"))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def _call(server, first: int) -> httpx.Response:
+    body = {"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "INT32", "data": [first, 7]}]}
+    return httpx.post(f"{server.url}/v2/models/misbehaves/infer", json=body)
+
+
+@pytest.mark.parametrize(
+    ("mistake", "message"),
+    [
+        (1, "execute() returned no output 'OUTPUT' (returned: OTHER)"),
+        (2, "output 'OUTPUT': expected item shape [2], got [1]"),
+        (3, "output 'OUTPUT': expected 1 items on axis 0, got shape [2, 2]"),
+        (4, "output 'OUTPUT': expected INT32, got float64"),
+        (5, "execute() must return a dict of arrays, got list"),
+    ],
+)
+def test_bad_outputs_fail_the_batch_clearly(server, mistake, message):
+    response = _call(server, mistake)
+    assert response.status_code == 500
+    assert response.json() == {
+        "error": f"model 'misbehaves' version 1: {message}"
+    }
+    assert _call(server, 0).json()["outputs"][0]["data"] == [0, 7]
+
+
+def test_safely_castable_outputs_are_delivered_as_declared(server):
+    output = _call(server, 6).json()["outputs"][0]
+    assert output["datatype"] == "INT32" and output["data"] == [12, 14]
