@@ -38,9 +38,15 @@ def serve_parser() -> argparse.ArgumentParser:
         "`reposerve check PATH` validates a repository instead.",
     )
     add = parser.add_argument
-    add("--model-repository", type=Path, default=Path("model_repository"), metavar="PATH")
-    add("--http-host", default="0.0.0.0", metavar="H")
-    add("--http-port", type=int, default=8000, metavar="PORT")
+    add(
+        "--model-repository",
+        type=Path,
+        default=Path("model_repository"),
+        metavar="PATH",
+        help="folder of model folders (default: ./model_repository)",
+    )
+    add("--http-host", default="0.0.0.0", metavar="H", help="address to listen on (0.0.0.0)")
+    add("--http-port", type=int, default=8000, metavar="PORT", help="HTTP port (8000)")
     add(
         "--model-control-mode",
         choices=("explicit", "none"),
@@ -53,7 +59,12 @@ def serve_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="load only these models at start-up (repeatable; '*' = all, the default)",
     )
-    add("--http-server", choices=("auto", "uvicorn", "hypercorn"), default="auto")
+    add(
+        "--http-server",
+        choices=("auto", "uvicorn", "hypercorn"),
+        default="auto",
+        help="auto: uvicorn for HTTP/1.1, Hypercorn with --http2",
+    )
     add("--http2", action="store_true", help="serve HTTP/2 (h2c) with Hypercorn")
     add(
         "--http-max-input-size",
@@ -70,10 +81,22 @@ def serve_parser() -> argparse.ArgumentParser:
         metavar="API:KEY=VALUE",
         help="require header KEY: VALUE on these APIs (e.g. model-repository:admin-key=s3cret)",
     )
-    add("--exit-timeout-secs", type=float, default=30.0, metavar="S")
-    add("--load-timeout-secs", type=float, default=120.0, metavar="S")
+    add(
+        "--exit-timeout-secs",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on shutdown, how long running requests may finish before instances are killed",
+    )
+    add(
+        "--load-timeout-secs",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="how long an instance may take to load its model",
+    )
     add("--log-level", choices=LOG_LEVELS, default="info")
-    add("--log-format", choices=("text", "json"), default="text")
+    add("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
     return parser
 
 
