@@ -123,10 +123,17 @@ class InferenceService:
                 f"load '{name}': parameters ({', '.join(request.parameters)}) are not supported; "
                 "edit the files in the repository and load again"
             )
-        await self.repository.load(name)
-        failed = [v for v in self.repository.versions(name) if v.state is not ModelState.READY]
+        attempted = await self.repository.load(name)
+        failed = [v for v in attempted if v.state is not ModelState.READY]
         if failed:
-            reasons = "; ".join(f"version {v.version}: {v.reason}" for v in failed)
+            kept = {
+                v.version for v in self.repository.versions(name) if v.state is ModelState.READY
+            }
+            reasons = "; ".join(
+                f"version {v.version}: {v.reason}"
+                + (" (the previous one keeps serving)" if v.version in kept else "")
+                for v in failed
+            )
             raise RepositoryError(
                 f"failed to load '{name}': {reasons}", kind=ErrorKind.INVALID_ARGUMENT
             )

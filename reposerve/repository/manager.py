@@ -46,8 +46,10 @@ class Repository:
     def names(self) -> list[str]:
         return model_names(self.root)
 
-    async def load(self, name: str) -> None:
-        """Load or reload ``name`` from disk; raises ConfigError when it cannot be read."""
+    async def load(self, name: str) -> list[ModelVersion]:
+        """Load or reload ``name`` from disk; returns the versions this load built (a
+        failed one may have left its predecessor serving). Raises ConfigError when the
+        model cannot even be read."""
         model = self._models.setdefault(name, _Model())
         async with model.lock:
             try:
@@ -77,6 +79,7 @@ class Repository:
                 version for version in old.values() if current.get(version.version) is not version
             ]
             await asyncio.gather(*(version.unload(self._unload_timeout) for version in retired))
+            return fresh
 
     async def unload(self, name: str) -> None:
         model = self._models.get(name)

@@ -62,9 +62,7 @@ def _call(server, first: int) -> httpx.Response:
 def test_bad_outputs_fail_the_batch_clearly(server, mistake, message):
     response = _call(server, mistake)
     assert response.status_code == 500
-    assert response.json() == {
-        "error": f"model 'misbehaves' version 1: {message}"
-    }
+    assert response.json() == {"error": f"model 'misbehaves' version 1: {message}"}
     assert _call(server, 0).json()["outputs"][0]["data"] == [0, 7]
 
 
