@@ -41,6 +41,13 @@ def parse_model_config(text: str, label: str, folder_name: str | None = None) ->
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{label}: invalid TOML: {exc}") from exc
+    return validate_model_config(raw, label, folder_name)
+
+
+def validate_model_config(
+    raw: dict[str, Any], label: str, folder_name: str | None = None
+) -> ModelConfig:
+    """Check parsed TOML against the schema and the cross-field rules."""
     try:
         config = msgspec.convert(raw, ModelConfig)
     except msgspec.ValidationError as exc:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reposerve.config import parse_model_config
+from reposerve.config.load import validate_model_config
 from reposerve.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -119,3 +122,28 @@ def test_full_example_parses():
 )
 def test_errors_name_file_key_and_reason(text, message):
     assert _error(text) == f"{LABEL}: {message}"
+
+
+KEYS = [
+    "name", "backend", "max_batch_size", "version_policy", "input", "output", "instance_group",
+    "dynamic_batching", "optimization", "warmup", "parameters", "latest", "all", "specific",
+    "datatype", "shape", "kind", "count", "gpus", "preferred_batch_size", "precision",
+    "max_queue_delay_microseconds", "batch_size", "inputs", "optional", "typo",
+]  # fmt: skip
+toml_values = st.recursive(
+    st.booleans() | st.integers(-3, 40) | st.sampled_from(["FP32", "cpu", "gpu", "x", "fp16", ""]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(KEYS), toml_values, max_size=6))
+def test_any_document_is_a_config_or_a_config_error(raw):
+    try:
+        validate_model_config(raw, LABEL, folder_name="add_sub")
+    except ConfigError as exc:
+        assert exc.message.startswith(f"{LABEL}: ")
+        assert ": " in exc.message[len(LABEL) + 2 :] or "invalid" in exc.message
