@@ -162,19 +162,49 @@ def test_gpu_instances_run_on_the_gpu(repository, tmp_path):
     group = '[[instance_group]]\nkind = "gpu"\ncount = 2'
     write_model(repository, "onnx_gpu", _config(extra=group), None)
     model_files.export_onnx(repository / "onnx_gpu" / "1" / "model.onnx")
-    write_model(repository, "pt2_gpu", _config(precision="fp16", extra=group), None)
-    model_files.export_program(repository / "pt2_gpu" / "1" / "model.pt2")
+    for precision in ("fp16", "bf16"):
+        write_model(
+            repository, f"pt2_gpu_{precision}", _config(precision=precision, extra=group), None
+        )
+        model_files.export_program(repository / f"pt2_gpu_{precision}" / "1" / "model.pt2")
+    write_model(repository, "where", vector_config(size=1, output=("INT64", 2), extra=group), WHERE)
     server = start_server(repository, tmp_path)
     try:
         client = httpclient.InferenceServerClient(server.address)
         values = np.ones((2, 4), np.float32)
-        for model, tolerance in (("onnx_gpu", 1e-4), ("pt2_gpu", 2e-2)):
+        for model in ("onnx_gpu", "pt2_gpu_fp16", "pt2_gpu_bf16"):
+            tolerance = TOLERANCE[model.rsplit("_", 1)[-1]] if "pt2" in model else 1e-4
             np.testing.assert_allclose(
                 _run(client, model, values), model_files.reference(values), atol=tolerance
             )
         client.close()
+        # Two instances on each GPU, each process seeing only its own device as cuda:0.
+        seen = set()
+        for _ in range(16):
+            body = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [0]}]}
+            reply = httpx.post(f"{server.url}/v2/models/where/infer", json=body).json()
+            seen.add(tuple(reply["outputs"][0]["data"]))
+        gpus = visible_gpus()
+        assert {gpu for gpu, _ in seen} == set(gpus)
+        assert len(seen) == 2 * len(gpus)  # (gpu, pid) pairs: two processes per GPU
     finally:
         assert server.stop() == 0, server.log()
+
+
+# Reports (the GPU its process was given, its pid); torch must see exactly one device.
+WHERE = """
+    import os
+    import numpy as np
+    import torch
+
+    class Model:
+        def load(self, context):
+            assert context.device == "cuda:0" and torch.cuda.device_count() == 1
+            self.report = [int(os.environ["CUDA_VISIBLE_DEVICES"]), os.getpid()]
+
+        def execute(self, inputs):
+            return {"OUTPUT": np.tile(np.array(self.report, np.int64), (len(inputs["INPUT"]), 1))}
+"""
 
 
 def test_python_models_are_untouched_by_auto_complete(repository, tmp_path):
