@@ -15,9 +15,10 @@ import numpy as np
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
 from reposerve.errors import ReposerveError
-from reposerve.instance.process import InstanceProcess, InstanceState
+from reposerve.instance.process import InstanceProcess
 from reposerve.protocol.request import InferRequest
 from reposerve.repository.placement import plan_instances
+from reposerve.repository.recovery import InstanceRestarter
 from reposerve.repository.scan import VersionSource
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.statistics import ModelStatistics
@@ -45,6 +46,7 @@ class ModelVersion:
         self.statistics = ModelStatistics(name, source.number)
         self.instances: list[InstanceProcess] = []
         self.scheduler: Scheduler | None = None
+        self._restarter: InstanceRestarter | None = None
 
     @property
     def label(self) -> str:
@@ -66,6 +68,13 @@ class ModelVersion:
             # Every instance loaded the same file; the first one's completed config stands.
             self.config = self.instances[0].config or self.config
             self.scheduler = Scheduler(self.label, self.config, self.instances, self.statistics)
+            self._restarter = InstanceRestarter(
+                self.label,
+                timeout,
+                wanted=lambda: self.state is ModelState.READY,
+                replaced=self._replace,
+                on_exit=self._on_instance_exit,
+            )
             await self._warm_up()
         except ReposerveError as exc:
             self._fail(exc.message)
@@ -82,6 +91,8 @@ class ModelVersion:
     async def unload(self, timeout: float) -> None:
         """Finish what was accepted, then stop the instances."""
         self.state = ModelState.UNLOADING
+        if self._restarter is not None:
+            self._restarter.cancel()
         if self.scheduler is not None:
             try:
                 await asyncio.wait_for(self.scheduler.drain(), timeout)
@@ -99,14 +110,16 @@ class ModelVersion:
         log.error("%s is unavailable: %s", self.label, reason)
 
     def _on_instance_exit(self, instance: InstanceProcess) -> None:
-        if self.state is not ModelState.READY:
+        if self.state is not ModelState.READY or self.scheduler is None:
             return
-        log.error("%s: instance %d exited", self.label, instance.spec.index)
-        if self.scheduler is not None:
-            self.scheduler.remove_instance(instance)
-        if all(other.state is not InstanceState.READY for other in self.instances):
-            self.state = ModelState.UNAVAILABLE
-            self.reason = "every instance exited"
+        self.scheduler.remove_instance(instance)
+        assert self._restarter is not None
+        self._restarter.restart(instance)
+
+    def _replace(self, dead: InstanceProcess, replacement: InstanceProcess) -> None:
+        self.instances[self.instances.index(dead)] = replacement
+        assert self.scheduler is not None
+        self.scheduler.add_instance(replacement)
 
     async def _warm_up(self) -> None:
         assert self.scheduler is not None

@@ -95,7 +95,7 @@ class Scheduler:
         if self._closed:
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
         if not self._instances:
-            raise SchedulerError(f"{self._label} has no running instance")
+            raise SchedulerError(f"{self._label} has no running instance; retry shortly")
         if self._max_queue and self._queued >= self._max_queue:
             raise SchedulerError(
                 f"{self._label}: queue full ({self._queued} requests waiting, "
@@ -122,12 +122,16 @@ class Scheduler:
         self._closed = True
         await self._idle.wait()
 
+    def add_instance(self, instance: Executor) -> None:
+        self._instances.append(instance)
+        self._wake()
+
     def remove_instance(self, instance: Executor) -> None:
         """Stop using an instance (its process exited); fail the queue if none is left."""
         if instance in self._instances:
             self._instances.remove(instance)
         if not self._instances:
-            error = SchedulerError(f"{self._label}: every instance has exited")
+            error = SchedulerError(f"{self._label}: every instance died; they are restarting")
             for queue in self._queues:
                 while queue:
                     self._fail(queue.popleft(), error)

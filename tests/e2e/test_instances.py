@@ -186,3 +186,38 @@ def test_model_without_batch_dimension_returns_its_whole_output(client):
     np.testing.assert_array_equal(_infer(client, "matrix", values, "FP32"), values + 1)
     with pytest.raises(InferenceServerException, match=r"expected shape \[2, 3\], got \[1, 2, 3\]"):
         _infer(client, "matrix", values[None], "FP32")
+
+
+def test_a_killed_instance_is_replaced(repository, tmp_path):
+    write_model(repository, "crash", vector_config(size=1), CRASH)
+    server = start_server(repository, tmp_path)
+    try:
+        client = httpclient.InferenceServerClient(server.address)
+        (first,) = server.instance_pids()
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        answered = None
+        while answered is None and time.monotonic() < deadline:
+            try:
+                answered = _infer(client, "crash", np.ones((1, 1), np.float32), "FP32")
+            except InferenceServerException as exc:
+                # Sent before the death was noticed: failed with it; after: 503 until back.
+                assert exc.status() == "503" or "killed by SIGKILL" in str(exc), str(exc)
+                time.sleep(0.05)
+        np.testing.assert_array_equal(answered, [[1]])
+        (second,) = server.instance_pids()
+        assert second != first
+        # A crash while running a batch: that request fails, the next ones are served.
+        with pytest.raises(InferenceServerException, match="exited with code 3"):
+            _infer(client, "crash", np.full((1, 1), 666, np.float32), "FP32")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                _infer(client, "crash", np.ones((1, 1), np.float32), "FP32")
+                break
+            except InferenceServerException:
+                time.sleep(0.05)
+        assert client.is_model_ready("crash")
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log()
