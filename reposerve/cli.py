@@ -49,9 +49,17 @@ def serve_parser() -> argparse.ArgumentParser:
     add("--http-port", type=int, default=8000, metavar="PORT", help="HTTP port (8000)")
     add(
         "--model-control-mode",
-        choices=("explicit", "none"),
+        choices=("explicit", "poll", "none"),
         default="explicit",
-        help="explicit: the load/unload endpoints work; none: the repository is fixed",
+        help="explicit: the load/unload endpoints work; poll: changes on disk are loaded "
+        "every --repository-poll-secs; none: the repository is fixed",
+    )
+    add(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="how often poll mode looks at the repository (15)",
     )
     add(
         "--load-model",
@@ -109,6 +117,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_host=args.http_host,
         http_port=args.http_port,
         model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs,
         load_models=names,
         http_server=args.http_server,
         http2=args.http2,

@@ -28,9 +28,9 @@ class _LoadRequest(msgspec.Struct):
 
 
 class InferenceService:
-    def __init__(self, repository: Repository, model_control: bool = True) -> None:
+    def __init__(self, repository: Repository, model_control_mode: str = "explicit") -> None:
         self.repository = repository
-        self.model_control = model_control
+        self.model_control_mode = model_control_mode
         self.ready = False
 
     # -- start-up and shutdown ---------------------------------------------------------
@@ -143,9 +143,10 @@ class InferenceService:
         await self.repository.unload(name)
 
     def _check_control(self) -> None:
-        if not self.model_control:
+        if self.model_control_mode != "explicit":
             raise RepositoryError(
-                "explicit model load / unload is not allowed with --model-control-mode none",
+                "explicit model load / unload is not allowed with "
+                f"--model-control-mode {self.model_control_mode}",
                 kind=ErrorKind.INVALID_ARGUMENT,
             )
 

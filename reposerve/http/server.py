@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from reposerve.http.access import AccessPolicy
 from reposerve.http.app import App, create_app
 from reposerve.repository import Repository
+from reposerve.repository.watch import RepositoryWatcher, snapshot
 from reposerve.service import InferenceService
 from reposerve.settings import Settings
 
@@ -31,7 +32,7 @@ def build(settings: Settings) -> tuple[App, InferenceService]:
         load_timeout=settings.load_timeout_secs,
         unload_timeout=settings.exit_timeout_secs,
     )
-    service = InferenceService(repository, model_control=settings.model_control_mode != "none")
+    service = InferenceService(repository, settings.model_control_mode)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -50,6 +51,10 @@ def build(settings: Settings) -> tuple[App, InferenceService]:
 
 
 async def _start(service: InferenceService, settings: Settings) -> None:
+    """Load the models, then (in poll mode) keep them in step with the disk until cancelled."""
+    polling = settings.model_control_mode == "poll"
+    root = service.repository.root
+    baseline = await asyncio.to_thread(snapshot, root) if polling else {}
     await service.start(settings.load_models)
     log.info("models:\n%s", startup_table(service))
     # Everything allocated so far lives as long as the server: keep the collector off it,
@@ -62,6 +67,8 @@ async def _start(service: InferenceService, settings: Settings) -> None:
         settings.http_host,
         settings.http_port,
     )
+    if polling:
+        await RepositoryWatcher(service.repository, settings.repository_poll_secs).run(baseline)
 
 
 def startup_table(service: InferenceService) -> str:
