@@ -18,6 +18,14 @@ from reposerve.settings import RestrictedApi, Settings
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+def _boolean(value: str) -> bool:
+    if value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
 def _restricted(value: str) -> RestrictedApi:
     apis, _, header = value.partition(":")
     key, _, secret = header.partition("=")
@@ -47,6 +55,14 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add("--http-host", default="0.0.0.0", metavar="H", help="address to listen on (0.0.0.0)")
     add("--http-port", type=int, default=8000, metavar="PORT", help="HTTP port (8000)")
+    add("--metrics-port", type=int, default=8002, metavar="PORT", help="metrics port (8002)")
+    add(
+        "--allow-metrics",
+        type=_boolean,
+        default=True,
+        metavar="BOOL",
+        help="serve Prometheus metrics on --metrics-port (true)",
+    )
     add(
         "--model-control-mode",
         choices=("explicit", "poll", "none"),
@@ -116,6 +132,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         model_repository=args.model_repository,
         http_host=args.http_host,
         http_port=args.http_port,
+        metrics_port=args.metrics_port if args.allow_metrics else None,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         load_models=names,

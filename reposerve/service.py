@@ -12,6 +12,7 @@ import contextlib
 import msgspec
 
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, RepositoryError
+from reposerve.metrics import VersionMetrics, render
 from reposerve.protocol import documents
 from reposerve.protocol.request import InferRequest, decode_request
 from reposerve.protocol.response import encode_response
@@ -79,6 +80,12 @@ class InferenceService:
         else:
             versions = self.repository.versions(name)
         return documents.model_statistics([v.statistics.snapshot() for v in versions])
+
+    def metrics(self) -> bytes:
+        return render(
+            VersionMetrics(v.statistics.snapshot(), v.scheduler.pending if v.scheduler else 0)
+            for v in self.repository.loaded()
+        )
 
     # -- inference -----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     model_repository: Path = Path("model_repository")
     http_host: str = "0.0.0.0"
     http_port: int = 8000
+    metrics_port: int | None = 8002  # None: no metrics endpoint
     model_control_mode: str = "explicit"  # "explicit" | "poll" | "none"
     repository_poll_secs: float = 15.0
     load_models: list[str] | None = None  # None: every model in the repository

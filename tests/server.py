@@ -21,6 +21,7 @@ class Server:
 
     def __init__(self, repository: Path, *args: str, log_path: Path) -> None:
         self.port = free_port()
+        self.metrics_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
@@ -30,6 +31,7 @@ class Server:
                 "--model-repository", str(repository),
                 "--http-host", "127.0.0.1",
                 "--http-port", str(self.port),
+                "--metrics-port", str(self.metrics_port),
                 *args,
             ],
             stdout=self._log,

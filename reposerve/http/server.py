@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 
 from reposerve.http.access import AccessPolicy
 from reposerve.http.app import App, create_app
+from reposerve.http.metrics import MetricsServer
 from reposerve.repository import Repository
 from reposerve.repository.watch import RepositoryWatcher, snapshot
 from reposerve.service import InferenceService
@@ -36,6 +37,10 @@ def build(settings: Settings) -> tuple[App, InferenceService]:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        metrics = None
+        if settings.metrics_port is not None:
+            metrics = MetricsServer(service, settings.http_host, settings.metrics_port)
+            await metrics.start()
         loading = asyncio.create_task(_start(service, settings))
         try:
             yield
@@ -45,6 +50,8 @@ def build(settings: Settings) -> tuple[App, InferenceService]:
                 await loading
             log.info("stopping: draining requests and stopping instances")
             await service.stop()
+            if metrics is not None:
+                await metrics.close()
 
     policy = AccessPolicy(settings.restricted)
     return create_app(service, policy, settings.http_max_input_size, lifespan), service

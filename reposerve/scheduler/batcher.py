@@ -90,6 +90,11 @@ class Scheduler:
         self._delivered = 0
         self._held: dict[int, list[tuple[asyncio.Future, Any, BaseException | None]]] = {}
 
+    @property
+    def pending(self) -> int:
+        """Requests queued and not yet handed to an instance."""
+        return self._queued
+
     def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future:
         """Queue ``request``; the future resolves to ``finish``'s result or an error."""
         if self._closed:

@@ -69,7 +69,8 @@ def reposerve(repository: Path, *flags: str) -> Launched:
     port = free_port()
     command = [
         sys.executable, "-m", "reposerve", "--model-repository", str(repository),
-        "--http-host", "127.0.0.1", "--http-port", str(port), "--log-level", "warning", *flags,
+        "--http-host", "127.0.0.1", "--http-port", str(port), "--log-level", "warning",
+        "--allow-metrics", "false", *flags,
     ]  # fmt: skip
     return Launched("reposerve", command, port, "/v2/health/ready")
 
