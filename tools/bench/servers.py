@@ -52,8 +52,7 @@ class Launched:
 
     def memory_mib(self) -> float:
         """Proportional set size of the server and its child processes, in MiB."""
-        pids = [self.process.pid, *children_of(self.process.pid)]
-        return sum(_pss_kib(pid) for pid in pids) / 1024
+        return sum(pss_mib(pid) for pid in [self.process.pid, *children_of(self.process.pid)])
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -102,14 +101,15 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def _pss_kib(pid: int) -> int:
+def pss_mib(pid: int) -> float:
+    """One process's proportional set size in MiB (0 when it is gone)."""
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
             if line.startswith("Pss:"):
-                return int(line.split()[1])
+                return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return 0
+    return 0.0
 
 
 def environment_note() -> str:
