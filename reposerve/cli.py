@@ -89,7 +89,9 @@ def serve_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: uvicorn for HTTP/1.1, Hypercorn with --http2",
     )
-    add("--http2", action="store_true", help="serve HTTP/2 (h2c) with Hypercorn")
+    add("--http2", action="store_true", help="serve HTTP/2 with Hypercorn (h2c, or h2 with TLS)")
+    add("--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate (chain)")
+    add("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
     add(
         "--http-max-input-size",
         type=int,
@@ -139,6 +141,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_server=args.http_server,
         http2=args.http2,
         http_max_input_size=args.http_max_input_size,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
         restricted=args.http_restricted_api,
         exit_timeout_secs=args.exit_timeout_secs,
         load_timeout_secs=args.load_timeout_secs,
@@ -200,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         return check(argv[1:])
     args = serve_parser().parse_args(argv)
     settings = settings_from(args)
+    if bool(settings.ssl_certfile) != bool(settings.ssl_keyfile):
+        print("reposerve: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
     if not settings.model_repository.is_dir():
         print(

@@ -26,6 +26,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     http_server: str = "auto"
     http2: bool = False
     http_max_input_size: int = 64 * 1024 * 1024  # bytes, Triton's default
+    ssl_certfile: str | None = None  # TLS: PEM certificate (chain)
+    ssl_keyfile: str | None = None
     restricted: list[RestrictedApi] = []
     exit_timeout_secs: float = 30.0
     load_timeout_secs: float = 120.0

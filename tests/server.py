@@ -22,7 +22,8 @@ class Server:
     def __init__(self, repository: Path, *args: str, log_path: Path) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "--ssl-certfile" in args else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
@@ -54,7 +55,8 @@ class Server:
                     f"reposerve exited with {self.process.returncode}:\n{self.log()}"
                 )
             try:
-                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                ready = httpx.get(f"{self.url}/v2/health/ready", timeout=1, verify=False)
+                if ready.status_code == 200:
                     return
             except httpx.TransportError:
                 pass

@@ -147,6 +147,8 @@ def _serve_uvicorn(app: App, settings: Settings) -> None:
         access_log=False,
         log_config=None,
         timeout_graceful_shutdown=int(settings.exit_timeout_secs),
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )
     _GracefulServer(config).run()
 
@@ -160,6 +162,10 @@ def _serve_hypercorn(app: App, settings: Settings) -> None:
     config.bind = [f"{settings.http_host}:{settings.http_port}"]
     config.accesslog = None
     config.graceful_timeout = settings.exit_timeout_secs
+    if settings.ssl_certfile:
+        # TLS with ALPN: clients negotiate h2 (or fall back to HTTP/1.1) in the handshake.
+        config.certfile = settings.ssl_certfile
+        config.keyfile = settings.ssl_keyfile
 
     async def main() -> None:
         stop = asyncio.Event()

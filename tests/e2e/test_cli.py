@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import ssl
 import subprocess
 import sys
 
@@ -162,3 +164,32 @@ def test_fixed_repository_and_json_logs(repository, tmp_path):
     records = [msgspec.json.decode(line) for line in server.log().splitlines() if line]
     assert any(r["message"].startswith("ready: serving") for r in records)
     assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+
+
+@pytest.mark.parametrize(("flags", "version"), [(["--http2"], "HTTP/2"), ([], "HTTP/1.1")])
+def test_tls(repository, tmp_path, flags, version):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: no certificate to test TLS with")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    write_model(repository, "a", vector_config(size=2), PLUS_ONE)
+    server = start_server(
+        repository, tmp_path, *flags, "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)
+    )
+    try:
+        assert server.url.startswith("https://")
+        trusted = ssl.create_default_context(cafile=str(cert))
+        with httpx.Client(http2=True, verify=trusted) as client:
+            body = {
+                "inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]
+            }
+            response = client.post(f"{server.url}/v2/models/a/infer", json=body)
+        assert response.http_version == version
+        assert response.json()["outputs"][0]["data"] == [2.0, 3.0]
+    finally:
+        assert server.stop() == 0, server.log()
