@@ -1,0 +1,1 @@
+"""Developer tools: benchmarks (tools.bench), the soak run (tools.soak), example export."""
