@@ -96,13 +96,12 @@ class InferenceService:
         model = self.repository.get(name, version)
         request = decode_request(body, header_length, model.config, name)
         assert model.scheduler is not None
-        selected = _selected_outputs(request, [spec.name for spec in model.config.output])
-        version_text = str(model.version)
+        selected = _selected_outputs(request, model.output_names)
 
         def finish(outputs: dict[str, Tensor]) -> tuple[bytes, int | None]:
             return encode_response(
                 name,
-                version_text,
+                model.version_text,
                 request.id,
                 [(output, outputs[output], binary) for output, binary in selected],
             )
@@ -158,7 +157,7 @@ class InferenceService:
             )
 
 
-def _selected_outputs(request: InferRequest, declared: list[str]) -> list[tuple[str, bool]]:
+def _selected_outputs(request: InferRequest, declared: tuple[str, ...]) -> list[tuple[str, bool]]:
     """(output, binary) in response order: the requested ones, or every declared output."""
     if request.outputs is None:
         return [(output, request.binary_output) for output in declared]

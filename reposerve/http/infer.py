@@ -35,8 +35,10 @@ class InferEndpoint:
         try:
             if self._checked:
                 self._policy.check(INFERENCE_API, Request(scope))
-            header_length = _header_length(scope["headers"])
-            body = await _read_body(scope, receive, self._max_body)
+            header_length, declared = _lengths(scope["headers"])
+            if declared is not None and declared > self._max_body:
+                raise _too_large(declared, self._max_body)
+            body = await _read_body(receive, self._max_body)
             parameters = scope["path_params"]
             content, json_length = await self._service.infer(
                 parameters["model"], parameters.get("version"), body, header_length
@@ -63,7 +65,9 @@ class _Disconnected(Exception):
     """The client went away before its request body arrived."""
 
 
-def _header_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+def _lengths(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, int | None]:
+    """(Inference-Header-Content-Length, Content-Length) in one pass over the headers."""
+    header_length = content_length = None
     for name, value in headers:
         if name == b"inference-header-content-length":
             if not value.isdigit():
@@ -71,15 +75,14 @@ def _header_length(headers: list[tuple[bytes, bytes]]) -> int | None:
                 raise ProtocolError(
                     f"{HEADER_LENGTH} must be a non-negative integer, got {shown!r}"
                 )
-            return int(value)
-    return None
+            header_length = int(value)
+        elif name == b"content-length" and value.isdigit():
+            content_length = int(value)
+    return header_length, content_length
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+async def _read_body(receive: Receive, limit: int) -> bytes:
     """The whole body, refused past ``limit`` bytes before more of it is held."""
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > limit:
-            raise _too_large(int(value), limit)
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -38,6 +38,7 @@ class ModelVersion:
     def __init__(self, name: str, config: ModelConfig, source: VersionSource) -> None:
         self.name = name
         self.version = source.number
+        self.version_text = str(source.number)
         self.config = config
         self.backend = source.backend
         self.source = source
@@ -45,6 +46,7 @@ class ModelVersion:
         self.reason = ""
         self.statistics = ModelStatistics(name, source.number)
         self.instances: list[InstanceProcess] = []
+        self.output_names: tuple[str, ...] = ()
         self.scheduler: Scheduler | None = None
         self._restarter: InstanceRestarter | None = None
 
@@ -67,6 +69,8 @@ class ModelVersion:
                 raise errors[0]
             # Every instance loaded the same file; the first one's completed config stands.
             self.config = self.instances[0].config or self.config
+            # Derived once here rather than per request on the hot path.
+            self.output_names = tuple(spec.name for spec in self.config.output)
             self.scheduler = Scheduler(self.label, self.config, self.instances, self.statistics)
             self._restarter = InstanceRestarter(
                 self.label,
