@@ -112,7 +112,23 @@ def serve_parser() -> argparse.ArgumentParser:
         type=float,
         default=30.0,
         metavar="S",
-        help="on shutdown, how long running requests may finish before instances are killed",
+        help="one budget for a shutdown or an unload: queued and running requests may "
+        "finish within it; then each left gets an error and the instances are killed (30)",
+    )
+    add(
+        "--strict-readiness",
+        type=_boolean,
+        default=True,
+        metavar="BOOL",
+        help="true: /v2/health/ready only while every loaded model is ready; "
+        "false: while the server is up (true)",
+    )
+    add(
+        "--exit-on-error",
+        type=_boolean,
+        default=True,
+        metavar="BOOL",
+        help="exit at start-up if a model fails to load (true)",
     )
     add(
         "--load-timeout-secs",
@@ -145,6 +161,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ssl_keyfile=args.ssl_keyfile,
         restricted=args.http_restricted_api,
         exit_timeout_secs=args.exit_timeout_secs,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
         load_timeout_secs=args.load_timeout_secs,
         log_level=args.log_level,
         log_format=args.log_format,

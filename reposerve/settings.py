@@ -29,7 +29,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ssl_certfile: str | None = None  # TLS: PEM certificate (chain)
     ssl_keyfile: str | None = None
     restricted: list[RestrictedApi] = []
-    exit_timeout_secs: float = 30.0
+    exit_timeout_secs: float = 30.0  # one budget for a whole shutdown or unload
+    strict_readiness: bool = True  # server ready only while every loaded model is
+    exit_on_error: bool = True  # start-up fails when a model fails to load
     load_timeout_secs: float = 120.0
     log_level: str = "info"
     log_format: str = "text"
