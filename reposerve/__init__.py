@@ -1,3 +1,6 @@
 """reposerve: a config-driven model repository server speaking KServe V2 over HTTP."""
 
+from reposerve.errors import InvalidInput
+
+__all__ = ["InvalidInput"]
 __version__ = "0.1.0"

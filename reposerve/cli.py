@@ -234,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from reposerve.http.server import serve
 
-    serve(settings)
-    return 0
+    return serve(settings)
 
 
 if __name__ == "__main__":

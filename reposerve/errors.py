@@ -60,3 +60,14 @@ class InstanceError(ReposerveError):
     """A batch that failed inside an instance: the model raised, or the process died."""
 
     kind = ErrorKind.INTERNAL
+
+
+class InvalidInput(ReposerveError):
+    """Raise this from a model's ``execute`` when a request's data is unusable (an image
+    that does not decode, a value out of range): the request that holds it gets a 400 with
+    your message, and the other requests of the batch still get their results.
+
+    Any other exception from ``execute`` is a model failure: a 500 with its message.
+    """
+
+    kind = ErrorKind.INVALID_ARGUMENT

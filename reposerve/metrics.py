@@ -20,7 +20,9 @@ class VersionMetrics(msgspec.Struct, frozen=True):
     """One model version's numbers at scrape time."""
 
     stats: ModelStats
-    pending: int  # requests queued, not yet handed to an instance
+    pending: int  # requests accepted, not running on an instance now
+    ready: bool  # READY with a live instance
+    restarts: int  # instance deaths handled by restarting
 
 
 _Value = Callable[[VersionMetrics], float]
@@ -71,12 +73,38 @@ COUNTERS: list[tuple[str, str, _Value]] = [
         "Cumulative inference compute output duration in microseconds",
         lambda m: m.stats.inference_stats.compute_output.ns // 1000,
     ),
+    # reposerve's own, beside Triton's:
+    (
+        "reposerve_isolated_batch_count",
+        "Failed batches of several requests re-run in parts so only the failing requests fail",
+        lambda m: m.stats.isolation_stats.batches,
+    ),
+    (
+        "reposerve_isolation_exec_count",
+        "Model executions spent re-running parts of failed batches",
+        lambda m: m.stats.isolation_stats.executions,
+    ),
+    (
+        "reposerve_isolated_failure_count",
+        "Requests found at fault by re-running their failed batch, and failed alone",
+        lambda m: m.stats.isolation_stats.failed_requests,
+    ),
+    (
+        "reposerve_instance_restart_count",
+        "Instance processes that died and were restarted (or given up on)",
+        lambda m: m.restarts,
+    ),
 ]
 GAUGES: list[tuple[str, str, _Value]] = [
     (
         "nv_inference_pending_request_count",
         "Instantaneous number of pending requests awaiting execution per-model.",
         lambda m: m.pending,
+    ),
+    (
+        "reposerve_model_ready",
+        "1 while the model version is READY with a live instance, else 0",
+        lambda m: int(m.ready),
     ),
 ]
 

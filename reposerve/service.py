@@ -29,27 +29,46 @@ class _LoadRequest(msgspec.Struct):
 
 
 class InferenceService:
-    def __init__(self, repository: Repository, model_control_mode: str = "explicit") -> None:
+    def __init__(
+        self,
+        repository: Repository,
+        model_control_mode: str = "explicit",
+        strict_readiness: bool = True,
+    ) -> None:
         self.repository = repository
         self.model_control_mode = model_control_mode
-        self.ready = False
+        self._strict = strict_readiness
+        self._started = False
+        self._stopping = False
 
     # -- start-up and shutdown ---------------------------------------------------------
 
-    async def start(self, names: list[str] | None) -> None:
-        """Load ``names`` (every model on disk when None); failures leave others serving."""
+    async def start(self, names: list[str] | None) -> list[IndexEntry]:
+        """Load ``names`` (every model on disk when None); failures leave others serving.
+        Returns the index rows of the models that failed."""
         wanted = self.repository.names() if names is None else names
         await asyncio.gather(*(self._load_quietly(name) for name in wanted))
-        self.ready = True
+        self._started = True
+        return [entry for entry in self.repository.index() if entry.state == "UNAVAILABLE"]
 
-    async def stop(self) -> None:
-        self.ready = False
-        await self.repository.close()
+    async def stop(self, deadline: float) -> None:
+        """Refuse new work and unload every model by ``deadline`` (``time.monotonic``)."""
+        self._stopping = True
+        await self.repository.close(deadline)
 
     async def _load_quietly(self, name: str) -> None:
         # A broken model is recorded in the index and logged by the repository.
         with contextlib.suppress(ConfigError):
             await self.repository.load(name)
+
+    # -- health --------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Start-up loading done and not stopping; with strict readiness (Triton's
+        default) also every model that should serve is ready."""
+        if not self._started or self._stopping:
+            return False
+        return not self._strict or self.repository.all_ready()
 
     # -- metadata ------------------------------------------------------------------------
 
@@ -67,10 +86,9 @@ class InferenceService:
 
     def model_ready(self, name: str, version: str | None) -> bool:
         try:
-            self.repository.get(name, version)
+            return self.repository.get(name, version).ready
         except RepositoryError:
             return False
-        return True
 
     def model_statistics(self, name: str | None, version: str | None) -> bytes:
         if name is None:
@@ -83,7 +101,7 @@ class InferenceService:
 
     def metrics(self) -> bytes:
         return render(
-            VersionMetrics(v.statistics.snapshot(), v.scheduler.pending if v.scheduler else 0)
+            VersionMetrics(v.statistics.snapshot(), v.scheduler.pending, v.ready, v.restarts)
             for v in self.repository.loaded()
         )
 
@@ -95,7 +113,6 @@ class InferenceService:
         """Run one V2 request; returns the response body and its JSON header length."""
         model = self.repository.get(name, version)
         request = decode_request(body, header_length, model.config, name)
-        assert model.scheduler is not None
         selected = _selected_outputs(request, model.output_names)
 
         def finish(outputs: dict[str, Tensor]) -> tuple[bytes, int | None]:

@@ -38,6 +38,15 @@ class BatchStats(msgspec.Struct):
     compute_output: Duration = msgspec.field(default_factory=Duration)
 
 
+class IsolationStats(msgspec.Struct):
+    """Fault isolation (reposerve's addition to Triton's shape): failed batches of several
+    requests re-run in halves so that only the requests at fault fail."""
+
+    batches: int = 0  # batches that failed and were re-run in parts
+    executions: int = 0  # executions spent re-running those parts
+    failed_requests: int = 0  # requests found at fault and failed alone
+
+
 class ModelStats(msgspec.Struct):
     """One entry of Triton's ``model_stats`` list."""
 
@@ -49,6 +58,7 @@ class ModelStats(msgspec.Struct):
     inference_stats: InferenceStats = msgspec.field(default_factory=InferenceStats)
     batch_stats: list[BatchStats] = []
     memory_usage: list[dict] = []
+    isolation_stats: IsolationStats = msgspec.field(default_factory=IsolationStats)
 
 
 class ModelStatistics:
@@ -87,8 +97,16 @@ class ModelStatistics:
         by_size.compute_infer.add(1, infer_ns)
         by_size.compute_output.add(1, output_ns)
 
-    def record_failure(self, requests: int, ns: int) -> None:
+    def record_failure(self, requests: int, ns: int, isolated: bool = False) -> None:
         self._stats.inference_stats.fail.add(requests, ns)
+        if isolated:
+            self._stats.isolation_stats.failed_requests += requests
+
+    def record_split(self, rerun: bool) -> None:
+        """A failed batch is run again as two parts; ``rerun``: it was such a part itself."""
+        isolation = self._stats.isolation_stats
+        isolation.batches += not rerun
+        isolation.executions += 2
 
     def snapshot(self) -> ModelStats:
         return self._stats

@@ -72,7 +72,9 @@ class OnnxRuntimeBackend:
                 f"{context.model_name}: {wanted} could not start on this GPU instance; "
                 f"it needs {GPU_NEEDS}"
             )
-        self._outputs = [output.name for output in self._session.get_outputs()]
+        # Only what the config declares is computed: it may name a subset, as in Triton.
+        declared = [tensor.name for tensor in context.config.output]
+        self._outputs = declared or [output.name for output in self._session.get_outputs()]
 
     @staticmethod
     def _providers(ort: Any, context: ModelContext) -> list[str]:

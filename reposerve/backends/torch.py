@@ -64,7 +64,10 @@ class TorchBackend:
         self._module = module
         inputs, outputs = self._signature or (config.input, config.output)
         self._inputs = [tensor.name for tensor in inputs]
+        # The config may declare a subset of the file's outputs, as in Triton.
+        declared = {tensor.name for tensor in config.output}
         self._outputs = [tensor.name for tensor in outputs]
+        self._delivered = [name for name in self._outputs if not declared or name in declared]
 
     def signature(self) -> Signature | None:
         return self._signature
@@ -76,11 +79,9 @@ class TorchBackend:
             result = self._module(*arguments)
         if isinstance(result, torch.Tensor):
             result = (result,)
-        if isinstance(result, dict):
-            return {name: self._to_numpy(value) for name, value in result.items()}
-        return {
-            name: self._to_numpy(value) for name, value in zip(self._outputs, result, strict=False)
-        }
+        if not isinstance(result, dict):
+            result = dict(zip(self._outputs, result, strict=False))
+        return {name: self._to_numpy(result[name]) for name in self._delivered if name in result}
 
     def unload(self) -> None:
         del self._module

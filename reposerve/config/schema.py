@@ -62,6 +62,18 @@ class Optimization(_Section):
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
 
 
+class Execution(_Section):
+    """How one ``execute`` may behave before reposerve steps in."""
+
+    # A limit on one execute; past it the instance is killed and replaced and the batch's
+    # requests fail. TorchServe's responseTimeout default: generous for slow-but-working
+    # models, finite so a hung one cannot hold its requests forever. 0 = no limit.
+    timeout_seconds: Annotated[float, Meta(ge=0)] = 120.0
+    # When a batch of several requests fails, run its requests again in halves to find the
+    # one(s) at fault and fail only those. Off for models whose execute must not run twice.
+    isolate_failures: bool = True
+
+
 class Warmup(_Section):
     batch_size: Positive = 1
     inputs: dict[str, Literal["zero", "random"]] = {}
@@ -79,5 +91,6 @@ class ModelConfig(_Section):
     )
     dynamic_batching: DynamicBatching | None = None
     optimization: Optimization = Optimization()
+    execution: Execution = Execution()
     warmup: list[Warmup] = []
     parameters: dict[str, Any] = {}

@@ -46,7 +46,7 @@ class Handlers:
         return Response(status_code=200)
 
     async def ready(self, request: Request) -> Response:
-        return Response(status_code=200 if self.service.ready else 503)
+        return Response(status_code=200 if self.service.ready() else 503)
 
     async def server_metadata(self, request: Request) -> Response:
         return _json(self.service.server_metadata())

@@ -1,8 +1,10 @@
 """Serve the app: uvicorn (httptools, uvloop) for HTTP/1.1, Hypercorn for HTTP/2.
 
 The lifespan loads the models in the background (``/v2/health/ready`` says when they
-are done), prints the start-up table, and on SIGINT/SIGTERM drains and stops every
-instance process before the server exits.
+are done) and prints the start-up table. SIGINT/SIGTERM starts the shutdown at once, with
+one budget (``--exit-timeout-secs``) for all of it: accepted requests may finish within
+it, then each one left gets a JSON error, and every instance process is stopped; the
+HTTP server meanwhile stops accepting and closes connections as their answers go out.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from starlette.applications import Starlette
 
@@ -27,13 +30,91 @@ from reposerve.settings import Settings
 log = logging.getLogger("reposerve")
 
 
-def build(settings: Settings) -> tuple[App, InferenceService]:
+# The HTTP server waits this much longer than the shutdown budget for the last answers
+# to be written, so it never cancels a request that the budget already answered.
+_SEND_MARGIN_S = 5.0
+
+
+class Lifecycle:
+    """Start-up loading and the one shutdown of a server.
+
+    ``begin_shutdown`` may be called by a signal handler, the lifespan's end, or a failed
+    start-up; the first call fixes the deadline and later calls share its task.
+    """
+
+    def __init__(self, service: InferenceService, settings: Settings) -> None:
+        self.service = service
+        self.exit_code = 0
+        self.stop_server: Callable[[], None] = lambda: None  # set by the HTTP server runner
+        self._settings = settings
+        self._loading: asyncio.Task | None = None
+        self._shutdown: asyncio.Task | None = None
+
+    def start_loading(self) -> None:
+        self._loading = asyncio.get_running_loop().create_task(self._start())
+
+    def begin_shutdown(self) -> asyncio.Task:
+        if self._shutdown is None:
+            deadline = time.monotonic() + self._settings.exit_timeout_secs
+            self._shutdown = asyncio.get_running_loop().create_task(self._stop(deadline))
+        return self._shutdown
+
+    async def _stop(self, deadline: float) -> None:
+        log.info(
+            "stopping: requests may finish within %g s (--exit-timeout-secs)",
+            self._settings.exit_timeout_secs,
+        )
+        if self._loading is not None:
+            self._loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loading
+        await self.service.stop(deadline)
+        log.info("stopped: every model unloaded")
+
+    async def _start(self) -> None:
+        """Load the models, then (in poll mode) keep them in step with the disk."""
+        settings = self._settings
+        service = self.service
+        polling = settings.model_control_mode == "poll"
+        root = service.repository.root
+        baseline = await asyncio.to_thread(snapshot, root) if polling else {}
+        failed = await service.start(settings.load_models)
+        log.info("models:\n%s", startup_table(service))
+        if failed and settings.exit_on_error:
+            names = ", ".join(entry.name for entry in failed)
+            log.error(
+                "exiting: %s failed to load (--exit-on-error true; pass --exit-on-error false "
+                "to serve the other models)",
+                names,
+            )
+            self.exit_code = 1
+            self.begin_shutdown()
+            self.stop_server()
+            return
+        # Everything allocated so far lives as long as the server: keep the collector off
+        # it, which removes its pauses from request latency.
+        gc.collect()
+        gc.freeze()
+        log.info(
+            "ready: serving %s on http://%s:%d",
+            settings.model_repository,
+            settings.http_host,
+            settings.http_port,
+        )
+        if polling:
+            await RepositoryWatcher(service.repository, settings.repository_poll_secs).run(baseline)
+
+
+def build(settings: Settings) -> tuple[App, Lifecycle]:
     repository = Repository(
         settings.model_repository.resolve(),
         load_timeout=settings.load_timeout_secs,
         unload_timeout=settings.exit_timeout_secs,
     )
-    service = InferenceService(repository, settings.model_control_mode)
+    service = InferenceService(
+        repository, settings.model_control_mode, strict_readiness=settings.strict_readiness
+    )
+    lifecycle = Lifecycle(service, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -41,41 +122,16 @@ def build(settings: Settings) -> tuple[App, InferenceService]:
         if settings.metrics_port is not None:
             metrics = MetricsServer(service, settings.http_host, settings.metrics_port)
             await metrics.start()
-        loading = asyncio.create_task(_start(service, settings))
+        lifecycle.start_loading()
         try:
             yield
         finally:
-            loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loading
-            log.info("stopping: draining requests and stopping instances")
-            await service.stop()
+            await lifecycle.begin_shutdown()
             if metrics is not None:
                 await metrics.close()
 
     policy = AccessPolicy(settings.restricted)
-    return create_app(service, policy, settings.http_max_input_size, lifespan), service
-
-
-async def _start(service: InferenceService, settings: Settings) -> None:
-    """Load the models, then (in poll mode) keep them in step with the disk until cancelled."""
-    polling = settings.model_control_mode == "poll"
-    root = service.repository.root
-    baseline = await asyncio.to_thread(snapshot, root) if polling else {}
-    await service.start(settings.load_models)
-    log.info("models:\n%s", startup_table(service))
-    # Everything allocated so far lives as long as the server: keep the collector off it,
-    # which removes its pauses from request latency.
-    gc.collect()
-    gc.freeze()
-    log.info(
-        "ready: serving %s on http://%s:%d",
-        settings.model_repository,
-        settings.http_host,
-        settings.http_port,
-    )
-    if polling:
-        await RepositoryWatcher(service.repository, settings.repository_poll_secs).run(baseline)
+    return create_app(service, policy, settings.http_max_input_size, lifespan), lifecycle
 
 
 def startup_table(service: InferenceService) -> str:
@@ -104,8 +160,9 @@ def startup_table(service: InferenceService) -> str:
     )
 
 
-def serve(settings: Settings) -> None:
-    app, _ = build(settings)
+def serve(settings: Settings) -> int:
+    """Serve until a signal (exit status 0) or a failed start-up (1)."""
+    app, lifecycle = build(settings)
     server = settings.http_server
     if server == "auto":
         server = "hypercorn" if settings.http2 else "uvicorn"
@@ -114,17 +171,24 @@ def serve(settings: Settings) -> None:
             raise SystemExit(
                 "reposerve: uvicorn has no HTTP/2; use --http-server hypercorn or auto"
             )
-        _serve_uvicorn(app, settings)
+        _serve_uvicorn(app, lifecycle, settings)
     else:
-        _serve_hypercorn(app, settings)
+        _serve_hypercorn(app, lifecycle, settings)
+    return lifecycle.exit_code
 
 
-def _serve_uvicorn(app: App, settings: Settings) -> None:
+def _serve_uvicorn(app: App, lifecycle: Lifecycle, settings: Settings) -> None:
     import uvicorn
 
     class _GracefulServer(uvicorn.Server):
         """uvicorn re-raises SIGTERM after a graceful stop, so the process reports being
-        killed; we handle the signals on the loop instead and exit 0 once drained."""
+        killed; we handle the signals on the loop instead and exit 0 once drained. The
+        models' shutdown starts with the signal, not after uvicorn's own wait, so the
+        budget is spent once."""
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            lifecycle.begin_shutdown()
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -146,14 +210,20 @@ def _serve_uvicorn(app: App, settings: Settings) -> None:
         lifespan="on",
         access_log=False,
         log_config=None,
-        timeout_graceful_shutdown=int(settings.exit_timeout_secs),
+        timeout_graceful_shutdown=int(settings.exit_timeout_secs + _SEND_MARGIN_S),
         ssl_certfile=settings.ssl_certfile,
         ssl_keyfile=settings.ssl_keyfile,
     )
-    _GracefulServer(config).run()
+    server = _GracefulServer(config)
+
+    def stop_server() -> None:
+        server.should_exit = True
+
+    lifecycle.stop_server = stop_server
+    server.run()
 
 
-def _serve_hypercorn(app: App, settings: Settings) -> None:
+def _serve_hypercorn(app: App, lifecycle: Lifecycle, settings: Settings) -> None:
     import uvloop
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
@@ -161,7 +231,7 @@ def _serve_hypercorn(app: App, settings: Settings) -> None:
     config = Config()
     config.bind = [f"{settings.http_host}:{settings.http_port}"]
     config.accesslog = None
-    config.graceful_timeout = settings.exit_timeout_secs
+    config.graceful_timeout = settings.exit_timeout_secs + _SEND_MARGIN_S
     if settings.ssl_certfile:
         # TLS with ALPN: clients negotiate h2 (or fall back to HTTP/1.1) in the handshake.
         config.certfile = settings.ssl_certfile
@@ -172,6 +242,12 @@ def _serve_hypercorn(app: App, settings: Settings) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await hypercorn_serve(app, config, shutdown_trigger=stop.wait)
+        lifecycle.stop_server = stop.set
+
+        async def shutdown_trigger() -> None:
+            await stop.wait()
+            lifecycle.begin_shutdown()  # the models' budget starts with the signal
+
+        await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger)
 
     uvloop.run(main())

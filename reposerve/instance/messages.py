@@ -73,6 +73,7 @@ class Result(msgspec.Struct, tag=True, array_like=True):
 class Failure(msgspec.Struct, tag=True, array_like=True):
     batch_id: int
     message: str
+    invalid_input: bool  # the model raised reposerve.InvalidInput: the client's fault
 
 
 ToInstance = Load | AddSlot | Execute | Shutdown

@@ -1,13 +1,16 @@
 """The front's handle on one instance process: spawn, load, run batches, stop.
 
 Each instance tracks the batches it has in flight, so when its process dies exactly those
-batches fail (and nothing else), and the owner is told through ``on_exit``.
+batches fail (and nothing else), and the owner is told through ``on_exit``. A batch that
+outlives the model's execution timeout gets the process killed: a hung execute cannot be
+interrupted any other way, and the replacement serves the requests still queued.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import os
 import signal
 import socket
@@ -38,6 +41,8 @@ from reposerve.instance.messages import (
 )
 from reposerve.tensor import Tensor
 
+log = logging.getLogger("reposerve.instance")
+
 _PACKAGE_ROOT = str(Path(reposerve.__file__).resolve().parent.parent)
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -54,6 +59,7 @@ class InstanceSpec(msgspec.Struct, frozen=True):
     kind: str  # "cpu" or "gpu"
     gpu: int | None  # the driver's GPU id, handed to the process as CUDA_VISIBLE_DEVICES
     threads: int
+    execute_timeout_s: float  # 0 = none
 
     @property
     def label(self) -> str:
@@ -68,10 +74,42 @@ class BatchOutcome(msgspec.Struct):
     compute_ns: int
 
 
-BatchInput = tuple[str, str, tuple[int, ...], Sequence[bytes | memoryview]]
-"""(name, datatype, batch shape, the requests' wire bytes in batch order)."""
+class BatchTensor(msgspec.Struct, frozen=True):
+    """One input of a batch: its batch shape, and each request's wire bytes in batch order."""
 
-OnDone = Callable[[BatchOutcome | InstanceError], None]
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parts: Sequence[bytes | memoryview]
+
+
+class FailureCause(enum.Enum):
+    MODEL = "model"  # execute raised, or returned outputs that break the config
+    INVALID_INPUT = "invalid_input"  # execute raised reposerve.InvalidInput
+    INSTANCE = "instance"  # the process died, was killed, or overran the timeout
+
+
+class BatchFailure(msgspec.Struct, frozen=True):
+    """A batch that produced no outputs, and why."""
+
+    message: str
+    cause: FailureCause
+
+    @property
+    def raised(self) -> bool:
+        """Whether execute itself failed (and may succeed for part of the batch)."""
+        return self.cause is not FailureCause.INSTANCE
+
+
+OnDone = Callable[[BatchOutcome | BatchFailure], None]
+
+
+class _Running(msgspec.Struct):
+    """A batch handed to the process: its slot, its owner's callback, its deadline."""
+
+    slot: int
+    on_done: OnDone
+    timer: asyncio.TimerHandle | None
 
 
 class InstanceState(enum.Enum):
@@ -93,11 +131,12 @@ class InstanceProcess:
         self._transport: asyncio.Transport | None = None
         self._slots: list[Slot] = []
         self._free_slots: list[int] = []
-        self._in_flight: dict[int, tuple[int, OnDone]] = {}
+        self._in_flight: dict[int, _Running] = {}
         self._next_batch_id = 0
         self._ready: asyncio.Future[None] | None = None
         self._closed = asyncio.Event()
         self._exit_report: asyncio.Task | None = None  # held so the task is not collected
+        self.ended = ""  # how the process ended ("was killed by SIGKILL"), once it has
 
     @property
     def in_flight(self) -> int:
@@ -169,29 +208,53 @@ class InstanceProcess:
             self.kill()
             raise
 
-    def run(self, inputs: Sequence[BatchInput], on_done: OnDone) -> None:
+    def run(self, inputs: Sequence[BatchTensor], on_done: OnDone) -> None:
         """Assemble a batch into a free slot and send it; ``on_done`` gets the outcome."""
+        if self._transport is None or self.state is not InstanceState.READY:
+            raise OSError(f"{self.spec.label} is {self.state.value}")
         slot_index = self._free_slots.pop() if self._free_slots else self._add_slot()
         slot = self._slots[slot_index]
         refs: list[TensorRef] = []
         offset = 0
-        for name, datatype, shape, parts in inputs:
-            nbytes = sum(len(part) for part in parts)
-            refs.append(TensorRef(name, datatype, shape, offset, nbytes))
+        for tensor in inputs:
+            nbytes = sum(len(part) for part in tensor.parts)
+            refs.append(TensorRef(tensor.name, tensor.datatype, tensor.shape, offset, nbytes))
             offset = align(offset + nbytes)
         slot.ensure(offset)
         view = memoryview(slot.buffer)
-        for ref, (_, _, _, parts) in zip(refs, inputs, strict=True):
+        for ref, tensor in zip(refs, inputs, strict=True):
             position = ref.offset
-            for part in parts:
+            for part in tensor.parts:
                 end = position + len(part)
                 view[position:end] = part
                 position = end
         batch_id = self._next_batch_id
         self._next_batch_id += 1
-        self._in_flight[batch_id] = (slot_index, on_done)
-        assert self._transport is not None
+        limit = self.spec.execute_timeout_s
+        timer = (
+            asyncio.get_running_loop().call_later(limit, self._overran, batch_id) if limit else None
+        )
+        self._in_flight[batch_id] = _Running(slot_index, on_done, timer)
         self._transport.write(encode_frame(Execute(batch_id, slot_index, slot.size, refs)))
+
+    def _overran(self, batch_id: int) -> None:
+        """A batch passed the execution timeout: it fails with that, the process is killed."""
+        running = self._in_flight.pop(batch_id, None)
+        if running is None:
+            return
+        limit = self.spec.execute_timeout_s
+        log.error("%s: execute ran past %g s; killing the instance", self.spec.label, limit)
+        running.on_done(
+            BatchFailure(
+                f"execute did not finish within {limit:g} s (execution.timeout_seconds); "
+                "the instance was killed and is being replaced",
+                FailureCause.INSTANCE,
+            )
+        )
+        self.kill(
+            f"instance {self.spec.index} was killed: another batch on it ran past "
+            f"execution.timeout_seconds ({limit:g} s)"
+        )
 
     async def stop(self, timeout: float) -> None:
         """Ask the process to finish its batches and exit; kill it after ``timeout``."""
@@ -205,8 +268,11 @@ class InstanceProcess:
                 pass
         self.kill()
 
-    def kill(self) -> None:
-        """End the process now (idempotent); its in-flight batches fail."""
+    def kill(self, reason: str | None = None) -> None:
+        """End the process now (idempotent). Its in-flight batches fail, with ``reason``
+        when given, else with how the process ended once that is known."""
+        if reason is not None:
+            self._fail_in_flight(reason)
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait()
@@ -241,7 +307,12 @@ class InstanceProcess:
     def _on_message(self, message: FromInstance) -> None:
         match message:
             case Result(batch_id=batch_id):
-                slot_index, on_done = self._in_flight.pop(batch_id)
+                running = self._in_flight.pop(batch_id, None)
+                if running is None:  # it overran its timeout and was failed already
+                    return
+                if running.timer is not None:
+                    running.timer.cancel()
+                slot_index = running.slot
                 slot = self._slots[slot_index]
                 slot.remap(message.slot_size)
                 view = memoryview(slot.buffer)
@@ -252,13 +323,18 @@ class InstanceProcess:
                     for ref in message.outputs
                 }
                 try:
-                    on_done(BatchOutcome(outputs, message.compute_ns))
+                    running.on_done(BatchOutcome(outputs, message.compute_ns))
                 finally:
                     self._free_slots.append(slot_index)
             case Failure(batch_id=batch_id):
-                slot_index, on_done = self._in_flight.pop(batch_id)
-                self._free_slots.append(slot_index)
-                on_done(InstanceError(message.message))
+                running = self._in_flight.pop(batch_id, None)
+                if running is None:
+                    return
+                if running.timer is not None:
+                    running.timer.cancel()
+                self._free_slots.append(running.slot)
+                cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
+                running.on_done(BatchFailure(message.message, cause))
             case Ready():
                 self.max_inflight = message.max_inflight
                 self.config = msgspec.json.decode(message.config, type=ModelConfig)
@@ -287,14 +363,21 @@ class InstanceProcess:
             how = f"was killed by {signal.Signals(-code).name}"
         else:
             how = f"exited with code {code}"
+        self.ended = how
         if self._ready and not self._ready.done():
             self._ready.set_exception(InstanceError(f"{self.spec.label}: {how} while loading"))
-        failed, self._in_flight = self._in_flight, {}
-        where = f"instance {self.spec.index} (pid {self.pid})"
-        for _, on_done in failed.values():
-            on_done(InstanceError(f"{where} {how} while running this batch"))
+        self._fail_in_flight(
+            f"instance {self.spec.index} (pid {self.pid}) {how} while running this batch"
+        )
         if was in (InstanceState.READY, InstanceState.STOPPING):
             self._on_exit(self)
+
+    def _fail_in_flight(self, reason: str) -> None:
+        failed, self._in_flight = self._in_flight, {}
+        for running in failed.values():
+            if running.timer is not None:
+                running.timer.cancel()
+            running.on_done(BatchFailure(reason, FailureCause.INSTANCE))
 
 
 class _Channel(asyncio.Protocol):

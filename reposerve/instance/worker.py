@@ -28,7 +28,7 @@ import numpy as np
 from reposerve.backends import Backend, ModelContext, create_backend
 from reposerve.config import ModelConfig, complete_config
 from reposerve.datatypes import NUMPY_DTYPES, to_numpy, to_wire
-from reposerve.errors import ReposerveError
+from reposerve.errors import InvalidInput, ReposerveError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import (
     AddSlot,
@@ -94,6 +94,7 @@ class BatchRunner:
         self.backend = backend
         self.slots: dict[int, Slot] = {}
         self._config = config
+        self._output_names = frozenset(spec.name for spec in config.output)
 
     def add_slot(self, message: AddSlot, fd: int) -> None:
         self.slots[message.slot] = Slot(fd, message.size)
@@ -116,7 +117,7 @@ class BatchRunner:
         try:
             checked = self._check_outputs(outputs, batch_size)
         except OutputError as exc:  # the front names the model and version
-            return Failure(message.batch_id, str(exc))
+            return Failure(message.batch_id, str(exc), invalid_input=False)
         end = max((ref.offset + ref.nbytes for ref in message.inputs), default=0)
         offset = align(end)
         placed: list[tuple[TensorRef, bytes | memoryview]] = []
@@ -131,13 +132,22 @@ class BatchRunner:
         return Result(message.batch_id, slot.size, [ref for ref, _ in placed], compute_ns)
 
     def failure(self, message: Execute, exc: BaseException) -> Failure:
+        if isinstance(exc, InvalidInput):  # the model's own words about the client's data
+            return Failure(message.batch_id, exc.message, invalid_input=True)
         traceback.print_exception(exc, file=sys.stderr)
-        return Failure(message.batch_id, f"{type(exc).__name__}: {exc}")
+        return Failure(message.batch_id, f"{type(exc).__name__}: {exc}", invalid_input=False)
 
     def _check_outputs(self, outputs: object, batch_size: int) -> list[tuple[str, str, np.ndarray]]:
+        """The outputs in config order, as their declared datatypes (``_conform``)."""
         if not isinstance(outputs, dict):
             raise OutputError(
                 f"execute() must return a dict of arrays, got {type(outputs).__name__}"
+            )
+        undeclared = [str(name) for name in outputs if name not in self._output_names]
+        if undeclared:
+            raise OutputError(
+                f"execute() returned undeclared output(s) {', '.join(undeclared)}. "
+                "Hint: declare them as [[output]] in config.toml, or stop returning them"
             )
         batched = self._config.max_batch_size > 0
         checked = []
@@ -147,17 +157,8 @@ class BatchRunner:
                 raise OutputError(
                     f"execute() returned no output '{spec.name}' (returned: {returned})"
                 )
-            array = np.asarray(outputs[spec.name])
             where = f"output '{spec.name}'"
-            if spec.datatype == "BYTES":
-                if array.dtype.kind not in "OSU":
-                    raise OutputError(f"{where}: expected BYTES (bytes objects), got {array.dtype}")
-            else:
-                dtype = NUMPY_DTYPES[spec.datatype]
-                if array.dtype != dtype:
-                    if not np.can_cast(array.dtype, dtype, "same_kind"):
-                        raise OutputError(f"{where}: expected {spec.datatype}, got {array.dtype}")
-                    array = array.astype(dtype)
+            array = _conform(np.asarray(outputs[spec.name]), spec.datatype, where)
             dims = array.shape
             if batched:
                 if not dims or dims[0] != batch_size:
@@ -171,6 +172,39 @@ class BatchRunner:
                 raise OutputError(f"{where}: expected item shape {spec.shape}, got {list(dims)}")
             checked.append((spec.name, spec.datatype, array))
         return checked
+
+
+def _conform(array: np.ndarray, datatype: str, where: str) -> np.ndarray:
+    """The one rule for an output whose dtype differs from its declared datatype.
+
+    It is converted when numpy's ``same_kind`` casting allows it (float64 -> FP32,
+    int64 -> INT32, int -> float, bool -> int) and every value fits the declared type;
+    a conversion across kinds (float -> int, int -> bool, numbers <-> BYTES) or a value
+    that does not fit (300 as UINT8, 1e39 as FP32) is an error naming the output.
+    """
+    if datatype == "BYTES":
+        if array.dtype.kind not in "OSU":
+            raise OutputError(f"{where}: expected BYTES (bytes objects), got {array.dtype}")
+        return array
+    dtype = NUMPY_DTYPES[datatype]
+    if array.dtype == dtype:
+        return array
+    if not np.can_cast(array.dtype, dtype, "same_kind"):
+        raise OutputError(
+            f"{where}: expected {datatype}, got {array.dtype}, which does not convert without "
+            "changing its meaning. Hint: return the declared type, or declare this one"
+        )
+    converted = array.astype(dtype)
+    if np.can_cast(array.dtype, dtype, "safe") or array.size == 0:
+        return converted
+    if dtype.kind == "f":
+        lost = np.isinf(converted) & np.isfinite(array)
+    else:  # integers: a value that did not survive the round trip did not fit
+        lost = converted.astype(array.dtype) != array
+    if lost.any():
+        bad = array[lost].flat[0]
+        raise OutputError(f"{where}: value {bad} returned as {array.dtype} does not fit {datatype}")
+    return converted
 
 
 def _run_sync(channel: Channel, runner: BatchRunner) -> None:

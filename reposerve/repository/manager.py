@@ -3,18 +3,21 @@
 A (re)load builds the new versions beside the old ones and swaps each in only once it is
 READY, so requests never see a gap; a new version that fails leaves the old one serving.
 Loads and unloads of one model are serialised; different models proceed in parallel.
+An unload, a retired version or a shutdown has one deadline (``unload_timeout`` from when
+it was asked for), by which every request it held has its answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 import msgspec
 
 from reposerve.errors import ConfigError, ErrorKind, RepositoryError
-from reposerve.repository.scan import model_names, read_model
+from reposerve.repository.scan import check_model_folder, model_names, read_model
 from reposerve.repository.version import ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
@@ -50,6 +53,9 @@ class Repository:
         """Load or reload ``name`` from disk; returns the versions this load built (a
         failed one may have left its predecessor serving). Raises ConfigError when the
         model cannot even be read."""
+        if name not in self._models:
+            # Only real model folders get an entry: a bogus name leaves no trace behind.
+            check_model_folder(self.root, name)
         model = self._models.setdefault(name, _Model())
         async with model.lock:
             try:
@@ -59,8 +65,11 @@ class Repository:
                 log.error("%s", exc.message)
                 raise
             model.error = ""
-            fresh = [ModelVersion(name, source.config, version) for version in source.versions]
-            await asyncio.gather(*(version.load(self._load_timeout) for version in fresh))
+            fresh = [
+                ModelVersion(name, source.config, version, self._load_timeout)
+                for version in source.versions
+            ]
+            await asyncio.gather(*(version.load() for version in fresh))
             old = model.versions
             current: dict[int, ModelVersion] = {}
             for version in fresh:
@@ -76,22 +85,29 @@ class Repository:
                     current[version.version] = version
             model.versions = current
             retired = [
-                version for version in old.values() if current.get(version.version) is not version
+                version
+                for version in old.values()
+                if current.get(version.version) is not version and not version.unloaded
             ]
-            await asyncio.gather(*(version.unload(self._unload_timeout) for version in retired))
+            deadline = time.monotonic() + self._unload_timeout
+            await asyncio.gather(*(version.unload(deadline) for version in retired))
             return fresh
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, deadline: float | None = None) -> None:
+        """Unload every version of ``name`` by ``deadline`` (``time.monotonic``; default:
+        the unload timeout from now, counting the wait for a load in progress)."""
         model = self._models.get(name)
         if model is None:
-            raise RepositoryError(f"unknown model '{name}'")
+            raise RepositoryError(f"unload: unknown model '{name}'")
+        if deadline is None:
+            deadline = time.monotonic() + self._unload_timeout
         async with model.lock:
-            versions = list(model.versions.values())
-            await asyncio.gather(*(version.unload(self._unload_timeout) for version in versions))
+            versions = [v for v in model.versions.values() if not v.unloaded]
+            await asyncio.gather(*(version.unload(deadline) for version in versions))
 
-    async def close(self) -> None:
-        names = list(self._models)
-        await asyncio.gather(*(self.unload(name) for name in names))
+    async def close(self, deadline: float) -> None:
+        """Unload everything by ``deadline``: the shutdown."""
+        await asyncio.gather(*(self.unload(name, deadline) for name in list(self._models)))
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         """The READY version asked for (the newest READY one when ``version`` is empty)."""
@@ -110,10 +126,26 @@ class Repository:
         for candidate in reversed(model.versions.values()):
             if candidate.state is ModelState.READY:
                 return candidate
+        passing = [
+            v.state for v in model.versions.values() if v.state is not ModelState.UNAVAILABLE
+        ]
         reasons = [v.reason for v in model.versions.values() if v.reason] or [model.error]
         raise _not_ready(
-            f"model '{name}'", ModelState.UNAVAILABLE, "; ".join(filter(None, reasons))
+            f"model '{name}'",
+            passing[-1] if passing else ModelState.UNAVAILABLE,
+            "; ".join(dict.fromkeys(filter(None, reasons))),
         )
+
+    def all_ready(self) -> bool:
+        """Whether every version that should serve is ready (``--strict-readiness``):
+        versions unloaded on purpose do not count; a model that failed to load does."""
+        for model in self._models.values():
+            if model.error and not model.versions:
+                return False
+            for version in model.versions.values():
+                if not version.unloaded and not version.ready:
+                    return False
+        return True
 
     def versions(self, name: str) -> list[ModelVersion]:
         model = self._models.get(name)
@@ -145,7 +177,13 @@ class Repository:
 
 
 def _not_ready(label: str, state: ModelState, reason: str) -> RepositoryError:
+    """LOADING and UNLOADING pass by themselves (retry later); UNAVAILABLE does not: the
+    model is not loaded, as if unknown, until someone loads it again."""
     detail = f": {reason}" if reason else ""
+    if state is ModelState.UNAVAILABLE:
+        return RepositoryError(
+            f"{label} is not loaded ({state.value}){detail}", kind=ErrorKind.NOT_FOUND
+        )
     return RepositoryError(
         f"{label} is not ready ({state.value}){detail}", kind=ErrorKind.UNAVAILABLE
     )

@@ -73,6 +73,7 @@ def plan_instances(
             kind=kind,
             gpu=gpu,
             threads=threads,
+            execute_timeout_s=config.execution.timeout_seconds,
         )
         for index, (kind, gpu) in enumerate(placements)
     ]

@@ -1,9 +1,12 @@
-"""Bring dead instances back: a fresh process from the same spec.
+"""Bring dead instances back: a fresh process from the same spec, until it is hopeless.
 
 An instance that dies fails exactly its in-flight batches (``InstanceProcess``); this
 module then starts a replacement after a short delay that grows while the instance keeps
-dying soon after each start, so a model that crashes on load or on every request does not
-spin. Restarts stop when the version leaves READY.
+dying soon after each start. An instance that dies ``MAX_DEATHS`` times within
+``CRASH_WINDOW_S`` (a failed restart counts as a death) is in a crash loop: restarts stop
+and the owner is told why (``gave_up``), so the model turns UNAVAILABLE with the reason
+instead of burning a core on restarts forever. Restarts also stop when the version
+leaves READY.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from reposerve.instance.process import InstanceProcess
 
 log = logging.getLogger("reposerve.repository")
 
-# Seconds before a restart, by how many times this instance died in the last minute.
-RESTART_DELAYS = (0.05, 0.5, 2.0, 10.0)
-CRASH_MEMORY_S = 60.0
+# Seconds before a restart, by how many times this instance died within the window.
+RESTART_DELAYS = (0.05, 0.25, 1.0, 2.0)
+MAX_DEATHS = 5
+CRASH_WINDOW_S = 60.0
 
 
 class InstanceRestarter:
@@ -31,21 +35,35 @@ class InstanceRestarter:
         wanted: Callable[[], bool],
         replaced: Callable[[InstanceProcess, InstanceProcess], None],
         on_exit: Callable[[InstanceProcess], None],
+        gave_up: Callable[[str], None],
     ) -> None:
         self._label = label
         self._load_timeout = load_timeout
         self._wanted = wanted  # whether the version still serves
         self._replaced = replaced  # (dead, replacement) once the replacement is READY
         self._on_exit = on_exit
-        self._deaths: dict[int, list[float]] = {}
+        self._gave_up = gave_up  # (why) once an instance is in a crash loop
+        self._recent: dict[int, list[float]] = {}
         self._tasks: set[asyncio.Task] = set()
+        self.deaths = 0
 
-    def restart(self, dead: InstanceProcess) -> None:
+    def restart(self, dead: InstanceProcess, how: str = "") -> None:
+        """``dead`` exited (``how``: a failed restart's reason; else how it ended)."""
+        how = how or dead.ended
+        self.deaths += 1
         now = time.monotonic()
-        deaths = [t for t in self._deaths.get(dead.spec.index, []) if now - t < CRASH_MEMORY_S]
-        deaths.append(now)
-        self._deaths[dead.spec.index] = deaths
-        delay = RESTART_DELAYS[min(len(deaths), len(RESTART_DELAYS)) - 1]
+        index = dead.spec.index
+        recent = [t for t in self._recent.get(index, []) if now - t < CRASH_WINDOW_S]
+        recent.append(now)
+        self._recent[index] = recent
+        if len(recent) >= MAX_DEATHS:
+            ended = f" (last: {how})" if how else ""
+            self._gave_up(
+                f"instance {index} died {len(recent)} times within {CRASH_WINDOW_S:g} s{ended}; "
+                "it is not restarted again. Fix the model and load it again"
+            )
+            return
+        delay = RESTART_DELAYS[min(len(recent), len(RESTART_DELAYS)) - 1]
         task = asyncio.get_running_loop().create_task(self._restart(dead, delay))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -65,7 +83,7 @@ class InstanceRestarter:
             await replacement.start(self._load_timeout)
         except InstanceError as exc:
             log.error("%s: restarting instance %d failed: %s", self._label, index, exc.message)
-            self.restart(dead)  # counts as another death: the next try waits longer
+            self.restart(dead, exc.message)  # counts as another death: the next try waits longer
             return
         except asyncio.CancelledError:
             replacement.kill()

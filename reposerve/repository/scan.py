@@ -42,13 +42,19 @@ def model_names(root: Path) -> list[str]:
     )
 
 
-def read_model(root: Path, name: str) -> ModelSource:
-    """Parse ``root/name``; ConfigError names the file and what to fix."""
+def check_model_folder(root: Path, name: str) -> Path:
+    """``root/name`` if that can be a model folder; else ConfigError saying why not."""
     if not MODEL_NAME.match(name):
         raise ConfigError(f"{name}: not a valid model name (letters, digits, _ . -)")
     path = root / name
     if not path.is_dir():
         raise ConfigError(f"{name}: no such model folder in {root}")
+    return path
+
+
+def read_model(root: Path, name: str) -> ModelSource:
+    """Parse ``root/name``; ConfigError names the file and what to fix."""
+    path = check_model_folder(root, name)
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
         raise ConfigError(f"{name}/{CONFIG_FILE}: missing. Hint: every model folder needs one")

@@ -1,7 +1,11 @@
-"""One model version's lifecycle: LOADING -> READY -> UNLOADING -> UNAVAILABLE.
+"""One model version's lifecycle, a checked state machine:
+
+    LOADING -> READY -> UNLOADING -> UNAVAILABLE ("unloaded")
+    LOADING -> UNAVAILABLE (load failed)    READY -> UNAVAILABLE (an instance kept dying)
 
 A version owns its instance processes, its scheduler and its statistics. It reaches
-READY only when every instance has loaded and its warmup requests have run.
+READY only when every instance has loaded and its warmup requests have run. Unloading
+has one deadline: accepted requests may finish before it, and get an error at it.
 """
 
 from __future__ import annotations
@@ -9,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 
 import numpy as np
 
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
-from reposerve.errors import ReposerveError
+from reposerve.errors import InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.process import InstanceProcess
 from reposerve.protocol.request import InferRequest
 from reposerve.repository.placement import plan_instances
@@ -34,8 +39,19 @@ class ModelState(enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
+# The only moves a version makes; anything else is a bug, refused loudly.
+_TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
+    ModelState.LOADING: frozenset({ModelState.READY, ModelState.UNAVAILABLE}),
+    ModelState.READY: frozenset({ModelState.UNLOADING, ModelState.UNAVAILABLE}),
+    ModelState.UNAVAILABLE: frozenset({ModelState.UNLOADING}),
+    ModelState.UNLOADING: frozenset({ModelState.UNAVAILABLE}),
+}
+
+
 class ModelVersion:
-    def __init__(self, name: str, config: ModelConfig, source: VersionSource) -> None:
+    def __init__(
+        self, name: str, config: ModelConfig, source: VersionSource, load_timeout: float
+    ) -> None:
         self.name = name
         self.version = source.number
         self.version_text = str(source.number)
@@ -44,17 +60,37 @@ class ModelVersion:
         self.source = source
         self.state = ModelState.LOADING
         self.reason = ""
+        self.unloaded = False  # taken out of service on purpose (not a failure)
         self.statistics = ModelStatistics(name, source.number)
         self.instances: list[InstanceProcess] = []
         self.output_names: tuple[str, ...] = ()
-        self.scheduler: Scheduler | None = None
-        self._restarter: InstanceRestarter | None = None
+        # Instances join the scheduler as they load; until READY nobody else submits.
+        self.scheduler = Scheduler(self.label, config, [], self.statistics)
+        self._load_timeout = load_timeout
+        self._restarter = InstanceRestarter(
+            self.label,
+            load_timeout,
+            wanted=lambda: self.state is ModelState.READY,
+            replaced=self._replace,
+            on_exit=self._on_instance_exit,
+            gave_up=self._give_up,
+        )
 
     @property
     def label(self) -> str:
         return f"model '{self.name}' version {self.version}"
 
-    async def load(self, timeout: float) -> None:
+    @property
+    def ready(self) -> bool:
+        """READY with at least one live instance (not while every one is restarting)."""
+        return self.state is ModelState.READY and self.scheduler.serving
+
+    @property
+    def restarts(self) -> int:
+        """Instance deaths the restarter has handled."""
+        return self._restarter.deaths
+
+    async def load(self) -> None:
         """Start every instance and run the warmup; on any failure end UNAVAILABLE."""
         try:
             specs = plan_instances(
@@ -62,7 +98,8 @@ class ModelVersion:
             )
             self.instances = [InstanceProcess(spec, self._on_instance_exit) for spec in specs]
             results = await asyncio.gather(
-                *(instance.start(timeout) for instance in self.instances), return_exceptions=True
+                *(instance.start(self._load_timeout) for instance in self.instances),
+                return_exceptions=True,
             )
             errors = [result for result in results if isinstance(result, BaseException)]
             if errors:
@@ -71,14 +108,8 @@ class ModelVersion:
             self.config = self.instances[0].config or self.config
             # Derived once here rather than per request on the hot path.
             self.output_names = tuple(spec.name for spec in self.config.output)
-            self.scheduler = Scheduler(self.label, self.config, self.instances, self.statistics)
-            self._restarter = InstanceRestarter(
-                self.label,
-                timeout,
-                wanted=lambda: self.state is ModelState.READY,
-                replaced=self._replace,
-                on_exit=self._on_instance_exit,
-            )
+            for instance in self.instances:
+                self.scheduler.add_instance(instance)
             await self._warm_up()
         except ReposerveError as exc:
             self._fail(exc.message)
@@ -90,43 +121,64 @@ class ModelVersion:
             log.exception("%s: load failed", self.label)
             self._fail(f"{type(exc).__name__}: {exc}")
             return
-        self.state = ModelState.READY
+        self._move(ModelState.READY)
 
-    async def unload(self, timeout: float) -> None:
-        """Finish what was accepted, then stop the instances."""
-        self.state = ModelState.UNLOADING
-        if self._restarter is not None:
-            self._restarter.cancel()
-        if self.scheduler is not None:
-            try:
-                await asyncio.wait_for(self.scheduler.drain(), timeout)
-            except TimeoutError:
-                log.warning("%s: requests still running after %g s; stopping", self.label, timeout)
-        await asyncio.gather(*(instance.stop(timeout) for instance in self.instances))
-        self.state = ModelState.UNAVAILABLE
-        self.reason = "unloaded"
+    async def unload(self, deadline: float) -> None:
+        """Finish what was accepted by ``deadline`` (``time.monotonic``); what is still
+        queued or running then fails with the reason, and the instances stop."""
+        self._move(ModelState.UNLOADING)
+        self.unloaded = True
+        self._restarter.cancel()
+        try:
+            await asyncio.wait_for(self.scheduler.drain(), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            reason = (
+                f"{self.label} was unloaded before this request finished "
+                "(the unload budget, --exit-timeout-secs, ran out)"
+            )
+            log.warning("%s: requests still pending at the deadline; failing them", self.label)
+            self.scheduler.abort(SchedulerError(reason))
+            for instance in self.instances:
+                instance.kill(reason)
+        await asyncio.gather(
+            *(instance.stop(max(deadline - time.monotonic(), 0)) for instance in self.instances)
+        )
+        self._move(ModelState.UNAVAILABLE, "unloaded")
+
+    def _move(self, state: ModelState, reason: str = "") -> None:
+        if state not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"{self.label}: no transition {self.state.value} -> {state.value}")
+        self.state = state
+        self.reason = reason
 
     def _fail(self, reason: str) -> None:
         for instance in self.instances:
             instance.kill()
-        self.state = ModelState.UNAVAILABLE
-        self.reason = reason
+        self._move(ModelState.UNAVAILABLE, reason)
+        log.error("%s is unavailable: %s", self.label, reason)
+
+    def _give_up(self, reason: str) -> None:
+        """An instance keeps dying: the version stops serving, and says why."""
+        if self.state is not ModelState.READY:
+            return
+        error = InstanceError(f"{self.label} is unavailable: {reason}")
+        self.scheduler.abort(error)
+        for instance in self.instances:
+            instance.kill(error.message)
+        self._move(ModelState.UNAVAILABLE, reason)
         log.error("%s is unavailable: %s", self.label, reason)
 
     def _on_instance_exit(self, instance: InstanceProcess) -> None:
-        if self.state is not ModelState.READY or self.scheduler is None:
+        if self.state is not ModelState.READY:
             return
         self.scheduler.remove_instance(instance)
-        assert self._restarter is not None
         self._restarter.restart(instance)
 
     def _replace(self, dead: InstanceProcess, replacement: InstanceProcess) -> None:
         self.instances[self.instances.index(dead)] = replacement
-        assert self.scheduler is not None
         self.scheduler.add_instance(replacement)
 
     async def _warm_up(self) -> None:
-        assert self.scheduler is not None
         rng = np.random.default_rng(0)
         batched = self.config.max_batch_size > 0
         for index, warmup in enumerate(self.config.warmup):

@@ -6,6 +6,11 @@ instance's shared memory and comes back as one outcome, which is cut into per-re
 views and handed to each request's ``finish`` while the slot is still held. Dispatch
 runs on the next event-loop turn after a change, so requests arriving together leave
 together.
+
+Every accepted request ends in exactly one outcome, and a fault costs only the requests
+it belongs to: when execute raises for a batch of several requests, the batch is run
+again in halves (``split_for_isolation``) until the failing requests stand alone, and
+only they fail; a version going away fails what it still holds with the reason.
 """
 
 from __future__ import annotations
@@ -18,11 +23,17 @@ from functools import partial
 from typing import Any, Protocol
 
 from reposerve.config import ModelConfig
-from reposerve.errors import InstanceError, ReposerveError, SchedulerError
-from reposerve.instance.process import BatchInput, BatchOutcome, OnDone
+from reposerve.errors import InstanceError, InvalidInput, ReposerveError, SchedulerError
+from reposerve.instance.process import (
+    BatchFailure,
+    BatchOutcome,
+    BatchTensor,
+    FailureCause,
+    OnDone,
+)
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
-from reposerve.scheduler.policy import BatchRules, Take, plan_batch
+from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor, split_batch
 
@@ -38,11 +49,11 @@ class Executor(Protocol):
 
     def has_capacity(self) -> bool: ...
 
-    def run(self, inputs: Sequence[BatchInput], on_done: OnDone) -> None: ...
+    def run(self, inputs: Sequence[BatchTensor], on_done: OnDone) -> None: ...
 
 
 class _Queued:
-    __slots__ = ("request", "finish", "future", "key", "enqueued_ns", "timer")
+    __slots__ = ("request", "finish", "future", "key", "enqueued_ns", "timer", "sequence")
 
     def __init__(
         self, request: InferRequest, finish: Finish, future: asyncio.Future, key: tuple, now: int
@@ -53,6 +64,19 @@ class _Queued:
         self.key = key
         self.enqueued_ns = now
         self.timer: Timer | None = None
+        self.sequence = -1  # delivery order under preserve_ordering, given when dispatched
+
+
+class _Batch:
+    """Requests handed to an instance together, and when that happened."""
+
+    __slots__ = ("items", "started_ns", "launched_ns", "rerun")
+
+    def __init__(self, items: list[_Queued], started_ns: int, rerun: bool) -> None:
+        self.items = items
+        self.started_ns = started_ns
+        self.launched_ns = started_ns  # set once the instance took it
+        self.rerun = rerun  # part of a failed batch, run again to isolate the fault
 
 
 class Scheduler:
@@ -76,31 +100,41 @@ class Scheduler:
         self._max_queue = batching.max_queue_size if batching else 0
         self._default_timeout_us = batching.default_timeout_microseconds if batching else 0
         self._ordered = bool(batching and batching.preserve_ordering)
+        self._isolate = config.execution.isolate_failures
         self._queues: list[deque[_Queued]] = [deque() for _ in range(self._levels)]
         self._queued = 0
+        self._reruns: deque[list[_Queued]] = deque()  # parts of failed batches, run first
         self._in_flight = 0
         self._dispatch_scheduled = False
         self._delay_timer: Timer | None = None
         self._rotation = 0
         self._closed = False
+        self._aborted: ReposerveError | None = None
         self._idle = asyncio.Event()
         self._idle.set()
-        # preserve_ordering: batch sequence numbers, and finished batches held back
-        self._launched = 0
+        # preserve_ordering: request sequence numbers, and finished requests held back
+        self._dispatched = 0
         self._delivered = 0
-        self._held: dict[int, list[tuple[asyncio.Future, Any, BaseException | None]]] = {}
+        self._held: dict[int, tuple[asyncio.Future, Any, BaseException | None]] = {}
 
     @property
     def pending(self) -> int:
-        """Requests queued and not yet handed to an instance."""
-        return self._queued
+        """Requests accepted and not running on an instance now."""
+        return self._queued + sum(map(len, self._reruns))
+
+    @property
+    def serving(self) -> bool:
+        """Whether a live instance can take work (false while every one is restarting)."""
+        return bool(self._instances)
 
     def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future:
         """Queue ``request``; the future resolves to ``finish``'s result or an error."""
         if self._closed:
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
         if not self._instances:
-            raise SchedulerError(f"{self._label} has no running instance; retry shortly")
+            raise SchedulerError(
+                f"{self._label} has no running instance (it is being restarted); retry shortly"
+            )
         if self._max_queue and self._queued >= self._max_queue:
             raise SchedulerError(
                 f"{self._label}: queue full ({self._queued} requests waiting, "
@@ -122,28 +156,39 @@ class Scheduler:
             self._wake()
         return item.future
 
+    def close(self) -> None:
+        """Refuse new requests; what was accepted still runs."""
+        self._closed = True
+
     async def drain(self) -> None:
-        """Refuse new requests and wait until every queued and running one has finished."""
+        """Refuse new requests and wait until every accepted one has its outcome."""
         self._closed = True
         await self._idle.wait()
+
+    def abort(self, error: ReposerveError) -> None:
+        """Fail every request not running on an instance with ``error``, and refuse new
+        ones. Batches running stay with their instances, which the owner stops."""
+        self._closed = True
+        self._aborted = error
+        for queue in self._queues:
+            while queue:
+                self._fail(queue.popleft(), error)
+        self._queued = 0
+        while self._reruns:
+            for item in self._reruns.popleft():
+                self._fail(item, error)
+        self._check_idle()
 
     def add_instance(self, instance: Executor) -> None:
         self._instances.append(instance)
         self._wake()
 
     def remove_instance(self, instance: Executor) -> None:
-        """Stop using an instance (its process exited); fail the queue if none is left."""
+        """Stop using an instance (its process exited). Queued requests wait for the
+        others, or for its replacement; the owner aborts if none is coming."""
         if instance in self._instances:
             self._instances.remove(instance)
-        if not self._instances:
-            error = SchedulerError(f"{self._label}: every instance died; they are restarting")
-            for queue in self._queues:
-                while queue:
-                    self._fail(queue.popleft(), error)
-            self._queued = 0
-            self._check_idle()
-        else:
-            self._wake()
+        self._wake()
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -157,6 +202,11 @@ class Scheduler:
         if self._delay_timer is not None:
             self._delay_timer.cancel()
             self._delay_timer = None
+        while self._reruns:
+            instance = self._free_instance()
+            if instance is None:
+                return
+            self._launch(instance, self._reruns.popleft(), rerun=True)
         while self._queued:
             instance = self._free_instance()
             if instance is None:
@@ -172,7 +222,7 @@ class Scheduler:
             if not isinstance(plan, Take):
                 self._delay_timer = self._clock.call_later(plan.ns, self._wake)
                 return
-            self._launch(instance, self._pop(plan.count))
+            self._launch(instance, self._pop(plan.count), rerun=False)
 
     def _free_instance(self) -> Executor | None:
         best: Executor | None = None
@@ -212,86 +262,89 @@ class Scheduler:
                 if item.timer is not None:
                     item.timer.cancel()
                 if not item.future.done():
+                    if self._ordered:
+                        item.sequence = self._dispatched
+                        self._dispatched += 1
                     taken.append(item)
         return taken
 
-    def _launch(self, instance: Executor, batch: list[_Queued]) -> None:
-        first = batch[0].request
-        items = sum(item.request.batch_size for item in batch)
+    def _launch(self, instance: Executor, items: list[_Queued], rerun: bool) -> None:
+        first = items[0].request
+        count = sum(item.request.batch_size for item in items)
         batched = self._config.max_batch_size > 0
         inputs = [
-            (
+            BatchTensor(
                 name,
                 tensor.datatype,
-                (items, *tensor.shape[1:]) if batched else tensor.shape,
-                [item.request.inputs[name].raw for item in batch],
+                (count, *tensor.shape[1:]) if batched else tensor.shape,
+                [item.request.inputs[name].raw for item in items],
             )
             for name, tensor in first.inputs.items()
         ]
-        sequence = self._launched
-        self._launched += 1
         self._in_flight += 1
-        # [started, handed over]: the hand-over time is known only after run() returns.
-        times = [self._clock.now(), 0]
-
-        def on_done(outcome: BatchOutcome | InstanceError) -> None:
-            self._complete(batch, sequence, times[0], times[1] or times[0], outcome)
-
+        batch = _Batch(items, self._clock.now(), rerun)
         try:
-            instance.run(inputs, on_done)
+            instance.run(inputs, partial(self._complete, batch))
         except OSError as exc:
-            on_done(InstanceError(f"could not hand the batch to an instance: {exc}"))
-        times[1] = self._clock.now()
+            self._complete(
+                batch,
+                BatchFailure(
+                    f"could not hand the batch to an instance: {exc}", FailureCause.INSTANCE
+                ),
+            )
+        batch.launched_ns = self._clock.now()
 
-    def _complete(
-        self,
-        batch: list[_Queued],
-        sequence: int,
-        started: int,
-        launched: int,
-        outcome: BatchOutcome | InstanceError,
-    ) -> None:
-        now = self._clock.now()
-        deliveries: list[tuple[asyncio.Future, Any, BaseException | None]] = []
-        if isinstance(outcome, InstanceError):
-            error = InstanceError(f"{self._label}: {outcome.message}")
-            deliveries = [(item.future, None, error) for item in batch]
-            self._statistics.record_failure(
-                len(batch), sum(now - item.enqueued_ns for item in batch)
-            )
-        else:
-            sizes = [item.request.batch_size for item in batch]
-            if self._config.max_batch_size > 0:
-                pieces = {name: split_batch(t, sizes) for name, t in outcome.outputs.items()}
-            else:  # no batch dimension: the batch is one request, its outputs whole
-                pieces = {name: [tensor] for name, tensor in outcome.outputs.items()}
-            for index, item in enumerate(batch):
-                try:
-                    result = item.finish({name: cut[index] for name, cut in pieces.items()})
-                    deliveries.append((item.future, result, None))
-                except ReposerveError as exc:
-                    deliveries.append((item.future, None, exc))
-            finished = self._clock.now()
-            self._statistics.record_batch(
-                items=sum(sizes),
-                requests=len(batch),
-                input_ns=launched - started,
-                infer_ns=outcome.compute_ns,
-                output_ns=finished - now,
-                success_ns=sum(finished - item.enqueued_ns for item in batch),
-                queue_ns=sum(started - item.enqueued_ns for item in batch),
-            )
+    def _complete(self, batch: _Batch, outcome: BatchOutcome | BatchFailure) -> None:
         self._in_flight -= 1
-        if self._ordered:
-            self._held[sequence] = deliveries
-            while self._delivered in self._held:
-                _deliver(self._held.pop(self._delivered))
-                self._delivered += 1
+        if isinstance(outcome, BatchFailure):
+            self._failed(batch, outcome)
         else:
-            _deliver(deliveries)
+            self._succeeded(batch, outcome)
         self._check_idle()
-        if self._queued:
+        if self._queued or self._reruns:
             self._wake()
+
+    def _succeeded(self, batch: _Batch, outcome: BatchOutcome) -> None:
+        now = self._clock.now()
+        items = batch.items
+        sizes = [item.request.batch_size for item in items]
+        if self._config.max_batch_size > 0:
+            pieces = {name: split_batch(t, sizes) for name, t in outcome.outputs.items()}
+        else:  # no batch dimension: the batch is one request, its outputs whole
+            pieces = {name: [tensor] for name, tensor in outcome.outputs.items()}
+        for index, item in enumerate(items):
+            try:
+                result = item.finish({name: cut[index] for name, cut in pieces.items()})
+            except ReposerveError as exc:
+                self._settle(item, None, exc)
+            else:
+                self._settle(item, result, None)
+        finished = self._clock.now()
+        self._statistics.record_batch(
+            items=sum(sizes),
+            requests=len(items),
+            input_ns=batch.launched_ns - batch.started_ns,
+            infer_ns=outcome.compute_ns,
+            output_ns=finished - now,
+            success_ns=sum(finished - item.enqueued_ns for item in items),
+            queue_ns=sum(batch.started_ns - item.enqueued_ns for item in items),
+        )
+
+    def _failed(self, batch: _Batch, failure: BatchFailure) -> None:
+        parts = split_for_isolation(len(batch.items)) if failure.raised and self._isolate else ()
+        if parts and self._aborted is None:
+            self._statistics.record_split(rerun=batch.rerun)
+            start = 0
+            for size in parts:
+                self._reruns.append(batch.items[start : start + size])
+                start += size
+            return
+        if failure.cause is FailureCause.INVALID_INPUT:
+            error: ReposerveError = InvalidInput(f"{self._label}: {failure.message}")
+        else:
+            error = InstanceError(f"{self._label}: {failure.message}")
+        for item in batch.items:
+            self._fail(item, error, isolated=batch.rerun)
 
     # -- endings -----------------------------------------------------------------------
 
@@ -312,12 +365,21 @@ class Scheduler:
             self._check_idle()
             return
 
-    def _fail(self, item: _Queued, error: ReposerveError) -> None:
+    def _fail(self, item: _Queued, error: ReposerveError, isolated: bool = False) -> None:
         if item.timer is not None:
             item.timer.cancel()
-        if not item.future.done():
-            item.future.set_exception(error)
-        self._statistics.record_failure(1, self._clock.now() - item.enqueued_ns)
+        self._statistics.record_failure(1, self._clock.now() - item.enqueued_ns, isolated)
+        self._settle(item, None, error)
+
+    def _settle(self, item: _Queued, result: Any, error: BaseException | None) -> None:
+        """Hand ``item`` its outcome, in dispatch order under preserve_ordering."""
+        if item.sequence < 0:  # unordered, or never dispatched
+            _deliver(item.future, result, error)
+            return
+        self._held[item.sequence] = (item.future, result, error)
+        while self._delivered in self._held:
+            _deliver(*self._held.pop(self._delivered))
+            self._delivered += 1
 
     def _discard(self, item: _Queued) -> None:
         """Drop a request whose caller gave up before it was scheduled."""
@@ -326,15 +388,14 @@ class Scheduler:
             item.timer.cancel()
 
     def _check_idle(self) -> None:
-        if not self._queued and not self._in_flight:
+        if not self._queued and not self._in_flight and not self._reruns:
             self._idle.set()
 
 
-def _deliver(deliveries: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
-    for future, result, error in deliveries:
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
+def _deliver(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)

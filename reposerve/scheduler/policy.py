@@ -80,3 +80,16 @@ def plan_batch(sizes: Sequence[int], oldest_waited_ns: int, rules: BatchRules) -
     if oldest_waited_ns >= rules.max_delay_ns:
         return Take(count)
     return Wait(rules.max_delay_ns - oldest_waited_ns)
+
+
+def split_for_isolation(requests: int) -> tuple[int, ...]:
+    """How to re-run a failed batch of ``requests`` to find the request(s) at fault.
+
+    A batch of one request cannot be narrowed: it fails (empty result). A larger one is
+    run again as two halves, so a single bad request among n is found in about 2·log2(n)
+    extra executions, and every request that did nothing wrong still gets its result.
+    """
+    if requests < 2:
+        return ()
+    half = requests // 2
+    return (half, requests - half)

@@ -31,6 +31,12 @@ MISBEHAVES = """
                 return [x]
             if mistake == 6:
                 return {"OUTPUT": (x * 2).astype(np.int64)}  # castable: delivered as INT32
+            if mistake == 7:
+                return {"OUTPUT": x.astype(np.int64) + 2**40}  # same kind, does not fit
+            if mistake == 8:
+                return {"OUTPUT": x, "EXTRA": x}
+            if mistake == 9:
+                return {"OUTPUT": x > 0}  # bool -> INT32: same kind, always fits
             return {"OUTPUT": x}
 """
 
@@ -52,11 +58,25 @@ def _call(server, first: int) -> httpx.Response:
 @pytest.mark.parametrize(
     ("mistake", "message"),
     [
-        (1, "execute() returned no output 'OUTPUT' (returned: OTHER)"),
+        (
+            1,
+            "execute() returned undeclared output(s) OTHER. "
+            "Hint: declare them as [[output]] in config.toml, or stop returning them",
+        ),
         (2, "output 'OUTPUT': expected item shape [2], got [1]"),
         (3, "output 'OUTPUT': expected 1 items on axis 0, got shape [2, 2]"),
-        (4, "output 'OUTPUT': expected INT32, got float64"),
+        (
+            4,
+            "output 'OUTPUT': expected INT32, got float64, which does not convert without "
+            "changing its meaning. Hint: return the declared type, or declare this one",
+        ),
         (5, "execute() must return a dict of arrays, got list"),
+        (7, "output 'OUTPUT': value 1099511627783 returned as int64 does not fit INT32"),
+        (
+            8,
+            "execute() returned undeclared output(s) EXTRA. "
+            "Hint: declare them as [[output]] in config.toml, or stop returning them",
+        ),
     ],
 )
 def test_bad_outputs_fail_the_batch_clearly(server, mistake, message):
@@ -66,6 +86,7 @@ def test_bad_outputs_fail_the_batch_clearly(server, mistake, message):
     assert _call(server, 0).json()["outputs"][0]["data"] == [0, 7]
 
 
-def test_safely_castable_outputs_are_delivered_as_declared(server):
-    output = _call(server, 6).json()["outputs"][0]
-    assert output["datatype"] == "INT32" and output["data"] == [12, 14]
+@pytest.mark.parametrize(("mistake", "data"), [(6, [12, 14]), (9, [1, 1])])
+def test_same_kind_outputs_that_fit_are_delivered_as_declared(server, mistake, data):
+    output = _call(server, mistake).json()["outputs"][0]
+    assert output["datatype"] == "INT32" and output["data"] == data

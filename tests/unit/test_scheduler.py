@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from reposerve.config import parse_model_config
-from reposerve.errors import InstanceError, SchedulerError
-from reposerve.instance.process import BatchOutcome
+from reposerve.errors import InstanceError, InvalidInput, SchedulerError
+from reposerve.instance.process import BatchFailure, BatchOutcome, FailureCause
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.statistics import ModelStatistics
@@ -70,8 +70,8 @@ class StandInInstance:
         return len(self.running) < self.capacity
 
     def run(self, inputs, on_done) -> None:
-        ((_, datatype, shape, parts),) = inputs
-        batch = np.frombuffer(b"".join(parts), np.float32).reshape(shape)
+        (tensor,) = inputs
+        batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
         self.running.append((batch, on_done))
         self.batches.append(batch)
 
@@ -79,9 +79,9 @@ class StandInInstance:
         batch, on_done = self.running.pop(index)
         on_done(BatchOutcome({"Y": Tensor("FP32", batch.shape, memoryview(batch.tobytes()))}, 0))
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, cause: FailureCause = FailureCause.MODEL) -> None:
         _, on_done = self.running.pop(0)
-        on_done(InstanceError(message))
+        on_done(BatchFailure(message, cause))
 
 
 def _config(batching: str | None, max_batch: int = 8, dims: str = "[2]"):

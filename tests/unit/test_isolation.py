@@ -1,0 +1,212 @@
+"""Fault isolation in the scheduler: a failed batch of several requests is re-run in
+halves until the failing requests stand alone; only they fail, everyone else gets their
+own result. Stand-in instances judge each batch as a model would; no processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from reposerve.errors import InstanceError, InvalidInput, SchedulerError
+from reposerve.instance.process import BatchFailure, BatchOutcome, FailureCause
+from reposerve.scheduler.policy import split_for_isolation
+from tests.unit.test_scheduler import _finish, _request, _turn, run, scenario
+
+pytestmark = pytest.mark.unit
+
+
+class JudgingInstance:
+    """Fails any batch holding a negative value, as a model raising for bad input would;
+    else answers Y = X. Finishes each batch on the next loop turn."""
+
+    def __init__(self, cause: FailureCause = FailureCause.MODEL) -> None:
+        self.cause = cause
+        self.batches: list[list[float]] = []
+        self.running = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.running
+
+    def has_capacity(self) -> bool:
+        return self.running == 0
+
+    def run(self, inputs, on_done) -> None:
+        (tensor,) = inputs
+        batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
+        self.batches.append(batch[:, 0].tolist())
+        self.running += 1
+        asyncio.get_running_loop().call_soon(self._finish, batch, on_done)
+
+    def _finish(self, batch: np.ndarray, on_done) -> None:
+        self.running -= 1
+        if (batch < 0).any():
+            on_done(BatchFailure("ValueError: negative input", self.cause))
+        else:
+            raw = memoryview(batch.tobytes())
+            on_done(BatchOutcome({"Y": _tensor(batch.shape, raw)}, 0))
+
+
+def _tensor(shape, raw):
+    from reposerve.tensor import Tensor
+
+    return Tensor("FP32", shape, raw)
+
+
+async def _settle(futures) -> list:
+    """Each future's result, or its exception."""
+    await asyncio.wait(futures, timeout=10)
+    return [f.exception() or f.result().tolist() for f in futures]
+
+
+def test_split_plan_halves_until_one():
+    assert split_for_isolation(1) == ()
+    assert split_for_isolation(2) == (1, 1)
+    assert split_for_isolation(7) == (3, 4)
+
+
+@pytest.mark.parametrize("bad", [0, 3, 7])
+def test_one_bad_request_fails_alone_and_seven_get_their_results(bad):
+    async def body():
+        instance = JudgingInstance()
+        scheduler, statistics = _scheduler(instance)
+        values = [-1.0 if i == bad else float(i) for i in range(8)]
+        futures = [scheduler.submit(_request([[v, v]]), _finish) for v in values]
+        outcomes = await _settle(futures)
+        for i, outcome in enumerate(outcomes):
+            if i == bad:
+                assert isinstance(outcome, InstanceError)
+                assert outcome.message == "model 'm' version 1: ValueError: negative input"
+            else:
+                assert outcome == [[float(i), float(i)]]
+        assert instance.batches[0] == values  # one batch of eight failed first
+        isolation = statistics.snapshot().isolation_stats
+        # 8 -> 4+4 -> 2+2 -> 1+1: three splits, six re-runs, one request at fault
+        assert (isolation.batches, isolation.executions, isolation.failed_requests) == (1, 6, 1)
+        assert scheduler.pending == 0
+
+    run(body)
+
+
+def test_invalid_input_becomes_that_error_for_the_bad_request_only():
+    async def body():
+        scheduler, _ = _scheduler(JudgingInstance(FailureCause.INVALID_INPUT))
+        futures = [scheduler.submit(_request([[v, v]]), _finish) for v in (1, -2, 3, -4)]
+        outcomes = await _settle(futures)
+        assert outcomes[0] == [[1, 1]] and outcomes[2] == [[3, 3]]
+        for outcome in (outcomes[1], outcomes[3]):
+            assert isinstance(outcome, InvalidInput)
+            assert outcome.message == "model 'm' version 1: ValueError: negative input"
+
+    run(body)
+
+
+def test_isolation_can_be_turned_off_for_models_with_side_effects():
+    async def body():
+        instance = JudgingInstance()
+        scheduler, _ = _scheduler(instance, "[execution]\nisolate_failures = false")
+        futures = [scheduler.submit(_request([[v, v]]), _finish) for v in (1, -2, 3, 4)]
+        outcomes = await _settle(futures)
+        assert all(isinstance(outcome, InstanceError) for outcome in outcomes)
+        assert len(instance.batches) == 1  # execute never ran twice
+
+    run(body)
+
+
+def test_a_dead_instance_is_not_retried_by_isolation():
+    async def body():
+        instance = JudgingInstance(FailureCause.INSTANCE)
+        scheduler, _ = _scheduler(instance)
+        futures = [scheduler.submit(_request([[v, v]]), _finish) for v in (1, -2)]
+        outcomes = await _settle(futures)
+        assert all(isinstance(outcome, InstanceError) for outcome in outcomes)
+        assert len(instance.batches) == 1
+
+    run(body)
+
+
+def test_isolation_keeps_the_order_under_preserve_ordering():
+    async def body():
+        scheduler, _ = _scheduler(JudgingInstance(), ordered=True)
+        order: list[int] = []
+        futures = []
+        for i, v in enumerate((1, -2, 3, 4)):
+            future = scheduler.submit(_request([[v, v]]), _finish)
+            future.add_done_callback(lambda _, i=i: order.append(i))
+            futures.append(future)
+        await _settle(futures)
+        assert order == [0, 1, 2, 3]
+
+    run(body)
+
+
+def test_abort_answers_everything_queued_and_refuses_new():
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
+        running = scheduler.submit(_request([[1, 1]]), _finish)
+        queued = [scheduler.submit(_request([[v, v]]), _finish) for v in (2, 3)]
+        assert scheduler.pending == 2
+        scheduler.abort(SchedulerError("model 'm' version 1 was unloaded"))
+        assert scheduler.pending == 0
+        for future in queued:
+            with pytest.raises(SchedulerError, match="was unloaded"):
+                future.result()
+        with pytest.raises(SchedulerError, match="is unloading"):
+            scheduler.submit(_request([[4, 4]]), _finish)
+        instance.finish()  # the running batch keeps its instance until the owner stops it
+        await _turn()
+        assert running.result().tolist() == [[1, 1]]
+
+    run(body)
+
+
+def test_queued_requests_wait_for_a_replacement_when_every_instance_died():
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
+        scheduler.submit(_request([[1, 1]]), _finish)
+        waiting = scheduler.submit(_request([[2, 2]]), _finish)
+        instance.fail("instance 0 was killed by SIGKILL", FailureCause.INSTANCE)
+        scheduler.remove_instance(instance)
+        await _turn()
+        assert not waiting.done() and not scheduler.serving
+        with pytest.raises(SchedulerError, match="being restarted"):
+            scheduler.submit(_request([[3, 3]]), _finish)
+        replacement = type(instance)()
+        scheduler.add_instance(replacement)
+        await _turn()
+        replacement.finish()
+        await _turn()
+        assert waiting.result().tolist() == [[2, 2]]
+
+    run(body)
+
+
+def _scheduler(instance, execution: str = "", ordered: bool = False):
+    from reposerve.config import parse_model_config
+    from reposerve.scheduler.batcher import Scheduler
+    from reposerve.scheduler.clock import LoopClock
+    from reposerve.statistics import ModelStatistics
+
+    config = parse_model_config(
+        f"""
+        max_batch_size = 8
+        [[input]]
+        name = "X"
+        datatype = "FP32"
+        shape = [2]
+        [[output]]
+        name = "Y"
+        datatype = "FP32"
+        shape = [2]
+        [dynamic_batching]
+        max_queue_delay_microseconds = 20000
+        preferred_batch_size = [8]
+        preserve_ordering = {"true" if ordered else "false"}
+        {execution}
+        """,
+        "m/config.toml",
+    )
+    statistics = ModelStatistics("m", 1)
+    return Scheduler("model 'm' version 1", config, [instance], statistics, LoopClock()), statistics
