@@ -92,3 +92,52 @@ CRASH = """
                 os._exit(3)
             return {"OUTPUT": inputs["INPUT"]}
 """
+
+# The first value of each item decides: -1 is bad input (reposerve.InvalidInput, a 400),
+# -2 a model failure (a plain exception, a 500); anything else is answered x + 1.
+PICKY = """
+    import numpy as np
+    from reposerve import InvalidInput
+
+    class Model:
+        def execute(self, inputs):
+            firsts = inputs["INPUT"][:, 0]
+            if (firsts == -1).any():
+                raise InvalidInput("an item starts with -1, which this model cannot read")
+            if (firsts == -2).any():
+                raise ValueError("an item starts with -2")
+            return {"OUTPUT": inputs["INPUT"] + 1}
+"""
+
+# Hangs for good on an item starting with 13 (and says so with a file HANGING beside
+# model.py); answers x otherwise.
+HANGS = """
+    import time
+
+    class Model:
+        def load(self, context):
+            self.marker = context.version_path / "HANGING"
+
+        def execute(self, inputs):
+            if (inputs["INPUT"][:, 0] == 13).any():
+                self.marker.touch()
+                while True:
+                    time.sleep(1)
+            return {"OUTPUT": inputs["INPUT"]}
+"""
+
+# Dies on 666; once the file CRASH_ON_LOAD exists beside model.py, dies while loading too.
+CRASH_LOOP = """
+    import os
+    from pathlib import Path
+
+    class Model:
+        def load(self, context):
+            if (context.version_path / "CRASH_ON_LOAD").exists():
+                os._exit(4)
+
+        def execute(self, inputs):
+            if (inputs["INPUT"] == 666).any():
+                os._exit(3)
+            return {"OUTPUT": inputs["INPUT"]}
+"""

@@ -87,6 +87,7 @@ class FailureCause(enum.Enum):
     MODEL = "model"  # execute raised, or returned outputs that break the config
     INVALID_INPUT = "invalid_input"  # execute raised reposerve.InvalidInput
     INSTANCE = "instance"  # the process died, was killed, or overran the timeout
+    STOPPED = "stopped"  # its owner stopped it on purpose (unload, shutdown) before it ended
 
 
 class BatchFailure(msgspec.Struct, frozen=True):
@@ -98,7 +99,7 @@ class BatchFailure(msgspec.Struct, frozen=True):
     @property
     def raised(self) -> bool:
         """Whether execute itself failed (and may succeed for part of the batch)."""
-        return self.cause is not FailureCause.INSTANCE
+        return self.cause in (FailureCause.MODEL, FailureCause.INVALID_INPUT)
 
 
 OnDone = Callable[[BatchOutcome | BatchFailure], None]
@@ -268,11 +269,13 @@ class InstanceProcess:
                 pass
         self.kill()
 
-    def kill(self, reason: str | None = None) -> None:
+    def kill(self, reason: str | None = None, cause: FailureCause = FailureCause.INSTANCE) -> None:
         """End the process now (idempotent). Its in-flight batches fail, with ``reason``
-        when given, else with how the process ended once that is known."""
+        and ``cause`` when given, else with how the process ended once that is known."""
+        if self.state is InstanceState.READY:
+            self.state = InstanceState.STOPPING  # takes no more batches from here on
         if reason is not None:
-            self._fail_in_flight(reason)
+            self._fail_in_flight(reason, cause)
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait()
@@ -372,12 +375,12 @@ class InstanceProcess:
         if was in (InstanceState.READY, InstanceState.STOPPING):
             self._on_exit(self)
 
-    def _fail_in_flight(self, reason: str) -> None:
+    def _fail_in_flight(self, reason: str, cause: FailureCause = FailureCause.INSTANCE) -> None:
         failed, self._in_flight = self._in_flight, {}
         for running in failed.values():
             if running.timer is not None:
                 running.timer.cancel()
-            running.on_done(BatchFailure(reason, FailureCause.INSTANCE))
+            running.on_done(BatchFailure(reason, cause))
 
 
 class _Channel(asyncio.Protocol):

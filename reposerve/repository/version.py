@@ -20,7 +20,7 @@ import numpy as np
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
 from reposerve.errors import InstanceError, ReposerveError, SchedulerError
-from reposerve.instance.process import InstanceProcess
+from reposerve.instance.process import FailureCause, InstanceProcess
 from reposerve.protocol.request import InferRequest
 from reposerve.repository.placement import plan_instances
 from reposerve.repository.recovery import InstanceRestarter
@@ -139,7 +139,7 @@ class ModelVersion:
             log.warning("%s: requests still pending at the deadline; failing them", self.label)
             self.scheduler.abort(SchedulerError(reason))
             for instance in self.instances:
-                instance.kill(reason)
+                instance.kill(reason, FailureCause.STOPPED)
         await asyncio.gather(
             *(instance.stop(max(deadline - time.monotonic(), 0)) for instance in self.instances)
         )

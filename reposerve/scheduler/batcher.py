@@ -339,8 +339,11 @@ class Scheduler:
                 self._reruns.append(batch.items[start : start + size])
                 start += size
             return
+        error: ReposerveError
         if failure.cause is FailureCause.INVALID_INPUT:
-            error: ReposerveError = InvalidInput(f"{self._label}: {failure.message}")
+            error = InvalidInput(f"{self._label}: {failure.message}")
+        elif failure.cause is FailureCause.STOPPED:  # the message names the version already
+            error = SchedulerError(failure.message)
         else:
             error = InstanceError(f"{self._label}: {failure.message}")
         for item in batch.items:

@@ -1,0 +1,313 @@
+"""A fault costs one request, never its neighbours: bad items inside a batch, hung models
+with and without an execution timeout, unloads and SIGTERM with requests queued behind a
+hung execute, crash loops, readiness, and repository control hygiene. Every test counts
+what was sent against what was answered."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from tests.server import REPO_ROOT, Server, start_server
+from tests.toy_models import CRASH_LOOP, HANGS, PICKY, PLUS_ONE, vector_config, write_model
+
+pytestmark = pytest.mark.e2e
+
+BATCH_OF_8 = """
+    [dynamic_batching]
+    preferred_batch_size = [8]
+    max_queue_delay_microseconds = 2000000
+"""
+
+
+def _body(first: float, size: int = 4) -> dict:
+    data = [first] + [float(i) for i in range(1, size)]
+    return {"inputs": [{"name": "INPUT", "shape": [1, size], "datatype": "FP32", "data": data}]}
+
+
+def _post_all(url: str, bodies: list[dict], timeout: float = 60) -> list[httpx.Response]:
+    """Send every body at once, each on its own connection; every response, in order."""
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(lambda body: httpx.post(url, json=body, timeout=timeout), bodies))
+
+
+def _stats(server: Server, model: str) -> dict:
+    return httpx.get(f"{server.url}/v2/models/{model}/stats").json()["model_stats"][0]
+
+
+def _metric(server: Server, name: str, model: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if family.name == name and sample.labels.get("model") == model:
+                return sample.value
+    raise AssertionError(f"no {name} for {model}")
+
+
+def _wait_for(condition, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# -- a bad item in a batch ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def picky_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    write_model(root, "picky", vector_config(size=4, extra=BATCH_OF_8), PICKY)
+    server = start_server(root, tmp_path_factory.mktemp("log"))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize(
+    ("bad", "status", "message"),
+    [
+        (-1, 400, "an item starts with -1, which this model cannot read"),
+        (-2, 500, "ValueError: an item starts with -2"),
+    ],
+)
+def test_one_bad_item_fails_alone_and_the_seven_others_get_exact_results(
+    picky_server, bad, status, message
+):
+    before = _stats(picky_server, "picky")["isolation_stats"]
+    firsts = [float(bad) if i == 5 else float(10 * i) for i in range(8)]
+    responses = _post_all(f"{picky_server.url}/v2/models/picky/infer", [_body(f) for f in firsts])
+    assert len(responses) == 8
+    for i, (first, response) in enumerate(zip(firsts, responses, strict=True)):
+        if i == 5:
+            assert response.status_code == status
+            assert response.json() == {"error": f"model 'picky' version 1: {message}"}
+        else:
+            assert response.status_code == 200, response.text
+            assert response.json()["outputs"][0]["data"] == [first + 1, 2.0, 3.0, 4.0]
+    after = _stats(picky_server, "picky")
+    # They were one batch of eight, which failed and was isolated: 8 -> 4 -> 2 -> 1.
+    assert after["isolation_stats"]["batches"] == before["batches"] + 1
+    assert after["isolation_stats"]["failed_requests"] == before["failed_requests"] + 1
+    assert after["isolation_stats"]["executions"] == before["executions"] + 6
+    assert _metric(picky_server, "reposerve_isolated_batch_count", "picky") >= 1
+
+
+def test_tritonclient_sees_the_bad_input_as_a_400(picky_server):
+    client = httpclient.InferenceServerClient(picky_server.address)
+    tensor = httpclient.InferInput("INPUT", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.array([[-1, 0, 0, 0]], np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("picky", [tensor])
+    assert caught.value.status() == "400"
+    assert "this model cannot read" in caught.value.message()
+    client.close()
+
+
+# -- hung models -------------------------------------------------------------------------
+
+
+def test_a_hung_execute_past_its_timeout_fails_alone_and_the_queue_is_served(repository, tmp_path):
+    config = vector_config(size=4, extra="[execution]\ntimeout_seconds = 1")
+    write_model(repository, "hangs", config, HANGS)
+    server = start_server(repository, tmp_path)
+    try:
+        url = f"{server.url}/v2/models/hangs/infer"
+        (first_pid,) = server.instance_pids()
+        with ThreadPoolExecutor(4) as pool:
+            hung = pool.submit(httpx.post, url, json=_body(13), timeout=60)
+            time.sleep(0.3)  # the hung one holds the only instance; these queue behind it
+            queued = [pool.submit(httpx.post, url, json=_body(i), timeout=60) for i in (1, 2, 3)]
+            answers = [hung.result(), *(f.result() for f in queued)]
+        assert answers[0].status_code == 500
+        assert answers[0].json() == {
+            "error": "model 'hangs' version 1: execute did not finish within 1 s "
+            "(execution.timeout_seconds); the instance was killed and is being replaced"
+        }
+        for first, response in zip((1, 2, 3), answers[1:], strict=True):
+            assert response.status_code == 200, response.text
+            assert response.json()["outputs"][0]["data"][0] == first
+        (second_pid,) = server.instance_pids()
+        assert second_pid != first_pid
+        assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def _hung_with_queue(server: Server, folder: Path, pool: ThreadPoolExecutor, queued: int = 4):
+    url = f"{server.url}/v2/models/hangs/infer"
+    futures = [pool.submit(httpx.post, url, json=_body(13), timeout=60)]
+    _wait_for((folder / "1" / "HANGING").exists, what="the model to hang")
+    futures += [pool.submit(httpx.post, url, json=_body(i), timeout=60) for i in range(queued)]
+    _wait_for(
+        lambda: _metric(server, "nv_inference_pending_request_count", "hangs") == queued,
+        what="requests queued behind the hung one",
+    )
+    return futures
+
+
+def test_unloading_a_hung_model_answers_every_request_within_the_budget(repository, tmp_path):
+    folder = write_model(
+        repository, "hangs", vector_config(size=4, extra="[execution]\ntimeout_seconds = 0"), HANGS
+    )
+    server = start_server(repository, tmp_path, "--exit-timeout-secs", "2")
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = _hung_with_queue(server, folder, pool)
+            started = time.monotonic()
+            unload = httpx.post(f"{server.url}/v2/repository/models/hangs/unload", timeout=30)
+            elapsed = time.monotonic() - started
+            answers = [future.result() for future in futures]
+        assert unload.status_code == 200
+        assert elapsed < 2 + 1.5, elapsed  # one budget, not one per phase
+        assert len(answers) == 5
+        for response in answers:
+            assert response.status_code == 503
+            assert response.headers["content-type"] == "application/json"
+            assert response.json() == {
+                "error": "model 'hangs' version 1 was unloaded before this request finished "
+                "(the unload budget, --exit-timeout-secs, ran out)"
+            }
+        assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
+        assert server.instance_pids() == []
+        after = httpx.post(f"{server.url}/v2/models/hangs/infer", json=_body(1))
+        assert after.status_code == 404
+        assert after.json()["error"] == "model 'hangs' is not loaded (UNAVAILABLE): unloaded"
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_sigterm_with_a_hung_model_answers_every_request_and_exits_0_in_budget(
+    repository, tmp_path
+):
+    folder = write_model(
+        repository, "hangs", vector_config(size=4, extra="[execution]\ntimeout_seconds = 0"), HANGS
+    )
+    server = start_server(repository, tmp_path, "--exit-timeout-secs", "2")
+    instances = server.instance_pids()
+    with ThreadPoolExecutor(8) as pool:
+        futures = _hung_with_queue(server, folder, pool)
+        started = time.monotonic()
+        code = server.stop()
+        elapsed = time.monotonic() - started
+        answers = [future.result() for future in futures]
+    assert code == 0, server.log()
+    assert elapsed < 2 + 3, elapsed
+    assert len(answers) == 5
+    for response in answers:
+        assert response.status_code == 503
+        assert "was unloaded before this request finished" in response.json()["error"]
+    assert not any(Path(f"/proc/{pid}").exists() for pid in instances)
+
+
+# -- crash loops and readiness -----------------------------------------------------------
+
+
+def test_a_crash_loop_ends_unavailable_with_its_reason(repository, tmp_path):
+    folder = write_model(repository, "loops", vector_config(size=1), CRASH_LOOP)
+    write_model(repository, "steady", vector_config(size=1), PLUS_ONE)
+    server = start_server(repository, tmp_path)
+    try:
+        client = httpclient.InferenceServerClient(server.address)
+        assert client.is_server_ready() and client.is_model_ready("loops")
+        (folder / "1" / "CRASH_ON_LOAD").touch()
+        killing = httpx.post(f"{server.url}/v2/models/loops/infer", json=_body(666, size=1))
+        assert killing.status_code == 500 and "exited with code 3" in killing.text
+        # Restarting: not ready while no instance lives, and the server is not either.
+        _wait_for(lambda: not client.is_model_ready("loops"), what="model not ready")
+        reason = (
+            "instance 0 died 5 times within 60 s (last: model 'loops' version 1 instance 0 "
+            "(cpu): exited with code 4 while loading); it is not restarted again. "
+            "Fix the model and load it again"
+        )
+        index = {}
+
+        def given_up() -> bool:
+            index.update({e["name"]: e for e in client.get_model_repository_index()})
+            return index["loops"]["state"] == "UNAVAILABLE"
+
+        _wait_for(given_up, what="the crash loop to end")
+        assert index["loops"]["reason"] == reason
+        assert not client.is_model_ready("loops")
+        assert not client.is_server_ready()  # --strict-readiness, Triton's default
+        assert _metric(server, "reposerve_model_ready", "loops") == 0
+        assert _metric(server, "reposerve_model_ready", "steady") == 1
+        assert _metric(server, "reposerve_instance_restart_count", "loops") == 5
+        assert reason in server.log()
+        gone = httpx.post(f"{server.url}/v2/models/loops/infer", json=_body(1, size=1))
+        assert gone.status_code == 404 and reason in gone.json()["error"]
+        steady = httpx.post(f"{server.url}/v2/models/steady/infer", json=_body(1, size=1))
+        assert steady.json()["outputs"][0]["data"] == [2.0]
+        # Fixed on disk and loaded again: it serves, and the server is ready again.
+        (folder / "1" / "CRASH_ON_LOAD").unlink()
+        client.load_model("loops")
+        assert client.is_model_ready("loops") and client.is_server_ready()
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_exit_on_error_and_strict_readiness_follow_triton(repository, tmp_path):
+    write_model(repository, "fine", vector_config(size=1), PLUS_ONE)
+    write_model(repository, "broken", vector_config(size=1), "raise ImportError('no such lib')\n")
+    # Triton's defaults: a model that fails at start-up fails the start.
+    exiting = subprocess.run(
+        [sys.executable, "-m", "reposerve", "--model-repository", str(repository),
+         "--http-port", "0", "--metrics-port", "0", "--http-host", "127.0.0.1"],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert exiting.returncode == 1, exiting.stderr
+    assert "exiting: broken failed to load (--exit-on-error true" in exiting.stderr
+    # Serving the rest: not ready while a model is broken, unless readiness is not strict.
+    strict = Server(repository, "--exit-on-error", "false", log_path=tmp_path / "strict.log")
+    relaxed = start_server(repository, tmp_path, "--exit-on-error", "false",
+                           "--strict-readiness", "false")  # fmt: skip
+    try:
+        _wait_for(lambda: "ready: serving" in strict.log(), what="start-up")
+        assert httpx.get(f"{strict.url}/v2/health/ready").status_code == 503
+        assert httpx.get(f"{relaxed.url}/v2/health/ready").status_code == 200
+        # Unloading the broken model on purpose makes the strict server ready.
+        httpx.post(f"{strict.url}/v2/repository/models/broken/unload").raise_for_status()
+        assert httpx.get(f"{strict.url}/v2/health/ready").status_code == 200
+    finally:
+        assert strict.stop() == 0, strict.log()
+        assert relaxed.stop() == 0, relaxed.log()
+
+
+# -- repository control hygiene ----------------------------------------------------------
+
+
+def test_bogus_loads_leave_no_trace_and_unknown_models_are_4xx(repository, tmp_path):
+    write_model(repository, "fine", vector_config(size=1), PLUS_ONE)
+    (repository / "not_a_model.txt").write_text("hello")
+    server = start_server(repository, tmp_path)
+    try:
+        index_url = f"{server.url}/v2/repository/index"
+        before = httpx.post(index_url).json()
+        with httpx.Client(base_url=server.url) as http:
+            for i in range(200):
+                name = ("nope", "not_a_model.txt", ".hidden", "bad%20name", f"ghost{i}")[i % 5]
+                response = http.post(f"/v2/repository/models/{name}/load")
+                assert response.status_code == 400, response.text
+                assert "no such model folder" in response.json()["error"] or (
+                    "not a valid model name" in response.json()["error"]
+                )
+        assert httpx.post(index_url).json() == before
+        unknown = httpx.post(f"{server.url}/v2/repository/models/ghost/unload")
+        assert unknown.status_code == 404
+        assert unknown.json() == {"error": "unload: unknown model 'ghost'"}
+        missing = httpx.post(f"{server.url}/v2/models/ghost/infer", json=_body(1, size=1))
+        assert missing.status_code == 404
+        assert missing.json() == {"error": "unknown model 'ghost'"}
+    finally:
+        assert server.stop() == 0, server.log()
