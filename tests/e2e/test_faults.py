@@ -5,7 +5,6 @@ what was sent against what was answered."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time

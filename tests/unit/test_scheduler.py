@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from reposerve.config import parse_model_config
-from reposerve.errors import InstanceError, InvalidInput, SchedulerError
+from reposerve.errors import InstanceError, SchedulerError
 from reposerve.instance.process import BatchFailure, BatchOutcome, FailureCause
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.batcher import Scheduler
