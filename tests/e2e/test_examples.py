@@ -93,10 +93,28 @@ def test_image_classifier_on_jpeg_bytes(client, resnet):
     np.testing.assert_array_equal(result.as_numpy("CLASS")[:, 0], expected.argmax(axis=1))
 
 
-def test_image_classifier_refuses_what_is_not_an_image(client):
+def test_one_bad_image_among_eight_clients_fails_alone(server, resnet):
     from tritonclient.utils import InferenceServerException
 
-    tensor = httpclient.InferInput("IMAGE", [1, 1], "BYTES")
-    tensor.set_data_from_numpy(np.array([[b"not a jpeg"]], dtype=object))
-    with pytest.raises(InferenceServerException, match="UnidentifiedImageError"):
-        client.infer("image_classifier", [tensor])
+    blobs = [_jpeg(10 + i, (240, 320)) for i in range(8)]
+    blobs[2] = b"not a jpeg"
+    client = httpclient.InferenceServerClient(server.address, concurrency=8, network_timeout=300)
+    pending = []
+    for blob in blobs:
+        tensor = httpclient.InferInput("IMAGE", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[blob]], dtype=object))
+        pending.append(client.async_infer("image_classifier", [tensor]))
+    with pytest.raises(InferenceServerException) as caught:
+        pending[2].get_result()
+    assert caught.value.status() == "400"
+    assert caught.value.message().startswith(
+        "model 'image_classifier' version 1: IMAGE: 10 bytes that are not an image Pillow "
+        "can read (UnidentifiedImageError: cannot identify image file"
+    )
+    good = [i for i in range(8) if i != 2]
+    with torch.inference_mode():
+        expected = resnet(torch.stack([_preprocess(blobs[i]) for i in good])).numpy()
+    for row, i in enumerate(good):
+        logits = pending[i].get_result().as_numpy("LOGITS")[0]
+        np.testing.assert_allclose(logits, expected[row], rtol=1e-3, atol=1e-3)
+    client.close()

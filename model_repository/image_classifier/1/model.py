@@ -4,11 +4,15 @@ Per batch: decode every image with Pillow and preprocess it with torchvision's t
 in a thread pool (both release the GIL for their heavy parts), then one batched forward
 pass on a single forward thread. ``execute`` is async, so with
 ``max_inflight_batches = 2`` the next batch decodes while this one runs the network.
+Bytes that are not an image raise ``reposerve.InvalidInput``: that request gets a 400,
+and the other requests of its batch still get their results.
 """
 
 import asyncio
 import io
 from concurrent.futures import ThreadPoolExecutor
+
+from reposerve import InvalidInput
 
 
 class Model:
@@ -39,8 +43,14 @@ class Model:
     def preprocess(self, blob: bytes):
         from PIL import Image
 
-        with Image.open(io.BytesIO(blob)) as image:
-            return self.transform(image.convert("RGB"))
+        try:
+            with Image.open(io.BytesIO(blob)) as image:
+                return self.transform(image.convert("RGB"))
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:  # Pillow's decode errors
+            raise InvalidInput(
+                f"IMAGE: {len(blob)} bytes that are not an image Pillow can read "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
 
     def forward(self, batch):
         torch = self.torch
