@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,6 @@ import msgspec
 
 from reposerve.config.schema import ModelConfig
 from reposerve.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
 
 _PATH_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 _AT_PATH = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
