@@ -138,6 +138,7 @@ class InstanceProcess:
         self._closed = asyncio.Event()
         self._exit_report: asyncio.Task | None = None  # held so the task is not collected
         self.ended = ""  # how the process ended ("was killed by SIGKILL"), once it has
+        self.overran = False  # killed by us for a batch past the execution timeout
 
     @property
     def in_flight(self) -> int:
@@ -245,6 +246,7 @@ class InstanceProcess:
             return
         limit = self.spec.execute_timeout_s
         log.error("%s: execute ran past %g s; killing the instance", self.spec.label, limit)
+        self.overran = True
         running.on_done(
             BatchFailure(
                 f"execute did not finish within {limit:g} s (execution.timeout_seconds); "

@@ -3,7 +3,8 @@
 An instance that dies fails exactly its in-flight batches (``InstanceProcess``); this
 module then starts a replacement after a short delay that grows while the instance keeps
 dying soon after each start. An instance that dies ``MAX_DEATHS`` times within
-``CRASH_WINDOW_S`` (a failed restart counts as a death) is in a crash loop: restarts stop
+``CRASH_WINDOW_S`` (a failed restart counts as a death; a kill for one request that ran
+past the execution timeout does not) is in a crash loop: restarts stop
 and the owner is told why (``gave_up``), so the model turns UNAVAILABLE with the reason
 instead of burning a core on restarts forever. Restarts also stop when the version
 leaves READY.
@@ -45,25 +46,32 @@ class InstanceRestarter:
         self._gave_up = gave_up  # (why) once an instance is in a crash loop
         self._recent: dict[int, list[float]] = {}
         self._tasks: set[asyncio.Task] = set()
-        self.deaths = 0
+        self.deaths = 0  # exits and failed restarts, for the metrics
 
-    def restart(self, dead: InstanceProcess, how: str = "") -> None:
-        """``dead`` exited (``how``: a failed restart's reason; else how it ended)."""
-        how = how or dead.ended
+    def restart(self, dead: InstanceProcess) -> None:
+        """``dead`` exited: replace it, unless it is in a crash loop."""
+        if dead.overran:  # killed by us for one request that hung: the model is healthy
+            self.deaths += 1
+            self._schedule(dead, RESTART_DELAYS[0])
+        else:
+            self._count_death(dead, dead.ended)
+
+    def _count_death(self, dead: InstanceProcess, how: str) -> None:
         self.deaths += 1
-        now = time.monotonic()
         index = dead.spec.index
+        now = time.monotonic()
         recent = [t for t in self._recent.get(index, []) if now - t < CRASH_WINDOW_S]
         recent.append(now)
         self._recent[index] = recent
         if len(recent) >= MAX_DEATHS:
-            ended = f" (last: {how})" if how else ""
             self._gave_up(
-                f"instance {index} died {len(recent)} times within {CRASH_WINDOW_S:g} s{ended}; "
-                "it is not restarted again. Fix the model and load it again"
+                f"instance {index} died {len(recent)} times within {CRASH_WINDOW_S:g} s "
+                f"(last: {how}); it is not restarted again. Fix the model and load it again"
             )
             return
-        delay = RESTART_DELAYS[min(len(recent), len(RESTART_DELAYS)) - 1]
+        self._schedule(dead, RESTART_DELAYS[min(len(recent), len(RESTART_DELAYS)) - 1])
+
+    def _schedule(self, dead: InstanceProcess, delay: float) -> None:
         task = asyncio.get_running_loop().create_task(self._restart(dead, delay))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -83,7 +91,7 @@ class InstanceRestarter:
             await replacement.start(self._load_timeout)
         except InstanceError as exc:
             log.error("%s: restarting instance %d failed: %s", self._label, index, exc.message)
-            self.restart(dead, exc.message)  # counts as another death: the next try waits longer
+            self._count_death(dead, exc.message)  # the next try waits longer
             return
         except asyncio.CancelledError:
             replacement.kill()

@@ -139,6 +139,12 @@ def test_a_hung_execute_past_its_timeout_fails_alone_and_the_queue_is_served(rep
         (second_pid,) = server.instance_pids()
         assert second_pid != first_pid
         assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
+        # Kills for hung requests are no crash loop: the model keeps being restarted.
+        for _ in range(5):
+            hung = httpx.post(url, json=_body(13), timeout=60)
+            assert hung.status_code == 500 and "execution.timeout_seconds" in hung.text
+            _wait_for(lambda: httpx.get(f"{server.url}/v2/models/hangs/ready").status_code == 200)
+        assert httpx.post(url, json=_body(5)).json()["outputs"][0]["data"][0] == 5
     finally:
         assert server.stop() == 0, server.log()
 
