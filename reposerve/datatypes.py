@@ -109,7 +109,10 @@ def to_wire(datatype: str, array: np.ndarray) -> bytes | memoryview:
     """Wire bytes of an array already in ``datatype``'s dtype (BYTES: framed elements)."""
     if datatype == "BYTES":
         return pack_bytes(_as_bytes(item) for item in array.reshape(-1))
-    return memoryview(np.ascontiguousarray(array)).cast("B")
+    contiguous = np.ascontiguousarray(array)
+    if contiguous.size == 0:
+        return b""  # memoryview cannot cast a view with a 0 in its shape
+    return memoryview(contiguous).cast("B")
 
 
 def _as_bytes(item: object) -> bytes:

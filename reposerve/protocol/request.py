@@ -70,6 +70,12 @@ def decode_request(
         header = _header_decoder.decode(view[:header_length])
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"model '{model}': malformed request JSON: {exc}") from exc
+    except RecursionError:
+        # msgspec recurses per nesting level and stops at Python's recursion limit.
+        raise ProtocolError(
+            f"model '{model}': request JSON nests arrays or objects too deeply to parse; "
+            "send tensor data flat, or nested no deeper than its shape"
+        ) from None
 
     specs = {tensor.name: tensor for tensor in config.input}
     inputs: dict[str, Tensor] = {}
@@ -198,6 +204,12 @@ def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
         # numpy flattens nested lists itself and refuses ragged ones.
         values = np.array(item.data)
     except (ValueError, TypeError) as exc:
+        depth = _depth(item.data)
+        if depth > max(len(item.shape), 1):
+            raise ProtocolError(
+                f"{where}: data nests {depth} arrays deep, shape {item.shape} has "
+                f"{len(item.shape)} dimensions; send it flat or nested as the shape"
+            ) from exc
         raise ProtocolError(
             f"{where}: data must be a flat or rectangular nested array of {item.datatype} values"
         ) from exc
@@ -210,6 +222,15 @@ def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
         if values.min() < limits.min or values.max() > limits.max:
             raise ProtocolError(f"{where}: data holds values out of range for {item.datatype}")
     return values.astype(dtype).tobytes()
+
+
+def _depth(data: Any) -> int:
+    """How deep the first elements of ``data`` nest (only to explain a refusal)."""
+    depth = 0
+    while isinstance(data, list):
+        depth += 1
+        data = data[0] if data else None
+    return depth
 
 
 def _check_count(found: int, count: int, item: _InputHeader, where: str) -> None:
