@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from reposerve.errors import ReposerveError
 from reposerve.http.access import AccessPolicy
-from reposerve.http.errors import error_body, error_response
+from reposerve.http.errors import error_body, error_response, retry_after_on_503
 from reposerve.http.infer import InferEndpoint
 from reposerve.service import InferenceService
 
@@ -123,7 +123,8 @@ def routes(handlers: Handlers, policy: AccessPolicy, max_body: int) -> list[Rout
 class App:
     """The ASGI app: inference routes are tried first and called directly; everything else
     goes through Starlette (middleware, router). Inference handles its own errors, so the
-    middleware would only add cost to the one path that carries the load."""
+    middleware would only add cost to the one path that carries the load. Every 503 gets
+    Retry-After: the infer endpoint adds it itself, the rest here."""
 
     def __init__(self, table: list[Route], lifespan: Lifespan | None) -> None:
         self._inference = [route for route in table if isinstance(route.endpoint, InferEndpoint)]
@@ -141,6 +142,8 @@ class App:
                     scope.update(child)
                     await route.endpoint(scope, receive, send)
                     return
+        if scope["type"] == "http":
+            send = retry_after_on_503(send)
         await self._starlette(scope, receive, send)
 
 

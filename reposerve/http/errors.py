@@ -1,8 +1,13 @@
-"""Error -> HTTP status and V2 error JSON: the one place that knows status codes."""
+"""Error -> HTTP status and V2 error JSON: the one place that knows status codes.
+
+Every 503 carries ``Retry-After``: it means "busy or not ready yet", and a client (or a
+proxy in front) that honours the header backs off instead of retrying at once.
+"""
 
 from __future__ import annotations
 
 from starlette.responses import Response
+from starlette.types import Message, Send
 
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.protocol.documents import encode
@@ -15,6 +20,24 @@ STATUS = {
     ErrorKind.FORBIDDEN: 403,
 }
 
+RETRY_AFTER_SECS = 1
+RETRY_AFTER = (b"retry-after", b"%d" % RETRY_AFTER_SECS)
+
+
+class HttpError(Exception):
+    """A refusal that only HTTP has words for (408, 415): status, message, extra headers.
+
+    Raised and caught inside ``reposerve.http``; the layers below raise ReposerveError.
+    """
+
+    def __init__(
+        self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
 
 def error_body(message: str) -> bytes:
     return encode({"error": message})
@@ -22,3 +45,16 @@ def error_body(message: str) -> bytes:
 
 def error_response(error: ReposerveError) -> Response:
     return Response(error_body(error.message), STATUS[error.kind], media_type="application/json")
+
+
+def retry_after_on_503(send: Send) -> Send:
+    """``send`` adding Retry-After to a 503 response that lacks one."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] == 503:
+            headers = list(message.get("headers", ()))
+            if all(name.lower() != RETRY_AFTER[0] for name, _ in headers):
+                message = {**message, "headers": [*headers, RETRY_AFTER]}
+        await send(message)
+
+    return sending

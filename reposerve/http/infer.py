@@ -2,11 +2,14 @@
 
 It reads the header and body straight from the ASGI messages and sends the reply in two
 messages, skipping Starlette's Request and Response objects, which cost more per request
-than everything reposerve itself does.
+than everything reposerve itself does. Compressed bodies (``Content-Encoding``) are
+inflated here as they arrive, and responses compressed when the client asks
+(``Accept-Encoding``); see ``reposerve.http.encoding``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from starlette.requests import Request
@@ -14,13 +17,23 @@ from starlette.types import Receive, Scope, Send
 
 from reposerve.errors import ProtocolError, ReposerveError
 from reposerve.http.access import AccessPolicy
-from reposerve.http.errors import STATUS, error_body
+from reposerve.http.encoding import (
+    ACCEPTED,
+    Inflater,
+    compress,
+    request_coding,
+    response_coding,
+)
+from reposerve.http.errors import RETRY_AFTER, STATUS, HttpError, error_body
 from reposerve.service import InferenceService
 
 log = logging.getLogger("reposerve.http")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INFERENCE_API = "inference"
+# Responses at least this large are compressed in a worker thread (zlib lets go of the
+# GIL), so a big one does not stall the event loop.
+_COMPRESS_IN_THREAD = 256 * 1024
 
 
 class InferEndpoint:
@@ -32,24 +45,40 @@ class InferEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = 200
+        extra: tuple[tuple[bytes, bytes], ...] = ()
+        coding = None
         try:
             if self._checked:
                 self._policy.check(INFERENCE_API, Request(scope))
-            header_length, declared = _lengths(scope["headers"])
+            header_length, declared, encoding, accept = _scan(scope["headers"])
             if declared is not None and declared > self._max_body:
                 raise _too_large(declared, self._max_body)
-            body = await _read_body(receive, self._max_body)
+            inflater = None if encoding is None else _inflater(encoding, self._max_body)
+            if inflater is None:
+                body = await _read_body(receive, self._max_body)
+            else:
+                body = await _read_compressed(receive, inflater, self._max_body)
             parameters = scope["path_params"]
             content, json_length = await self._service.infer(
                 parameters["model"], parameters.get("version"), body, header_length
             )
+            coding = response_coding(accept) if accept is not None else None
+            if coding is not None:
+                if len(content) < _COMPRESS_IN_THREAD:
+                    content = compress(content, coding)
+                else:
+                    content = await asyncio.to_thread(compress, content, coding)
         except _Disconnected:
             return
         except ReposerveError as exc:
             status, content, json_length = STATUS[exc.kind], error_body(exc.message), None
+            coding = None
+        except HttpError as exc:
+            status, content, json_length = exc.status, error_body(exc.message), None
+            coding, extra = None, exc.headers
         except Exception as exc:
             log.exception("unhandled error on %s", scope["path"])
-            status, json_length = 500, None
+            status, json_length, coding = 500, None, None
             content = error_body(f"internal error: {type(exc).__name__}: {exc}")
         headers = [(b"content-length", b"%d" % len(content))]
         if json_length is None:
@@ -57,6 +86,12 @@ class InferEndpoint:
         else:
             headers.append((b"content-type", b"application/octet-stream"))
             headers.append((b"inference-header-content-length", b"%d" % json_length))
+        if coding is not None:
+            headers.append((b"content-encoding", coding.encode()))
+            headers.append((b"vary", b"accept-encoding"))
+        if status == 503:
+            headers.append(RETRY_AFTER)
+        headers.extend(extra)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
@@ -65,9 +100,12 @@ class _Disconnected(Exception):
     """The client went away before its request body arrived."""
 
 
-def _lengths(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, int | None]:
-    """(Inference-Header-Content-Length, Content-Length) in one pass over the headers."""
-    header_length = content_length = None
+def _scan(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[int | None, int | None, bytes | None, bytes | None]:
+    """(Inference-Header-Content-Length, Content-Length, Content-Encoding,
+    Accept-Encoding) in one pass over the headers."""
+    header_length = content_length = encoding = accept = None
     for name, value in headers:
         if name == b"inference-header-content-length":
             if not value.isdigit():
@@ -78,7 +116,25 @@ def _lengths(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, int | None
             header_length = int(value)
         elif name == b"content-length" and value.isdigit():
             content_length = int(value)
-    return header_length, content_length
+        elif name == b"content-encoding":
+            encoding = value
+        elif name == b"accept-encoding":
+            accept = value
+    return header_length, content_length, encoding, accept
+
+
+def _inflater(encoding: bytes, limit: int) -> Inflater | None:
+    """An Inflater for a Content-Encoding value; None for identity; 415 for the rest."""
+    try:
+        coding = request_coding(encoding)
+    except ValueError as exc:
+        raise HttpError(
+            415,
+            f"unsupported Content-Encoding '{exc}': request bodies may be gzip, deflate "
+            "or identity",
+            ((b"accept-encoding", ACCEPTED),),
+        ) from None
+    return None if coding is None else Inflater(coding, limit)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
@@ -96,6 +152,26 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _read_compressed(receive: Receive, inflater: Inflater, limit: int) -> bytearray:
+    """The body inflated as it arrives; ``limit`` holds both the compressed body and what
+    it inflates to."""
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        more = inflater.feed(chunk)
+        while more:
+            await asyncio.sleep(0)  # let other requests run between slices
+            more = inflater.feed(b"")
+        if not message.get("more_body", False):
+            return inflater.finish()
 
 
 def _too_large(size: int, limit: int) -> ProtocolError:

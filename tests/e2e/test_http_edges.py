@@ -1,7 +1,16 @@
-"""The HTTP front at its edges: absurdly nested JSON and tensors with no elements.
-Real servers; tritonclient and httpx."""
+"""The HTTP front at its edges: compressed bodies (and bombs), absurdly nested JSON,
+tensors with no elements, and 503s that say when to come back. Real servers;
+tritonclient and httpx."""
 
 from __future__ import annotations
+
+import asyncio
+import functools
+import gzip
+import struct
+import time
+import zlib
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -9,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.server import start_server
+from tests.server import Server, start_server
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -20,7 +29,28 @@ ECHO = """
             return {"OUTPUT": inputs["INPUT"]}
 """
 
+SLEEPY = """
+    import time
+
+    class Model:
+        def execute(self, inputs):
+            time.sleep(0.5)
+            return {"OUTPUT": inputs["INPUT"]}
+"""
+
+SLOW_LOAD = """
+    import time
+
+    class Model:
+        def load(self, context):
+            time.sleep(3)
+
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"]}
+"""
+
 GOOD = {"inputs": [{"name": "INPUT", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]}
+LIMIT = 64 * 1024 * 1024  # --http-max-input-size's default
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +60,8 @@ def server(tmp_path_factory):
     write_model(root, "echo_var", vector_config(size=-1), ECHO)
     write_model(root, "echo_var_unbatched", vector_config(size=-1, max_batch=0), ECHO)
     write_model(root, "echo_bytes", vector_config("BYTES", size=-1), ECHO)
+    queue = "[dynamic_batching]\nmax_queue_size = 1"
+    write_model(root, "sleepy", vector_config(size=1, max_batch=1, extra=queue), SLEEPY)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
     assert server.stop() == 0, server.log()
@@ -58,6 +90,154 @@ def _plus_one_inputs(values: np.ndarray, binary: bool) -> list[httpclient.InferI
     tensor = httpclient.InferInput("INPUT", list(values.shape), "FP32")
     tensor.set_data_from_numpy(values, binary_data=binary)
     return [tensor]
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+# -- compression -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_compresses_both_ways(client, algorithm, binary):
+    values = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32)
+    result = client.infer(
+        "plus_one",
+        _plus_one_inputs(values, binary),
+        outputs=[httpclient.InferRequestedOutput("OUTPUT", binary_data=binary)],
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT"), values + 1)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_response_compressed_when_asked(http, algorithm):
+    body = msgspec.json.encode({**GOOD, "parameters": {"binary_data_output": True}})
+    response = http.post(
+        "/v2/models/plus_one/infer", content=body, headers={"Accept-Encoding": algorithm}
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-encoding"] == algorithm
+    # The header length counts the JSON before compression, as tritonclient reads it.
+    json_length = int(response.headers["inference-header-content-length"])
+    header = msgspec.json.decode(response.content[:json_length])  # httpx inflated it
+    assert header["outputs"][0]["parameters"]["binary_data_size"] == 64
+    assert np.frombuffer(response.content[json_length:], np.float32).tolist() == [2.0] * 16
+
+
+def test_accept_encoding_follows_q_values(http):
+    ask = {"Accept-Encoding": "gzip;q=0.2, deflate;q=0.9, identity;q=0.5"}
+    response = http.post("/v2/models/plus_one/infer", json=GOOD, headers=ask)
+    assert response.headers["content-encoding"] == "deflate"
+    plain = http.post("/v2/models/plus_one/infer", json=GOOD, headers={"Accept-Encoding": "br"})
+    assert "content-encoding" not in plain.headers
+    assert plain.json()["outputs"][0]["data"] == [2.0] * 16
+
+
+@functools.cache
+def _bomb(coding: str) -> bytes:
+    """1 GiB of zeros in about 1 MB: one compressed 64 MiB block (a full flush makes it
+    stand alone) 16 times over, in gzip or zlib framing with the right checksum."""
+    stream = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = stream.compress(bytes(64 << 20)) + stream.flush(zlib.Z_FULL_FLUSH)
+    deflate = block * 16 + stream.flush()
+    zeros, crc, adler = bytes(1 << 20), 0, 1
+    for _ in range(1024):
+        crc, adler = zlib.crc32(zeros, crc), zlib.adler32(zeros, adler)
+    if coding == "gzip":
+        header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+        return header + deflate + struct.pack("<II", crc, (1 << 30) & 0xFFFFFFFF)
+    return b"\x78\xda" + deflate + struct.pack(">I", adler)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_decompression_bomb_is_refused_without_inflating_it(server, http, coding):
+    bomb = _bomb(coding)
+    assert len(bomb) < 2 << 20
+    if coding == "gzip":  # what the server is sent is a sound gzip file of 1 GiB
+        stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        assert len(stream.decompress(bomb[:4096])) > 0 and not stream.eof
+    peak_before = _peak_rss_kib(server.process.pid)
+    response = http.post(
+        "/v2/models/plus_one/infer",
+        content=bomb,
+        headers={"Content-Encoding": coding, "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json() == {
+        "error": f"request body inflates to more than the {LIMIT}-byte limit "
+        f"(--http-max-input-size; Content-Encoding: {coding})"
+    }
+    # The server inflated at most the limit (and a slice): nowhere near the GiB.
+    grown_mib = (_peak_rss_kib(server.process.pid) - peak_before) / 1024
+    assert grown_mib < 300, grown_mib
+    _assert_serving(server.url)
+
+
+def test_body_inflating_to_just_under_the_limit_is_read_whole(http):
+    # A valid request padded with whitespace to just under 64 MiB once inflated.
+    document = msgspec.json.encode(GOOD)
+    body = gzip.compress(document + b" " * (LIMIT - len(document)), compresslevel=1)
+    response = http.post(
+        "/v2/models/plus_one/infer", content=body, headers={"Content-Encoding": "gzip"}
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["data"] == [2.0] * 16
+
+
+def test_gzip_members_one_after_another(http):
+    document = msgspec.json.encode(GOOD)
+    body = gzip.compress(document[:10]) + gzip.compress(document[10:])
+    response = http.post(
+        "/v2/models/plus_one/infer", content=body, headers={"Content-Encoding": "gzip"}
+    )
+    assert response.status_code == 200, response.text
+
+
+def test_unknown_content_encoding_is_415(server, http):
+    response = http.post(
+        "/v2/models/plus_one/infer",
+        content=msgspec.json.encode(GOOD),
+        headers={"Content-Encoding": "br"},
+    )
+    assert response.status_code == 415
+    assert response.headers["accept-encoding"] == "gzip, deflate"
+    assert response.json() == {
+        "error": "unsupported Content-Encoding 'br': request bodies may be gzip, deflate "
+        "or identity"
+    }
+    identity = http.post(
+        "/v2/models/plus_one/infer",
+        content=msgspec.json.encode(GOOD),
+        headers={"Content-Encoding": "identity"},
+    )
+    assert identity.status_code == 200, identity.text
+    _assert_serving(server.url)
+
+
+@pytest.mark.parametrize(
+    ("coding", "body", "message"),
+    [
+        ("gzip", b"this is not gzip at all", "request body is not valid gzip data"),
+        ("deflate", b"\x00\x01\x02 nor deflate", "request body is not valid deflate data"),
+        ("gzip", gzip.compress(b'{"inputs": []}')[:-12], "ends in the middle of its gzip stream"),
+        ("deflate", zlib.compress(b"{}") + b"junk", "4 bytes after the end of its deflate stream"),
+    ],
+)
+def test_corrupt_compressed_body_is_400(server, http, coding, body, message):
+    response = http.post(
+        "/v2/models/plus_one/infer", content=body, headers={"Content-Encoding": coding}
+    )
+    assert response.status_code == 400
+    assert response.headers["content-type"] == "application/json"
+    assert message in response.json()["error"]
+    _assert_serving(server.url)
 
 
 # -- nesting -----------------------------------------------------------------------------
@@ -161,3 +341,44 @@ def test_batch_of_zero_items_is_400(server, http, client):
     with pytest.raises(httpclient.InferenceServerException, match="batch dimension of 1..8"):
         client.infer("echo_var", _plus_one_inputs(np.zeros((0, 4), np.float32), True))
     _assert_serving(server.url)
+
+
+# -- 503 says when to come back ----------------------------------------------------------
+
+
+def test_queue_full_503_carries_retry_after(server):
+    async def burst() -> list[httpx.Response]:
+        request = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            return await asyncio.gather(
+                *(http.post("/v2/models/sleepy/infer", json=request) for _ in range(8))
+            )
+
+    responses = asyncio.run(burst())
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses[0] == 200 and statuses[-1] == 503, statuses
+    for response in responses:
+        if response.status_code == 503:
+            assert response.headers["retry-after"] == "1"
+            assert "queue full" in response.json()["error"]
+
+
+def test_not_ready_503_carries_retry_after(tmp_path):
+    root = tmp_path / "repository"
+    write_model(root, "slow_load", vector_config(), SLOW_LOAD)
+    server = Server(root, log_path=tmp_path / "reposerve.log")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                ready = httpx.get(f"{server.url}/v2/health/ready", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.05)  # not listening yet
+                continue
+            assert ready.status_code == 503, "ready before the model loaded"
+            assert ready.headers["retry-after"] == "1"
+            break
+        else:
+            raise AssertionError(server.log())
+    finally:
+        assert server.stop() == 0, server.log()
