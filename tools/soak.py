@@ -2,12 +2,22 @@
 
     python -m tools.soak [--duration 60] [--concurrency 8] [--fault-every 3]
 
-Clients send good requests (each checked against its exact answer) and malformed ones
-(each must get a 4xx), while a fault loop alternately SIGKILLs an instance process and
-reloads the model from disk. It passes when every good request was answered correctly or
-failed only with the error its fault explains (an instance killed under it, or 503 while
-the replacement starts), every bad request got a 4xx, the front's memory stayed flat,
-and no instance process outlived the server. Exit status 0 on a pass, 1 otherwise.
+Three models. ``adder`` answers x + 1 and refuses an item starting with POISON as bad
+input (``reposerve.InvalidInput``); ``hangs`` hangs for good on an item starting with 13,
+and its execution timeout (1 s) kills and replaces the instance; ``stuck`` hangs with no
+timeout and is used only at the end.
+
+Clients send good requests (each checked against its exact answer), poisoned ones (a 400
+for that request alone, while the rest of its batch is served), hanging ones (a 500
+naming the timeout) and malformed ones (a 4xx), while a fault loop in turn SIGKILLs an
+instance, reloads ``adder`` from disk, and unloads and loads ``hangs`` again. Then the
+clients stop: every request must have had its answer and the pending gauge must read 0.
+Last, requests are left queued behind a hung ``stuck`` and the server gets SIGTERM: each
+must get a JSON error, and the server must exit 0 within its --exit-timeout-secs.
+
+It passes when nothing was lost (every request has its result, or an error its fault
+explains), pending is 0, the front's memory stayed flat after warm-up, and no instance
+outlived the server. Exit status 0 on a pass, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -29,14 +39,32 @@ import numpy as np
 
 from tools.bench import servers
 
-ADDER = """
-    import numpy as np
+POISON = 999.0
+HANG = 13.0
+ADDER = f"""
+    from reposerve import InvalidInput
 
     class Model:
         def execute(self, inputs):
-            return {"OUTPUT": inputs["INPUT"] + 1}
+            if (inputs["INPUT"][:, 0] == {POISON}).any():
+                raise InvalidInput("an item starts with the poison value {POISON:g}")
+            return {{"OUTPUT": inputs["INPUT"] + 1}}
 """
-CONFIG = """
+HANGS = f"""
+    import time
+
+    class Model:
+        def load(self, context):
+            self.marker = context.version_path / "HANGING"
+
+        def execute(self, inputs):
+            if (inputs["INPUT"][:, 0] == {HANG}).any():
+                self.marker.touch()
+                while True:
+                    time.sleep(1)
+            return {{"OUTPUT": inputs["INPUT"]}}
+"""
+TENSORS = """
     max_batch_size = 8
     [[input]]
     name = "INPUT"
@@ -46,11 +74,15 @@ CONFIG = """
     name = "OUTPUT"
     datatype = "FP32"
     shape = [16]
-    [[instance_group]]
-    count = 2
-    [dynamic_batching]
-    max_queue_delay_microseconds = 500
 """
+CONFIGS = {
+    "adder": TENSORS + "[[instance_group]]\ncount = 2\n"
+    "[dynamic_batching]\nmax_queue_delay_microseconds = 500\n",
+    # No dynamic batching: a hung request runs alone, so it costs no neighbour.
+    "hangs": TENSORS + "[[instance_group]]\ncount = 2\n[execution]\ntimeout_seconds = 1\n",
+    "stuck": TENSORS + "[execution]\ntimeout_seconds = 0\n",
+}
+CODE = {"adder": ADDER, "hangs": HANGS, "stuck": HANGS}
 BAD_BODIES = [
     b"{",
     b'{"inputs": [{"name": "INPUT", "shape": [1, 16], "datatype": "FP32", "data": [1]}]}',
@@ -60,8 +92,19 @@ BAD_BODIES = [
     b'{"inputs": "x"}',
 ]
 MEMORY_GROWTH_MIB = 20.0  # allowed growth of the front after the first quarter of the run
-# Errors a fault explains: the instance died under the request, or it is being replaced.
-EXPLAINED = ("was killed by SIGKILL", "retry shortly", "every instance died", "is unloading")
+EXIT_TIMEOUT_S = 3.0
+# Errors a fault explains, and the fault: an instance killed or restarting, a version
+# reloaded or unloaded under the request, or the request's instance killed for a hung one.
+EXPLAINED = (
+    "was killed by SIGKILL",
+    "retry shortly",
+    "is unloading",
+    "was unloaded before this request finished",
+    "is not ready (UNLOADING)",
+    "is not loaded (UNAVAILABLE): unloaded",
+    "ran past execution.timeout_seconds",
+)
+TIMED_OUT = "did not finish within 1 s (execution.timeout_seconds)"
 
 
 class Outcomes:
@@ -70,6 +113,8 @@ class Outcomes:
     def __init__(self) -> None:
         self.seen: Counter = Counter()
         self.problems: Counter = Counter()
+        self.sent = 0
+        self.answered = 0
 
     def ok(self, outcome: str) -> None:
         self.seen[outcome] += 1
@@ -79,94 +124,215 @@ class Outcomes:
         self.problems[outcome] += 1
 
 
-async def _client(base: str, stop: float, tally: Outcomes, seed: int) -> None:
+def _request(values: np.ndarray) -> dict:
+    tensor = {"name": "INPUT", "shape": list(values.shape), "datatype": "FP32"}
+    return {"inputs": [{**tensor, "data": values.ravel().tolist()}]}
+
+
+def _judge(tally: Outcomes, kind: str, response: httpx.Response, expected: np.ndarray | None):
+    """Sort one answer: what it should be for ``kind``, explained by a fault, or a problem."""
+    status, text = response.status_code, response.text
+    if kind == "malformed":
+        wanted = 400 <= status < 500
+    elif kind == "poisoned":
+        wanted = status == 400 and "poison value" in text
+    elif kind == "hanging":
+        wanted = status == 500 and TIMED_OUT in text
+    else:
+        wanted = status == 200
+        if wanted:
+            data = np.array(response.json()["outputs"][0]["data"], np.float32)
+            if not np.array_equal(data.reshape(expected.shape), expected):
+                tally.problem(f"{kind} request answered WRONG")
+                return
+    explained = [reason for reason in EXPLAINED if reason in text] if status != 200 else []
+    if wanted:
+        tally.ok(f"{kind} request answered as it should")
+    elif explained:
+        tally.ok(f"{kind} request failed by a fault: {explained[0]}")
+    else:
+        tally.problem(f"{kind} request answered {status} {text[:120]}")
+
+
+async def _client(base: str, running: asyncio.Event, tally: Outcomes, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
-        while time.monotonic() < stop:
-            if rng.random() < 0.2:
-                body = BAD_BODIES[int(rng.integers(len(BAD_BODIES)))]
-                response = await http.post("/v2/models/adder/infer", content=body)
-                if 400 <= response.status_code < 500:
-                    tally.ok("bad request answered 4xx")
-                else:
-                    tally.problem(f"bad request answered {response.status_code}")
-                continue
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        while running.is_set():
+            roll = rng.random()
             batch = int(rng.integers(1, 4))
             values = rng.standard_normal((batch, 16)).astype(np.float32)
-            tensor = {"name": "INPUT", "shape": [batch, 16], "datatype": "FP32"}
-            request = {"inputs": [{**tensor, "data": values.ravel().tolist()}]}
-            response = await http.post("/v2/models/adder/infer", json=request)
-            if response.status_code == 200:
-                data = np.array(response.json()["outputs"][0]["data"], np.float32).reshape(
-                    batch, 16
-                )
-                if np.array_equal(data, values + 1):
-                    tally.ok("good request answered correctly")
-                else:
-                    tally.problem("good request answered WRONG")
-            elif any(reason in response.text for reason in EXPLAINED):
-                tally.ok("good request failed by a fault")
+            model, expected, content = "adder", values + 1, None
+            if roll < 0.15:
+                kind, content = "malformed", BAD_BODIES[int(rng.integers(len(BAD_BODIES)))]
+            elif roll < 0.25:
+                kind = "poisoned"
+                values[int(rng.integers(batch)), 0] = POISON
+            elif roll < 0.28:
+                kind, model = "hanging", "hangs"
+                values[0, 0] = HANG
+            elif roll < 0.45:
+                kind, model, expected = "good", "hangs", values
             else:
-                tally.problem(f"good request failed: {response.status_code} {response.text[:120]}")
+                kind = "good"
+            tally.sent += 1
+            try:
+                response = await http.post(
+                    f"/v2/models/{model}/infer", content=content, json=_request(values)
+                )
+            except httpx.HTTPError as exc:
+                tally.problem(f"LOST: {kind} request got no answer ({type(exc).__name__})")
+                continue
+            tally.answered += 1
+            _judge(tally, kind, response, expected)
 
 
 async def _faults(
-    server: servers.Launched, root: Path, stop: float, every: float, tally: Outcomes
+    server: servers.Launched, root: Path, running: asyncio.Event, every: float, tally: Outcomes
 ) -> None:
     base = f"http://127.0.0.1:{server.port}"
-    kill = True
+    step = 0
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-        while time.monotonic() + every < stop:
+        while running.is_set():
             await asyncio.sleep(every)
-            if kill:
+            if not running.is_set():
+                return
+            fault = step % 3
+            step += 1
+            if fault == 0:
                 pids = servers.children_of(server.process.pid)
                 if pids:
                     os.kill(random.choice(pids), signal.SIGKILL)
                     tally.ok("fault: instance killed")
-            else:
+                continue
+            if fault == 1:
                 (root / "adder" / "1" / "model.py").write_text(textwrap.dedent(ADDER))
-                response = await http.post("/v2/repository/models/adder/load")
+                steps = [("load", "adder", "model reloaded")]
+            else:
+                steps = [("unload", "hangs", "model unloaded"), ("load", "hangs", "model loaded")]
+            for action, model, done in steps:
+                response = await http.post(f"/v2/repository/models/{model}/{action}")
                 if response.status_code == 200:
-                    tally.ok("fault: model reloaded")
+                    tally.ok(f"fault: {done}")
                 else:
-                    tally.problem(f"fault: reload failed: {response.text[:120]}")
-            kill = not kill
+                    tally.problem(f"fault: {action} {model} failed: {response.text[:120]}")
 
 
-async def _memory(server: servers.Launched, stop: float, samples: list[float]) -> None:
-    while time.monotonic() < stop:
+async def _memory(server: servers.Launched, running: asyncio.Event, samples: list[float]) -> None:
+    while running.is_set():
         samples.append(servers.pss_mib(server.process.pid))
         await asyncio.sleep(0.5)
+
+
+async def _pending(http: httpx.AsyncClient) -> dict[str, float]:
+    """The pending-request gauge of every model, from /metrics."""
+    text = (await http.get("/metrics")).text
+    gauges = {}
+    for line in text.splitlines():
+        if line.startswith("nv_inference_pending_request_count{"):
+            labels, value = line.rsplit(" ", 1)
+            gauges[labels.split('model="', 1)[1].split('"', 1)[0]] = float(value)
+    return gauges
+
+
+async def _sigterm_finale(
+    server: servers.Launched, root: Path, metrics: httpx.AsyncClient, tally: Outcomes
+) -> None:
+    """Requests queued behind a hung execute, then SIGTERM: each gets a JSON error in time."""
+    base = f"http://127.0.0.1:{server.port}"
+    hung = np.zeros((1, 16), np.float32)
+    hung[0, 0] = HANG
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        calls = [http.post("/v2/models/stuck/infer", json=_request(hung))]
+        sent = [asyncio.ensure_future(calls[0])]
+        while not (root / "stuck" / "1" / "HANGING").exists():
+            await asyncio.sleep(0.02)
+        sent += [
+            asyncio.ensure_future(http.post("/v2/models/stuck/infer", json=_request(hung * 0)))
+            for _ in range(3)
+        ]
+        while (await _pending(metrics)).get("stuck", 0) < 3:
+            await asyncio.sleep(0.02)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        answers = await asyncio.gather(*sent, return_exceptions=True)
+        code = await asyncio.to_thread(server.process.wait, 60)
+        elapsed = time.monotonic() - started
+    tally.sent += len(sent)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            tally.problem(f"LOST: queued at SIGTERM, no answer ({type(answer).__name__})")
+            continue
+        tally.answered += 1
+        if answer.status_code == 503 and "was unloaded before this request finished" in answer.text:
+            tally.ok("queued at SIGTERM: JSON error in time")
+        else:
+            tally.problem(f"queued at SIGTERM: {answer.status_code} {answer.text[:120]}")
+    if code != 0 or elapsed > EXIT_TIMEOUT_S + 3:
+        tally.problem(f"SIGTERM: exit {code} after {elapsed:.1f} s (budget {EXIT_TIMEOUT_S:g} s)")
+    else:
+        tally.ok("SIGTERM: exit 0 within the budget")
+
+
+def _write_repository(root: Path) -> None:
+    for name, config in CONFIGS.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.toml").write_text(textwrap.dedent(config))
+        (root / name / "1" / "model.py").write_text(textwrap.dedent(CODE[name]))
 
 
 async def soak(duration: float, concurrency: int, fault_every: float) -> bool:
     tally = Outcomes()
     memory: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
-        root = Path(folder)
-        (root / "adder" / "1").mkdir(parents=True)
-        (root / "adder" / "config.toml").write_text(textwrap.dedent(CONFIG))
-        (root / "adder" / "1" / "model.py").write_text(textwrap.dedent(ADDER))
-        server = servers.reposerve(root)
-        stop = time.monotonic() + duration
+        root = Path(folder) / "repository"
+        _write_repository(root)
+        metrics_port = servers.free_port()
+        server = servers.reposerve(
+            root,
+            *("--allow-metrics", "true", "--metrics-port", str(metrics_port)),
+            *("--exit-timeout-secs", str(EXIT_TIMEOUT_S)),
+            log_path=Path(folder) / "server.log",
+        )
+        instances = set(servers.children_of(server.process.pid))
+        running = asyncio.Event()
+        running.set()
+        base = f"http://127.0.0.1:{server.port}"
+        metrics = httpx.AsyncClient(base_url=f"http://127.0.0.1:{metrics_port}", timeout=30)
         try:
-            base = f"http://127.0.0.1:{server.port}"
-            await asyncio.gather(
-                *(_client(base, stop, tally, seed) for seed in range(concurrency)),
-                _faults(server, root, stop, fault_every, tally),
-                _memory(server, stop, memory),
+            load = asyncio.gather(
+                *(_client(base, running, tally, seed) for seed in range(concurrency)),
+                _faults(server, root, running, fault_every, tally),
+                _memory(server, running, memory),
             )
+            await asyncio.sleep(duration)
+            instances |= set(servers.children_of(server.process.pid))
+            running.clear()
+            await load  # each client ends with an answer to its last request
+            pending = await _pending(metrics)
+            print(f"pending after the load: {pending}")
+            if any(pending.values()):
+                tally.problem("pending gauge not 0 once every request was answered")
+            instances |= set(servers.children_of(server.process.pid))
+            await _sigterm_finale(server, root, metrics, tally)
         finally:
-            instances = servers.children_of(server.process.pid)
+            await metrics.aclose()
             server.stop()
     orphans = [pid for pid in instances if Path(f"/proc/{pid}").exists()]
     for outcome, count in sorted(tally.seen.items()):
         print(f"{count:8d}  {outcome}")
-    settled = memory[len(memory) // 4 :] or memory
-    growth = settled[-1] - settled[0] if settled else 0.0
+    settled = memory[len(memory) // 4 :] or memory or [0.0]
+    growth = settled[-1] - settled[0]
+    lost = tally.sent - tally.answered
+    print(f"requests: {tally.sent} sent, {tally.answered} answered, {lost} lost")
     print(f"front memory (PSS): {settled[0]:.1f} -> {settled[-1]:.1f} MiB; orphans: {len(orphans)}")
-    answered = tally.seen["good request answered correctly"]
-    passed = not tally.problems and answered > 0 and growth < MEMORY_GROWTH_MIB and not orphans
+    answered_well = tally.seen["good request answered as it should"]
+    passed = (
+        not tally.problems
+        and not lost
+        and answered_well > 0
+        and growth < MEMORY_GROWTH_MIB
+        and not orphans
+    )
     print("soak: PASS" if passed else "soak: FAIL")
     return passed
 

@@ -169,10 +169,20 @@ class ModelVersion:
         log.error("%s is unavailable: %s", self.label, reason)
 
     def _on_instance_exit(self, instance: InstanceProcess) -> None:
-        if self.state is not ModelState.READY:
-            return
-        self.scheduler.remove_instance(instance)
-        self._restarter.restart(instance)
+        if self.state is ModelState.READY:
+            self.scheduler.remove_instance(instance)
+            self._restarter.restart(instance)
+        elif self.state is ModelState.UNLOADING:
+            # No replacement comes while unloading: once the last instance is gone, what
+            # is queued gets its answer now rather than at the deadline.
+            self.scheduler.remove_instance(instance)
+            if not self.scheduler.serving:
+                self.scheduler.abort(
+                    SchedulerError(
+                        f"{self.label} was unloaded before this request finished "
+                        f"(its last instance {instance.ended} during the unload)"
+                    )
+                )
 
     def _replace(self, dead: InstanceProcess, replacement: InstanceProcess) -> None:
         self.instances[self.instances.index(dead)] = replacement

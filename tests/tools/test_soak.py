@@ -1,4 +1,5 @@
-"""A short soak: load, malformed requests, instance kills and reloads all at once."""
+"""A short soak: load, bad items, hung requests, malformed requests, instance kills,
+reloads and unloads all at once, then SIGTERM with requests queued behind a hung model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 def test_short_soak_passes():
     result = subprocess.run(
-        [sys.executable, "-m", "tools.soak", "--duration", "6", "--fault-every", "1"],
+        [sys.executable, "-m", "tools.soak", "--duration", "8", "--fault-every", "1"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -24,3 +25,8 @@ def test_short_soak_passes():
     assert "soak: PASS" in result.stdout
     assert "fault: instance killed" in result.stdout
     assert "fault: model reloaded" in result.stdout
+    assert "fault: model unloaded" in result.stdout
+    assert "poisoned request answered as it should" in result.stdout
+    assert "4  queued at SIGTERM: JSON error in time" in result.stdout
+    assert "SIGTERM: exit 0 within the budget" in result.stdout
+    assert " answered, 0 lost" in result.stdout

@@ -25,16 +25,25 @@ class Launched:
     """A server process; ``ready_s`` is how long it took to be ready: to answer 200 on
     ``ready_path``, or, without one, to accept a connection."""
 
-    def __init__(self, label: str, command: list[str], port: int, ready_path: str | None) -> None:
+    def __init__(
+        self,
+        label: str,
+        command: list[str],
+        port: int,
+        ready_path: str | None,
+        log_path: Path | None = None,
+    ) -> None:
         self.label = label
         self.port = port
+        # A long run logs more than a pipe holds: with a log file nothing blocks on it.
+        self._log = open(log_path, "wb") if log_path else subprocess.PIPE  # noqa: SIM115
         started = time.perf_counter()
         self.process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._log
         )
         while not self._ready(ready_path):
             if self.process.poll() is not None:
-                raise RuntimeError(f"{label} exited: {self.process.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"{label} exited: {self.log()[-2000:]}")
             if time.perf_counter() - started > 120:
                 raise TimeoutError(f"{label} not ready after 120 s")
             time.sleep(0.02)
@@ -50,6 +59,11 @@ class Launched:
         except (urllib.error.URLError, OSError):
             return False
 
+    def log(self) -> str:
+        if self._log is subprocess.PIPE:
+            return self.process.stderr.read().decode(errors="replace")
+        return Path(self._log.name).read_text(errors="replace")
+
     def memory_mib(self) -> float:
         """Proportional set size of the server and its child processes, in MiB."""
         return sum(pss_mib(pid) for pid in [self.process.pid, *children_of(self.process.pid)])
@@ -62,16 +76,19 @@ class Launched:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._log is not subprocess.PIPE:
+            self._log.close()
 
 
-def reposerve(repository: Path, *flags: str) -> Launched:
+def reposerve(repository: Path, *flags: str, log_path: Path | None = None) -> Launched:
+    """reposerve without metrics unless ``flags`` turn them on (the last flag wins)."""
     port = free_port()
     command = [
         sys.executable, "-m", "reposerve", "--model-repository", str(repository),
         "--http-host", "127.0.0.1", "--http-port", str(port), "--log-level", "warning",
         "--allow-metrics", "false", *flags,
     ]  # fmt: skip
-    return Launched("reposerve", command, port, "/v2/health/ready")
+    return Launched("reposerve", command, port, "/v2/health/ready", log_path)
 
 
 def asgi(label: str, app: str, server: str) -> Launched:
