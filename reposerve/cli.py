@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -24,6 +25,20 @@ def _boolean(value: str) -> bool:
     if value.lower() in ("false", "0", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def _non_negative(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(value: str) -> int | float:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = -1
+        if not number >= 0:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} >= 0, got {value!r}")
+        return number
+
+    parse.__name__ = kind.__name__  # what argparse names in its messages
+    return parse
 
 
 def _restricted(value: str) -> RestrictedApi:
@@ -97,7 +112,33 @@ def serve_parser() -> argparse.ArgumentParser:
         type=int,
         default=64 * 1024 * 1024,
         metavar="BYTES",
-        help="refuse infer request bodies larger than this (default 64 MiB)",
+        help="refuse infer request bodies larger than this, compressed or once inflated "
+        "(default 64 MiB)",
+    )
+    add(
+        "--http-header-timeout-secs",
+        type=_non_negative(float),
+        default=30.0,
+        metavar="S",
+        help="a request head (request line and headers) must be complete within S seconds "
+        "of the connection opening or of its first byte; else 408 and close (30; 0 = off)",
+    )
+    add(
+        "--http-body-timeout-secs",
+        type=_non_negative(float),
+        default=60.0,
+        metavar="S",
+        help="longest silence allowed while a request body arrives (an idle timeout, so "
+        "slow links are fine while bytes flow); then 408 and close (60; 0 = off)",
+    )
+    add(
+        "--http-max-connections",
+        type=_non_negative(int),
+        default=1024,
+        metavar="N",
+        help="most open connections; at the cap a new one closes the connection waiting "
+        "longest without a running request, or gets 503 if all run one (1024; 0 = no cap; "
+        "uvicorn only)",
     )
     add(
         "--http-restricted-api",
@@ -157,6 +198,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_server=args.http_server,
         http2=args.http2,
         http_max_input_size=args.http_max_input_size,
+        http_header_timeout_secs=args.http_header_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
+        http_max_connections=args.http_max_connections,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
         restricted=args.http_restricted_api,

@@ -25,7 +25,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     load_models: list[str] | None = None  # None: every model in the repository
     http_server: str = "auto"
     http2: bool = False
-    http_max_input_size: int = 64 * 1024 * 1024  # bytes, Triton's default
+    http_max_input_size: int = 64 * 1024 * 1024  # bytes, Triton's default; also inflated
+    # Slow clients (reposerve.http.connections); 0 turns each off.
+    http_header_timeout_secs: float = 30.0  # request head complete within this
+    http_body_timeout_secs: float = 60.0  # longest silence inside a request body
+    http_max_connections: int = 1024  # open connections (uvicorn)
     ssl_certfile: str | None = None  # TLS: PEM certificate (chain)
     ssl_keyfile: str | None = None
     restricted: list[RestrictedApi] = []

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
@@ -84,6 +84,9 @@ def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
             return await handler(request)
         except ReposerveError as exc:
             return error_response(exc)
+        except ClientDisconnect:
+            # The client left, or the connection guard timed its body out and answered.
+            return Response(status_code=400)
         except Exception as exc:  # never a bare 500 page: the client gets JSON and we log
             log.exception("unhandled error on %s", request.url.path)
             return _json(error_body(f"internal error: {type(exc).__name__}: {exc}"), 500)
@@ -91,11 +94,13 @@ def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
     return endpoint
 
 
-def routes(handlers: Handlers, policy: AccessPolicy, max_body: int) -> list[Route]:
+def routes(
+    handlers: Handlers, policy: AccessPolicy, max_body: int, body_timeout: float | None = None
+) -> list[Route]:
     """The whole HTTP surface (DESIGN.md §3): inference, then (path, handler, API, methods)."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
-    infer = InferEndpoint(handlers.service, policy, max_body)
+    infer = InferEndpoint(handlers.service, policy, max_body, body_timeout)
     # Inference first: it carries the load (see App).
     inference = [Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in (model, versioned)]
     table: list[tuple[str, Handler, str, list[str]]] = [
@@ -165,5 +170,7 @@ def create_app(
     policy: AccessPolicy,
     max_body: int,
     lifespan: Lifespan | None = None,
+    body_timeout: float | None = None,
 ) -> App:
-    return App(routes(Handlers(service), policy, max_body), lifespan)
+    """``body_timeout``: see InferEndpoint (None where the server keeps it)."""
+    return App(routes(Handlers(service), policy, max_body, body_timeout), lifespan)

@@ -23,6 +23,14 @@ STATUS = {
 RETRY_AFTER_SECS = 1
 RETRY_AFTER = (b"retry-after", b"%d" % RETRY_AFTER_SECS)
 
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    415: b"Unsupported Media Type",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+
 
 class HttpError(Exception):
     """A refusal that only HTTP has words for (408, 415): status, message, extra headers.
@@ -58,3 +66,18 @@ def retry_after_on_503(send: Send) -> Send:
         await send(message)
 
     return sending
+
+
+def raw_error_response(status: int, message: str) -> bytes:
+    """A whole HTTP/1.1 error response that closes the connection, for the connection
+    guard, which answers below the ASGI app (a request head that never completed)."""
+    body = error_body(message)
+    head = [
+        b"HTTP/1.1 %d %s" % (status, _REASONS[status]),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"connection: close",
+    ]
+    if status == 503:
+        head.append(b"%s: %s" % RETRY_AFTER)
+    return b"\r\n".join(head) + b"\r\n\r\n" + body

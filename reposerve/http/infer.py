@@ -37,10 +37,20 @@ _COMPRESS_IN_THREAD = 256 * 1024
 
 
 class InferEndpoint:
-    def __init__(self, service: InferenceService, policy: AccessPolicy, max_body: int) -> None:
+    """``body_timeout``: seconds a request body may stall between chunks before a 408;
+    None where the server enforces it below the app (uvicorn, see ``connections``)."""
+
+    def __init__(
+        self,
+        service: InferenceService,
+        policy: AccessPolicy,
+        max_body: int,
+        body_timeout: float | None = None,
+    ) -> None:
         self._service = service
         self._policy = policy
         self._max_body = max_body
+        self._body_timeout = body_timeout
         self._checked = policy.guards(INFERENCE_API)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,9 +65,9 @@ class InferEndpoint:
                 raise _too_large(declared, self._max_body)
             inflater = None if encoding is None else _inflater(encoding, self._max_body)
             if inflater is None:
-                body = await _read_body(receive, self._max_body)
+                body = await _read_body(receive, self._max_body, self._body_timeout)
             else:
-                body = await _read_compressed(receive, inflater, self._max_body)
+                body = await _read_compressed(receive, inflater, self._max_body, self._body_timeout)
             parameters = scope["path_params"]
             content, json_length = await self._service.infer(
                 parameters["model"], parameters.get("version"), body, header_length
@@ -137,12 +147,29 @@ def _inflater(encoding: bytes, limit: int) -> Inflater | None:
     return None if coding is None else Inflater(coding, limit)
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    """The whole body, refused past ``limit`` bytes before more of it is held."""
+async def _receive(receive: Receive, timeout: float | None) -> dict:
+    if timeout is None:
+        return await receive()
+    try:
+        async with asyncio.timeout(timeout):
+            return await receive()
+    except TimeoutError:
+        raise HttpError(
+            408,
+            f"request body stalled: nothing arrived for {timeout:g} s (--http-body-timeout-secs)",
+            ((b"connection", b"close"),),
+        ) from None
+
+
+async def _read_body(receive: Receive, limit: int, idle: float | None) -> bytes:
+    """The whole body, refused past ``limit`` bytes before more of it is held.
+
+    ``idle`` bounds each wait after the first chunk (the first is the one that came with
+    the request head, or is already on its way)."""
     chunks: list[bytes] = []
     size = 0
+    message = await receive()
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise _Disconnected
         chunk = message.get("body", b"")
@@ -152,14 +179,17 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        message = await _receive(receive, idle)
 
 
-async def _read_compressed(receive: Receive, inflater: Inflater, limit: int) -> bytearray:
+async def _read_compressed(
+    receive: Receive, inflater: Inflater, limit: int, idle: float | None
+) -> bytearray:
     """The body inflated as it arrives; ``limit`` holds both the compressed body and what
     it inflates to."""
     size = 0
+    message = await receive()
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise _Disconnected
         chunk = message.get("body", b"")
@@ -172,6 +202,7 @@ async def _read_compressed(receive: Receive, inflater: Inflater, limit: int) -> 
             more = inflater.feed(b"")
         if not message.get("more_body", False):
             return inflater.finish()
+        message = await _receive(receive, idle)
 
 
 def _too_large(size: int, limit: int) -> ProtocolError:

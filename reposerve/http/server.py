@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 
 from reposerve.http.access import AccessPolicy
 from reposerve.http.app import App, create_app
+from reposerve.http.connections import app_body_timeout, apply_hypercorn_limits, uvicorn_protocol
 from reposerve.http.metrics import MetricsServer
 from reposerve.repository import Repository
 from reposerve.repository.watch import RepositoryWatcher, snapshot
@@ -131,7 +132,9 @@ def build(settings: Settings) -> tuple[App, Lifecycle]:
                 await metrics.close()
 
     policy = AccessPolicy(settings.restricted)
-    return create_app(service, policy, settings.http_max_input_size, lifespan), lifecycle
+    return create_app(
+        service, policy, settings.http_max_input_size, lifespan, app_body_timeout(settings)
+    ), lifecycle
 
 
 def startup_table(service: InferenceService) -> str:
@@ -206,7 +209,7 @@ def _serve_uvicorn(app: App, lifecycle: Lifecycle, settings: Settings) -> None:
         host=settings.http_host,
         port=settings.http_port,
         loop="uvloop",
-        http="httptools",
+        http=uvicorn_protocol(settings),  # httptools, with deadlines and a connection cap
         lifespan="on",
         access_log=False,
         log_config=None,
@@ -231,6 +234,7 @@ def _serve_hypercorn(app: App, lifecycle: Lifecycle, settings: Settings) -> None
     config = Config()
     config.bind = [f"{settings.http_host}:{settings.http_port}"]
     config.accesslog = None
+    apply_hypercorn_limits(config, settings)
     config.graceful_timeout = settings.exit_timeout_secs + _SEND_MARGIN_S
     if settings.ssl_certfile:
         # TLS with ALPN: clients negotiate h2 (or fall back to HTTP/1.1) in the handshake.

@@ -1,13 +1,16 @@
-"""The HTTP front at its edges: compressed bodies (and bombs), absurdly nested JSON,
-tensors with no elements, and 503s that say when to come back. Real servers;
-tritonclient and httpx."""
+"""The HTTP front at its edges: compressed bodies (and bombs), slow and idle clients,
+a cap on connections, absurdly nested JSON, tensors with no elements, and 503s that
+say when to come back. Real servers; tritonclient, httpx and raw sockets."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import gzip
+import os
+import socket
 import struct
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -382,3 +385,192 @@ def test_not_ready_503_carries_retry_after(tmp_path):
             raise AssertionError(server.log())
     finally:
         assert server.stop() == 0, server.log()
+
+
+# -- slow clients ------------------------------------------------------------------------
+
+SHORT = ("--http-header-timeout-secs", "1", "--http-body-timeout-secs", "1")
+CAP = 20
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """A server with short deadlines and a low connection cap."""
+    root = tmp_path_factory.mktemp("repository")
+    write_model(root, "plus_one", vector_config(), PLUS_ONE)
+    server = start_server(
+        root, tmp_path_factory.mktemp("log"), *SHORT, "--http-max-connections", str(CAP)
+    )
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def _connect(server: Server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=15)
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (the socket timeout bounds the wait)."""
+    received = []
+    while chunk := sock.recv(65536):
+        received.append(chunk)
+    sock.close()
+    return b"".join(received)
+
+
+def _status_and_json(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), msgspec.json.decode(body)
+
+
+def _head(content_length: int) -> bytes:
+    return (
+        b"POST /v2/models/plus_one/infer HTTP/1.1\r\nHost: test\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % content_length
+    )
+
+
+@pytest.mark.parametrize("server_kind", ["uvicorn", "hypercorn"])
+def test_half_sent_head_is_timed_out(request, server_kind):
+    server = request.getfixturevalue("guarded" if server_kind == "uvicorn" else "hypercorn")
+    sock = _connect(server)
+    sock.sendall(b"POST /v2/models/plus_one/infer HTTP/1.1\r\nHost: test\r\nContent-Le")
+    _assert_serving(server.url)  # others are served meanwhile
+    raw = _until_closed(sock)
+    if server_kind == "uvicorn":
+        status, error = _status_and_json(raw)
+        assert status == 408
+        assert error == {
+            "error": "request head not complete within 1 s (--http-header-timeout-secs)"
+        }
+    else:
+        assert raw == b""  # Hypercorn closes a connection idle before its head, silently
+    _assert_serving(server.url)
+
+
+@pytest.mark.parametrize("server_kind", ["uvicorn", "hypercorn"])
+def test_stalled_body_is_timed_out(request, server_kind):
+    server = request.getfixturevalue("guarded" if server_kind == "uvicorn" else "hypercorn")
+    sock = _connect(server)
+    sock.sendall(_head(1000) + b'{"inputs": [')
+    _assert_serving(server.url)
+    status, error = _status_and_json(_until_closed(sock))
+    assert status == 408
+    assert error == {
+        "error": "request body stalled: nothing arrived for 1 s (--http-body-timeout-secs)"
+    }
+    _assert_serving(server.url)
+
+
+def test_slow_but_steady_body_is_served(guarded):
+    """The body timeout is a silence between reads, not a deadline for the whole body."""
+    body = msgspec.json.encode(GOOD)
+    sock = _connect(guarded)
+    sock.sendall(_head(len(body)))
+    pieces = [body[i : i + 15] for i in range(0, len(body), 15)]
+    assert len(pieces) >= 8
+    for piece in pieces:  # about 0.3 s apart: over 2 s in all, never 1 s of silence
+        time.sleep(0.3)
+        sock.sendall(piece)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(65536)
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 200 "), head
+
+
+def test_silent_connection_is_closed_without_an_answer(guarded):
+    assert _until_closed(_connect(guarded)) == b""
+
+
+def _open_sockets(pid: int) -> int:
+    return sum(
+        1
+        for fd in os.listdir(f"/proc/{pid}/fd")
+        if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    )
+
+
+def test_connection_cap_holds_against_half_sent_requests(guarded):
+    baseline = _open_sockets(guarded.process.pid)
+    clients = []
+    for index in range(1500):
+        sock = _connect(guarded)
+        # Half a head on some, half a body on the others.
+        sock.sendall(_head(1000)[:40] if index % 2 else _head(1000) + b'{"in')
+        clients.append(sock)
+    # Good requests are served meanwhile, each on a new connection.
+    for _ in range(5):
+        _assert_serving(guarded.url)
+    assert _open_sockets(guarded.process.pid) - baseline <= CAP + 2
+    # The server closed all but the newest few of the 1500 (those left it times out).
+    for sock in clients:
+        sock.settimeout(0)
+    still_open = 0
+    for sock in clients:
+        try:
+            while sock.recv(65536):
+                pass
+        except BlockingIOError:
+            still_open += 1
+        sock.close()
+    assert still_open <= CAP, still_open
+
+
+def test_evicted_half_sent_request_is_told_why(guarded):
+    first = _connect(guarded)
+    first.sendall(_head(1000) + b'{"in')
+    others = [_connect(guarded) for _ in range(CAP + 1)]
+    status, error = _status_and_json(_until_closed(first))
+    assert status == 503
+    assert error == {
+        "error": f"server at its limit of {CAP} connections (--http-max-connections); "
+        "this one had waited longest"
+    }
+    for sock in others:
+        sock.close()
+    _assert_serving(guarded.url)
+
+
+@pytest.fixture(scope="module")
+def hypercorn(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    write_model(root, "plus_one", vector_config(), PLUS_ONE)
+    server = start_server(
+        root, tmp_path_factory.mktemp("log"), *SHORT, "--http-server", "hypercorn"
+    )
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def test_hypercorn_inflates_and_compresses_too(hypercorn):
+    body = gzip.compress(msgspec.json.encode(GOOD))
+    response = httpx.post(
+        f"{hypercorn.url}/v2/models/plus_one/infer",
+        content=body,
+        headers={"Content-Encoding": "gzip", "Accept-Encoding": "gzip"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-encoding"] == "gzip"
+    assert response.json()["outputs"][0]["data"] == [2.0] * 16
+
+
+def test_many_clients_keep_being_served_while_one_stalls(guarded):
+    stalled = _connect(guarded)
+    stalled.sendall(_head(1000))
+    failures: list[BaseException] = []
+
+    def good() -> None:
+        try:
+            for _ in range(5):
+                _assert_serving(guarded.url)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=good) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    assert _status_and_json(_until_closed(stalled))[0] == 408

@@ -1,4 +1,5 @@
-"""Content codings (reposerve.http.encoding), without a server."""
+"""Content codings (reposerve.http.encoding) and the connection cap's choice of whom to
+close (reposerve.http.connections), without a server."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reposerve.errors import ProtocolError
+from reposerve.http.connections import ConnectionLimits
 from reposerve.http.encoding import SLICE, Inflater, compress, request_coding, response_coding
 
 pytestmark = pytest.mark.unit
@@ -102,3 +104,39 @@ def test_gzip_members_concatenate():
 def test_corrupt_bodies(coding, packed, message):
     with pytest.raises(ProtocolError, match=message):
         _inflate(Inflater(coding, 1000), [packed])
+
+
+class _Connection:
+    """Stands in for GuardedHttpTools: what the cap needs of a connection."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.admitted = limits.admit(self)  # type: ignore[arg-type]
+        self.refused: int | None = None
+
+    def refuse(self, status: int, message: str) -> None:
+        self.refused = status
+        self.limits.release(self)  # type: ignore[arg-type]
+
+
+def test_cap_closes_the_longest_waiting_connection():
+    limits = ConnectionLimits(30, 60, max_connections=3)
+    a, b, c = (_Connection(limits) for _ in range(3))
+    limits.waiting.pop(a)  # a runs a request: never closed to make room
+    d = _Connection(limits)
+    assert (a.refused, b.refused, c.refused, d.admitted) == (None, 503, None, True)
+    assert limits.open == 3
+    limits.waiting.pop(c)
+    limits.waiting.pop(d)
+    e = _Connection(limits)  # all three run requests: the newcomer is turned away
+    assert e.admitted is False
+    assert limits.open == 3
+    limits.release(a)  # a closes
+    assert _Connection(limits).admitted and limits.open == 3
+
+
+def test_no_cap():
+    limits = ConnectionLimits(0, 0, max_connections=0)
+    connections = [_Connection(limits) for _ in range(100)]
+    assert all(connection.admitted for connection in connections)
+    assert limits.open == 100
