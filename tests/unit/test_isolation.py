@@ -11,8 +11,11 @@ import pytest
 
 from reposerve.errors import InstanceError, InvalidInput, SchedulerError
 from reposerve.instance.process import BatchFailure, BatchOutcome, FailureCause
+from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.policy import split_for_isolation
-from tests.unit.test_scheduler import _finish, _request, _turn, run, scenario
+from reposerve.statistics import ModelStatistics
+from reposerve.tensor import Tensor
+from tests.unit.test_scheduler import _config, _finish, _request, _turn, run, scenario
 
 pytestmark = pytest.mark.unit
 
@@ -46,13 +49,7 @@ class JudgingInstance:
             on_done(BatchFailure("ValueError: negative input", self.cause))
         else:
             raw = memoryview(batch.tobytes())
-            on_done(BatchOutcome({"Y": _tensor(batch.shape, raw)}, 0))
-
-
-def _tensor(shape, raw):
-    from reposerve.tensor import Tensor
-
-    return Tensor("FP32", shape, raw)
+            on_done(BatchOutcome({"Y": Tensor("FP32", batch.shape, raw)}, 0))
 
 
 async def _settle(futures) -> list:
@@ -184,29 +181,10 @@ def test_queued_requests_wait_for_a_replacement_when_every_instance_died():
 
 
 def _scheduler(instance, execution: str = "", ordered: bool = False):
-    from reposerve.config import parse_model_config
-    from reposerve.scheduler.batcher import Scheduler
-    from reposerve.scheduler.clock import LoopClock
-    from reposerve.statistics import ModelStatistics
-
-    config = parse_model_config(
-        f"""
-        max_batch_size = 8
-        [[input]]
-        name = "X"
-        datatype = "FP32"
-        shape = [2]
-        [[output]]
-        name = "Y"
-        datatype = "FP32"
-        shape = [2]
-        [dynamic_batching]
-        max_queue_delay_microseconds = 20000
-        preferred_batch_size = [8]
-        preserve_ordering = {"true" if ordered else "false"}
-        {execution}
-        """,
-        "m/config.toml",
+    batching = (
+        "max_queue_delay_microseconds = 20000\npreferred_batch_size = [8]\n"
+        f"preserve_ordering = {'true' if ordered else 'false'}\n{execution}"
     )
     statistics = ModelStatistics("m", 1)
-    return Scheduler("model 'm' version 1", config, [instance], statistics, LoopClock()), statistics
+    scheduler = Scheduler("model 'm' version 1", _config(batching), [instance], statistics)
+    return scheduler, statistics
