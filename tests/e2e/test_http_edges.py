@@ -469,8 +469,8 @@ def test_slow_but_steady_body_is_served(guarded):
     sock.sendall(_head(len(body)))
     pieces = [body[i : i + 15] for i in range(0, len(body), 15)]
     assert len(pieces) >= 8
-    for piece in pieces:  # about 0.3 s apart: over 2 s in all, never 1 s of silence
-        time.sleep(0.3)
+    for piece in pieces:  # 0.2 s apart: over 2 s in all, never 1 s of silence
+        time.sleep(0.2)
         sock.sendall(piece)
     head = b""
     while b"\r\n\r\n" not in head:
@@ -502,7 +502,7 @@ def test_connection_cap_holds_against_half_sent_requests(guarded):
     # Good requests are served meanwhile, each on a new connection.
     for _ in range(5):
         _assert_serving(guarded.url)
-    assert _open_sockets(guarded.process.pid) - baseline <= CAP + 2
+    assert _open_sockets(guarded.process.pid) - baseline <= CAP + 5  # not ~1500
     # The server closed all but the newest few of the 1500 (those left it times out).
     for sock in clients:
         sock.settimeout(0)
@@ -520,7 +520,7 @@ def test_connection_cap_holds_against_half_sent_requests(guarded):
 def test_evicted_half_sent_request_is_told_why(guarded):
     first = _connect(guarded)
     first.sendall(_head(1000) + b'{"in')
-    others = [_connect(guarded) for _ in range(CAP + 1)]
+    others = [_connect(guarded) for _ in range(2 * CAP)]  # first is surely the oldest
     status, error = _status_and_json(_until_closed(first))
     assert status == 503
     assert error == {
