@@ -130,7 +130,7 @@ class InferenceService:
     def repository_index(self, body: bytes) -> bytes:
         try:
             query = msgspec.json.decode(body or b"{}", type=_IndexRequest)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             raise ProtocolError(f"repository index: malformed request JSON: {exc}") from exc
         entries: list[IndexEntry] = self.repository.index(ready_only=query.ready)
         return documents.encode(entries)
@@ -139,7 +139,7 @@ class InferenceService:
         self._check_control()
         try:
             request = msgspec.json.decode(body or b"{}", type=_LoadRequest)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
             raise ProtocolError(f"load '{name}': malformed request JSON: {exc}") from exc
         if request.parameters:
             raise ProtocolError(

@@ -308,6 +308,11 @@ def test_bogus_loads_leave_no_trace_and_unknown_models_are_4xx(repository, tmp_p
                     "not a valid model name" in response.json()["error"]
                 )
         assert httpx.post(index_url).json() == before
+        nested = b"[" * 100_000 + b"]" * 100_000
+        for path in ("/v2/repository/index", "/v2/repository/models/fine/load"):
+            response = httpx.post(f"{server.url}{path}", content=nested)
+            assert response.status_code == 400, response.text
+            assert "malformed request JSON" in response.json()["error"]
         unknown = httpx.post(f"{server.url}/v2/repository/models/ghost/unload")
         assert unknown.status_code == 404
         assert unknown.json() == {"error": "unload: unknown model 'ghost'"}
