@@ -10,7 +10,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from reposerve.repository.placement import visible_gpus
-from tests.server import start_server
+from tests.server import SERVE_BROKEN, start_server
 from tests.toy_models import vector_config, write_model
 
 model_files = pytest.importorskip("tests.model_files", reason="the torch extra is not installed")
@@ -61,7 +61,7 @@ def server(tmp_path_factory):
     warm = _config(DECLARED, extra='[[warmup]]\nbatch_size = 4\ninputs = { INPUT = "random" }')
     write_model(root, "warm", warm, None)
     model_files.export_torchscript(root / "warm" / "1" / "model.pt")
-    server = start_server(root, tmp_path_factory.mktemp("log"))
+    server = start_server(root, tmp_path_factory.mktemp("log"), *SERVE_BROKEN)
     yield server
     assert server.stop() == 0, server.log()
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.server import start_server
+from tests.server import SERVE_BROKEN, start_server
 from tests.toy_models import PLUS_ONE, SLOW, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -62,7 +62,7 @@ def server(tmp_path_factory):
         THREADS,
     )
     write_model(root, "wants_gpu", _threads_config('[[instance_group]]\nkind = "gpu"'), THREADS)
-    server = start_server(root, tmp_path_factory.mktemp("log"))
+    server = start_server(root, tmp_path_factory.mktemp("log"), *SERVE_BROKEN)
     yield server
     assert server.stop() == 0, server.log()
 

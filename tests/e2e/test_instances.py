@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import start_server
+from tests.server import SERVE_BROKEN, start_server
 from tests.toy_models import ASYNC_SLEEP, CRASH, ERROR, PID, PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -58,11 +58,7 @@ def toy_server(tmp_path_factory):
     write_model(root, "bad_config", "max_batch_size = -1\n", PLUS_ONE)
     matrix = vector_config(max_batch=0).replace("shape = [16]", "shape = [2, 3]")
     write_model(root, "matrix", matrix, PLUS_ONE)
-    server = start_server(
-        root,
-        tmp_path_factory.mktemp("log"),
-        *("--exit-on-error", "false", "--strict-readiness", "false"),
-    )
+    server = start_server(root, tmp_path_factory.mktemp("log"), *SERVE_BROKEN)
     yield server
     assert server.stop() == 0, server.log()
 
