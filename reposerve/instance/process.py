@@ -106,11 +106,11 @@ OnDone = Callable[[BatchOutcome | BatchFailure], None]
 
 
 class _Running(msgspec.Struct):
-    """A batch handed to the process: its slot, its owner's callback, its deadline."""
+    """A batch handed to the process: its slot, its owner's callback, when it was sent."""
 
     slot: int
     on_done: OnDone
-    timer: asyncio.TimerHandle | None
+    sent: float  # loop time
 
 
 class InstanceState(enum.Enum):
@@ -134,6 +134,7 @@ class InstanceProcess:
         self._free_slots: list[int] = []
         self._in_flight: dict[int, _Running] = {}
         self._next_batch_id = 0
+        self._watchdog: asyncio.TimerHandle | None = None  # keeps the execution timeout
         self._ready: asyncio.Future[None] | None = None
         self._closed = asyncio.Event()
         self._exit_report: asyncio.Task | None = None  # held so the task is not collected
@@ -232,18 +233,32 @@ class InstanceProcess:
                 position = end
         batch_id = self._next_batch_id
         self._next_batch_id += 1
-        limit = self.spec.execute_timeout_s
-        timer = (
-            asyncio.get_running_loop().call_later(limit, self._overran, batch_id) if limit else None
-        )
-        self._in_flight[batch_id] = _Running(slot_index, on_done, timer)
+        loop = asyncio.get_running_loop()
+        self._in_flight[batch_id] = _Running(slot_index, on_done, loop.time())
         self._transport.write(encode_frame(Execute(batch_id, slot_index, slot.size, refs)))
+        if self._watchdog is None and self.spec.execute_timeout_s:
+            self._watchdog = loop.call_later(self.spec.execute_timeout_s, self._watch)
+
+    def _watch(self) -> None:
+        """The execution timeout, kept by one timer per instance rather than one per batch:
+        it wakes when the oldest batch it knew of would be due, fails whatever is overdue,
+        and sleeps until the next one is."""
+        self._watchdog = None
+        if not self._in_flight:
+            return
+        limit = self.spec.execute_timeout_s
+        now = asyncio.get_running_loop().time()
+        oldest_id, oldest = min(self._in_flight.items(), key=lambda item: item[1].sent)
+        if now - oldest.sent >= limit:
+            self._overran(oldest_id)
+        else:
+            self._watchdog = asyncio.get_running_loop().call_later(
+                oldest.sent + limit - now, self._watch
+            )
 
     def _overran(self, batch_id: int) -> None:
         """A batch passed the execution timeout: it fails with that, the process is killed."""
-        running = self._in_flight.pop(batch_id, None)
-        if running is None:
-            return
+        running = self._in_flight.pop(batch_id)
         limit = self.spec.execute_timeout_s
         log.error("%s: execute ran past %g s; killing the instance", self.spec.label, limit)
         self.overran = True
@@ -315,8 +330,6 @@ class InstanceProcess:
                 running = self._in_flight.pop(batch_id, None)
                 if running is None:  # it overran its timeout and was failed already
                     return
-                if running.timer is not None:
-                    running.timer.cancel()
                 slot_index = running.slot
                 slot = self._slots[slot_index]
                 slot.remap(message.slot_size)
@@ -335,8 +348,6 @@ class InstanceProcess:
                 running = self._in_flight.pop(batch_id, None)
                 if running is None:
                     return
-                if running.timer is not None:
-                    running.timer.cancel()
                 self._free_slots.append(running.slot)
                 cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
                 running.on_done(BatchFailure(message.message, cause))
@@ -379,9 +390,10 @@ class InstanceProcess:
 
     def _fail_in_flight(self, reason: str, cause: FailureCause = FailureCause.INSTANCE) -> None:
         failed, self._in_flight = self._in_flight, {}
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for running in failed.values():
-            if running.timer is not None:
-                running.timer.cancel()
             running.on_done(BatchFailure(reason, cause))
 
 
