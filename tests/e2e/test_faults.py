@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -188,6 +189,29 @@ def test_unloading_a_hung_model_answers_every_request_within_the_budget(reposito
         after = httpx.post(f"{server.url}/v2/models/hangs/infer", json=_body(1))
         assert after.status_code == 404
         assert after.json()["error"] == "model 'hangs' is not loaded (UNAVAILABLE): unloaded"
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_reloading_a_hung_model_answers_the_old_queue_and_serves_the_new(repository, tmp_path):
+    folder = write_model(
+        repository, "hangs", vector_config(size=4, extra="[execution]\ntimeout_seconds = 0"), HANGS
+    )
+    server = start_server(repository, tmp_path, "--exit-timeout-secs", "2")
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = _hung_with_queue(server, folder, pool, queued=3)
+            (folder / "1" / "model.py").write_text(textwrap.dedent(PLUS_ONE))
+            load = httpx.post(f"{server.url}/v2/repository/models/hangs/load", timeout=30)
+            answers = [future.result() for future in futures]
+        assert load.status_code == 200, load.text
+        assert len(answers) == 4
+        for response in answers:
+            assert response.status_code == 503
+            assert "was unloaded before this request finished" in response.json()["error"]
+        served = httpx.post(f"{server.url}/v2/models/hangs/infer", json=_body(13))
+        assert served.json()["outputs"][0]["data"][0] == 14  # the new code, + 1
+        assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
     finally:
         assert server.stop() == 0, server.log()
 
