@@ -142,7 +142,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        self._last_read = self.loop.time()
+        if self._phase is _Phase.BODY:  # only a body in progress needs the time of a read
+            self._last_read = self.loop.time()
         messages = self._messages
         in_head = self._phase is _Phase.HEAD and self._head_started
         super().data_received(data)
@@ -160,6 +161,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             if self._timer is None and self.limits.header_timeout:
                 self._arm(self.limits.header_timeout, self._head_expired)
         elif self._timer is None and self.limits.body_timeout:
+            self._last_read = self.loop.time()  # the body began in this read
             self._arm(self.limits.body_timeout, self._body_idle)
 
     # -- parser callbacks --------------------------------------------------------------
@@ -171,12 +173,14 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        if self._timer is not None:
+            self._disarm()
         self._phase = _Phase.BODY
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        if self._timer is not None:
+            self._disarm()
         self._phase = _Phase.HEAD
         self._head_started = False
         super().on_message_complete()
