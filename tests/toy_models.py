@@ -141,3 +141,20 @@ CRASH_LOOP = """
                 os._exit(3)
             return {"OUTPUT": inputs["INPUT"]}
 """
+
+# Dies on 666; once the file SLOW_LOAD exists beside model.py, takes 30 s to load.
+SLOW_RESTART = """
+    import os
+    import time
+
+    class Model:
+        def load(self, context):
+            if (context.version_path / "SLOW_LOAD").exists():
+                time.sleep(30)
+
+        def execute(self, inputs):
+            if (inputs["INPUT"] == 666).any():
+                time.sleep(0.5)  # let requests queue behind this one
+                os._exit(3)
+            return {"OUTPUT": inputs["INPUT"]}
+"""

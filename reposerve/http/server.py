@@ -52,7 +52,8 @@ class Lifecycle:
         self._shutdown: asyncio.Task | None = None
 
     def start_loading(self) -> None:
-        self._loading = asyncio.get_running_loop().create_task(self._start())
+        if self._shutdown is None:  # a signal during start-up may have come first
+            self._loading = asyncio.get_running_loop().create_task(self._start())
 
     def begin_shutdown(self) -> asyncio.Task:
         if self._shutdown is None:
@@ -67,8 +68,12 @@ class Lifecycle:
         )
         if self._loading is not None:
             self._loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._loading
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # whatever broke the loading or polling, the models still stop
+                log.exception("model loading or polling had failed")
         await self.service.stop(deadline)
         log.info("stopped: every model unloaded")
 

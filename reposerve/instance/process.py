@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -144,6 +145,10 @@ class InstanceProcess:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def live(self) -> bool:
+        return self.state is InstanceState.READY
 
     @property
     def pid(self) -> int | None:
@@ -279,9 +284,10 @@ class InstanceProcess:
         if self.state is InstanceState.READY and self._transport is not None:
             self.state = InstanceState.STOPPING
             self._transport.write(encode_frame(Shutdown()))
+            deadline = time.monotonic() + timeout
             try:
                 await asyncio.wait_for(self._closed.wait(), timeout)
-                await asyncio.to_thread(self._exit_code, timeout)
+                await asyncio.to_thread(self._exit_code, max(deadline - time.monotonic(), 0))
             except TimeoutError:
                 pass
         self.kill()
@@ -294,8 +300,7 @@ class InstanceProcess:
         if reason is not None:
             self._fail_in_flight(reason, cause)
         if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait()
+            self._process.kill()  # reaped by _report_exit on a thread, never on the loop
         if self._transport is not None:
             self._transport.abort()
         for slot in self._slots:

@@ -45,6 +45,7 @@ class Repository:
         self._load_timeout = load_timeout
         self._unload_timeout = unload_timeout
         self._models: dict[str, _Model] = {}
+        self._closing = False
 
     def names(self) -> list[str]:
         return model_names(self.root)
@@ -53,6 +54,7 @@ class Repository:
         """Load or reload ``name`` from disk; returns the versions this load built (a
         failed one may have left its predecessor serving). Raises ConfigError when the
         model cannot even be read."""
+        self._refuse_if_closing(name)
         if name not in self._models:
             # Only real model folders get an entry: a bogus name leaves no trace behind.
             check_model_folder(self.root, name)
@@ -70,6 +72,9 @@ class Repository:
                 for version in source.versions
             ]
             await asyncio.gather(*(version.load() for version in fresh))
+            if self._closing:  # the shutdown came while this load ran: nothing swaps in
+                await asyncio.gather(*(version.unload(time.monotonic()) for version in fresh))
+                self._refuse_if_closing(name)
             old = model.versions
             current: dict[int, ModelVersion] = {}
             for version in fresh:
@@ -101,13 +106,33 @@ class Repository:
             raise RepositoryError(f"unload: unknown model '{name}'")
         if deadline is None:
             deadline = time.monotonic() + self._unload_timeout
-        async with model.lock:
-            versions = [v for v in model.versions.values() if not v.unloaded]
-            await asyncio.gather(*(version.unload(deadline) for version in versions))
+        try:
+            # A load in progress holds the lock; the deadline does not wait for it.
+            await asyncio.wait_for(model.lock.acquire(), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            log.warning("unload %s: a load still runs at the deadline; stopping what serves", name)
+            await self._unload_versions(model, deadline)
+            return
+        try:
+            await self._unload_versions(model, deadline)
+        finally:
+            model.lock.release()
 
     async def close(self, deadline: float) -> None:
-        """Unload everything by ``deadline``: the shutdown."""
+        """Unload everything by ``deadline``, and refuse loads from now on: the shutdown."""
+        self._closing = True
         await asyncio.gather(*(self.unload(name, deadline) for name in list(self._models)))
+
+    @staticmethod
+    async def _unload_versions(model: _Model, deadline: float) -> None:
+        versions = [v for v in model.versions.values() if not v.unloaded]
+        await asyncio.gather(*(version.unload(deadline) for version in versions))
+
+    def _refuse_if_closing(self, name: str) -> None:
+        if self._closing:
+            raise RepositoryError(
+                f"load '{name}': the server is shutting down", kind=ErrorKind.UNAVAILABLE
+            )
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         """The READY version asked for (the newest READY one when ``version`` is empty)."""

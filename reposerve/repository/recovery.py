@@ -89,13 +89,15 @@ class InstanceRestarter:
         replacement = InstanceProcess(dead.spec, self._on_exit)
         try:
             await replacement.start(self._load_timeout)
-        except InstanceError as exc:
-            log.error("%s: restarting instance %d failed: %s", self._label, index, exc.message)
-            self._count_death(dead, exc.message)  # the next try waits longer
-            return
         except asyncio.CancelledError:
             replacement.kill()
             raise
+        except Exception as exc:  # InstanceError, or an OS limit (EMFILE, EAGAIN, ENOSPC)
+            replacement.kill()
+            why = exc.message if isinstance(exc, InstanceError) else f"{type(exc).__name__}: {exc}"
+            log.error("%s: restarting instance %d failed: %s", self._label, index, why)
+            self._count_death(dead, why)  # the next try waits longer
+            return
         if not self._wanted():
             replacement.kill()
             return

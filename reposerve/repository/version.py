@@ -104,6 +104,9 @@ class ModelVersion:
             errors = [result for result in results if isinstance(result, BaseException)]
             if errors:
                 raise errors[0]
+            for instance in self.instances:  # one may have loaded, then died meanwhile
+                if not instance.live:
+                    raise InstanceError(f"{instance.spec.label}: {instance.ended} after loading")
             # Every instance loaded the same file; the first one's completed config stands.
             self.config = self.instances[0].config or self.config
             # Derived once here rather than per request on the hot path.
@@ -125,25 +128,34 @@ class ModelVersion:
 
     async def unload(self, deadline: float) -> None:
         """Finish what was accepted by ``deadline`` (``time.monotonic``); what is still
-        queued or running then fails with the reason, and the instances stop."""
+        queued or running then fails with the reason, and the instances stop. Cancelled
+        (a shutdown overtaking it), it fails what it holds at once."""
         self._move(ModelState.UNLOADING)
         self.unloaded = True
         self._restarter.cancel()
         try:
-            await asyncio.wait_for(self.scheduler.drain(), max(deadline - time.monotonic(), 0))
-        except TimeoutError:
-            reason = (
-                f"{self.label} was unloaded before this request finished "
-                "(the unload budget, --exit-timeout-secs, ran out)"
+            if not self.scheduler.serving:  # every instance was dead: no one is coming
+                self._stop_now("no instance was running")
+            try:
+                await asyncio.wait_for(self.scheduler.drain(), max(deadline - time.monotonic(), 0))
+            except TimeoutError:
+                log.warning("%s: requests still pending at the deadline; failing them", self.label)
+                self._stop_now("the unload budget, --exit-timeout-secs, ran out")
+            await asyncio.gather(
+                *(instance.stop(max(deadline - time.monotonic(), 0)) for instance in self.instances)
             )
-            log.warning("%s: requests still pending at the deadline; failing them", self.label)
-            self.scheduler.abort(SchedulerError(reason))
-            for instance in self.instances:
-                instance.kill(reason, FailureCause.STOPPED)
-        await asyncio.gather(
-            *(instance.stop(max(deadline - time.monotonic(), 0)) for instance in self.instances)
-        )
-        self._move(ModelState.UNAVAILABLE, "unloaded")
+        except asyncio.CancelledError:
+            self._stop_now("the unload was cut short by the shutdown")
+            raise
+        finally:
+            self._move(ModelState.UNAVAILABLE, "unloaded")
+
+    def _stop_now(self, why: str) -> None:
+        """Fail everything this version still holds, queued or running, and kill it."""
+        reason = f"{self.label} was unloaded before this request finished ({why})"
+        self.scheduler.abort(SchedulerError(reason))
+        for instance in self.instances:
+            instance.kill(reason, FailureCause.STOPPED)
 
     def _move(self, state: ModelState, reason: str = "") -> None:
         if state not in _TRANSITIONS[self.state]:
@@ -169,20 +181,19 @@ class ModelVersion:
         log.error("%s is unavailable: %s", self.label, reason)
 
     def _on_instance_exit(self, instance: InstanceProcess) -> None:
+        self.scheduler.remove_instance(instance)
         if self.state is ModelState.READY:
-            self.scheduler.remove_instance(instance)
             self._restarter.restart(instance)
+        elif self.scheduler.serving:
+            return
         elif self.state is ModelState.UNLOADING:
-            # No replacement comes while unloading: once the last instance is gone, what
-            # is queued gets its answer now rather than at the deadline.
-            self.scheduler.remove_instance(instance)
-            if not self.scheduler.serving:
-                self.scheduler.abort(
-                    SchedulerError(
-                        f"{self.label} was unloaded before this request finished "
-                        f"(its last instance {instance.ended} during the unload)"
-                    )
-                )
+            # No replacement comes while unloading: what is queued is answered now rather
+            # than at the deadline.
+            self._stop_now(f"its last instance {instance.ended} during the unload")
+        elif self.state is ModelState.LOADING:  # e.g. during warmup: the load fails
+            self.scheduler.abort(
+                InstanceError(f"{self.label}: instance {instance.spec.index} {instance.ended}")
+            )
 
     def _replace(self, dead: InstanceProcess, replacement: InstanceProcess) -> None:
         self.instances[self.instances.index(dead)] = replacement

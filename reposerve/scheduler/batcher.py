@@ -156,10 +156,6 @@ class Scheduler:
             self._wake()
         return item.future
 
-    def close(self) -> None:
-        """Refuse new requests; what was accepted still runs."""
-        self._closed = True
-
     async def drain(self) -> None:
         """Refuse new requests and wait until every accepted one has its outcome."""
         self._closed = True
@@ -212,7 +208,8 @@ class Scheduler:
             if instance is None:
                 return
             head, blocked = self._head()
-            if not head:
+            if not head:  # what was queued had been given up by its callers
+                self._check_idle()
                 return
             sizes = [item.request.batch_size for item in head]
             if blocked:

@@ -20,7 +20,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.server import REPO_ROOT, Server, start_server
-from tests.toy_models import CRASH_LOOP, HANGS, PICKY, PLUS_ONE, vector_config, write_model
+from tests.toy_models import (
+    CRASH_LOOP,
+    HANGS,
+    PICKY,
+    PLUS_ONE,
+    SLOW_RESTART,
+    vector_config,
+    write_model,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -212,6 +220,36 @@ def test_reloading_a_hung_model_answers_the_old_queue_and_serves_the_new(reposit
         served = httpx.post(f"{server.url}/v2/models/hangs/infer", json=_body(13))
         assert served.json()["outputs"][0]["data"][0] == 14  # the new code, + 1
         assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_unload_while_the_only_instance_restarts_answers_the_queue_at_once(repository, tmp_path):
+    folder = write_model(repository, "slow", vector_config(size=1), SLOW_RESTART)
+    server = start_server(repository, tmp_path, "--exit-timeout-secs", "20")
+    try:
+        (folder / "1" / "SLOW_LOAD").touch()
+        url = f"{server.url}/v2/models/slow/infer"
+        with ThreadPoolExecutor(4) as pool:
+            dying = pool.submit(httpx.post, url, json=_body(666, size=1), timeout=60)
+            _wait_for(lambda: _metric(server, "nv_inference_pending_request_count", "slow") == 0)
+            queued = [pool.submit(httpx.post, url, json=_body(1, size=1), timeout=60)]
+            queued.append(pool.submit(httpx.post, url, json=_body(2, size=1), timeout=60))
+            _wait_for(lambda: _metric(server, "nv_inference_pending_request_count", "slow") == 2)
+            assert "exited with code 3" in dying.result().text
+            _wait_for(lambda: httpx.get(f"{url[:-6]}/ready").status_code == 400)
+            started = time.monotonic()
+            unload = httpx.post(f"{server.url}/v2/repository/models/slow/unload", timeout=60)
+            elapsed = time.monotonic() - started
+            answers = [future.result() for future in queued]
+        assert unload.status_code == 200
+        assert elapsed < 5, elapsed  # not the 20 s budget: no instance was coming back
+        for response in answers:
+            assert response.status_code == 503
+            assert response.json() == {
+                "error": "model 'slow' version 1 was unloaded before this request finished "
+                "(no instance was running)"
+            }
     finally:
         assert server.stop() == 0, server.log()
 
