@@ -170,11 +170,15 @@ def _hung_with_queue(server: Server, folder: Path, pool: ThreadPoolExecutor, que
     return futures
 
 
+def _serve_hangs(repository: Path, tmp_path: Path) -> tuple[Server, Path]:
+    """A server with a model that hangs for good (no execution timeout), budget 2 s."""
+    config = vector_config(size=4, extra="[execution]\ntimeout_seconds = 0")
+    folder = write_model(repository, "hangs", config, HANGS)
+    return start_server(repository, tmp_path, "--exit-timeout-secs", "2"), folder
+
+
 def test_unloading_a_hung_model_answers_every_request_within_the_budget(repository, tmp_path):
-    folder = write_model(
-        repository, "hangs", vector_config(size=4, extra="[execution]\ntimeout_seconds = 0"), HANGS
-    )
-    server = start_server(repository, tmp_path, "--exit-timeout-secs", "2")
+    server, folder = _serve_hangs(repository, tmp_path)
     try:
         with ThreadPoolExecutor(8) as pool:
             futures = _hung_with_queue(server, folder, pool)
@@ -202,10 +206,7 @@ def test_unloading_a_hung_model_answers_every_request_within_the_budget(reposito
 
 
 def test_reloading_a_hung_model_answers_the_old_queue_and_serves_the_new(repository, tmp_path):
-    folder = write_model(
-        repository, "hangs", vector_config(size=4, extra="[execution]\ntimeout_seconds = 0"), HANGS
-    )
-    server = start_server(repository, tmp_path, "--exit-timeout-secs", "2")
+    server, folder = _serve_hangs(repository, tmp_path)
     try:
         with ThreadPoolExecutor(8) as pool:
             futures = _hung_with_queue(server, folder, pool, queued=3)
@@ -257,10 +258,7 @@ def test_unload_while_the_only_instance_restarts_answers_the_queue_at_once(repos
 def test_sigterm_with_a_hung_model_answers_every_request_and_exits_0_in_budget(
     repository, tmp_path
 ):
-    folder = write_model(
-        repository, "hangs", vector_config(size=4, extra="[execution]\ntimeout_seconds = 0"), HANGS
-    )
-    server = start_server(repository, tmp_path, "--exit-timeout-secs", "2")
+    server, folder = _serve_hangs(repository, tmp_path)
     instances = server.instance_pids()
     with ThreadPoolExecutor(8) as pool:
         futures = _hung_with_queue(server, folder, pool)
