@@ -170,11 +170,11 @@ def _hung_with_queue(server: Server, folder: Path, pool: ThreadPoolExecutor, que
     return futures
 
 
-def _serve_hangs(repository: Path, tmp_path: Path) -> tuple[Server, Path]:
+def _serve_hangs(repository: Path, tmp_path: Path, *flags: str) -> tuple[Server, Path]:
     """A server with a model that hangs for good (no execution timeout), budget 2 s."""
     config = vector_config(size=4, extra="[execution]\ntimeout_seconds = 0")
     folder = write_model(repository, "hangs", config, HANGS)
-    return start_server(repository, tmp_path, "--exit-timeout-secs", "2"), folder
+    return start_server(repository, tmp_path, "--exit-timeout-secs", "2", *flags), folder
 
 
 def test_unloading_a_hung_model_answers_every_request_within_the_budget(repository, tmp_path):
@@ -255,10 +255,11 @@ def test_unload_while_the_only_instance_restarts_answers_the_queue_at_once(repos
         assert server.stop() == 0, server.log()
 
 
+@pytest.mark.parametrize("http_server", ["uvicorn", "hypercorn"])
 def test_sigterm_with_a_hung_model_answers_every_request_and_exits_0_in_budget(
-    repository, tmp_path
+    repository, tmp_path, http_server
 ):
-    server, folder = _serve_hangs(repository, tmp_path)
+    server, folder = _serve_hangs(repository, tmp_path, "--http-server", http_server)
     instances = server.instance_pids()
     with ThreadPoolExecutor(8) as pool:
         futures = _hung_with_queue(server, folder, pool)
