@@ -188,3 +188,17 @@ def _scheduler(instance, execution: str = "", ordered: bool = False):
     statistics = ModelStatistics("m", 1)
     scheduler = Scheduler("model 'm' version 1", _config(batching), [instance], statistics)
     return scheduler, statistics
+
+
+def test_drain_ends_when_the_last_queued_caller_gave_up():
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
+        scheduler.submit(_request([[1, 1]]), _finish)
+        gone = scheduler.submit(_request([[2, 2]]), _finish)
+        drained = asyncio.ensure_future(scheduler.drain())
+        gone.cancel()
+        instance.finish()
+        await _turn()
+        assert drained.done() and scheduler.pending == 0
+
+    run(body)
