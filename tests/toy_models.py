@@ -142,19 +142,22 @@ CRASH_LOOP = """
             return {"OUTPUT": inputs["INPUT"]}
 """
 
-# Dies on 666; once the file SLOW_LOAD exists beside model.py, takes 30 s to load.
+# Dies on 666 two seconds after saying so (a file DYING beside model.py); once the file
+# SLOW_LOAD exists there, takes 30 s to load.
 SLOW_RESTART = """
     import os
     import time
 
     class Model:
         def load(self, context):
-            if (context.version_path / "SLOW_LOAD").exists():
+            self.folder = context.version_path
+            if (self.folder / "SLOW_LOAD").exists():
                 time.sleep(30)
 
         def execute(self, inputs):
             if (inputs["INPUT"] == 666).any():
-                time.sleep(0.5)  # let requests queue behind this one
+                (self.folder / "DYING").touch()
+                time.sleep(2)  # let requests queue behind this one
                 os._exit(3)
             return {"OUTPUT": inputs["INPUT"]}
 """

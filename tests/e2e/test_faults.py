@@ -126,20 +126,21 @@ def test_tritonclient_sees_the_bad_input_as_a_400(picky_server):
 
 
 def test_a_hung_execute_past_its_timeout_fails_alone_and_the_queue_is_served(repository, tmp_path):
-    config = vector_config(size=4, extra="[execution]\ntimeout_seconds = 1")
-    write_model(repository, "hangs", config, HANGS)
+    config = vector_config(size=4, extra="[execution]\ntimeout_seconds = 2")
+    folder = write_model(repository, "hangs", config, HANGS)
     server = start_server(repository, tmp_path)
     try:
         url = f"{server.url}/v2/models/hangs/infer"
         (first_pid,) = server.instance_pids()
         with ThreadPoolExecutor(4) as pool:
             hung = pool.submit(httpx.post, url, json=_body(13), timeout=60)
-            time.sleep(0.3)  # the hung one holds the only instance; these queue behind it
+            # The hung one holds the only instance; these queue behind it.
+            _wait_for((folder / "1" / "HANGING").exists, what="the model to hang")
             queued = [pool.submit(httpx.post, url, json=_body(i), timeout=60) for i in (1, 2, 3)]
             answers = [hung.result(), *(f.result() for f in queued)]
         assert answers[0].status_code == 500
         assert answers[0].json() == {
-            "error": "model 'hangs' version 1: execute did not finish within 1 s "
+            "error": "model 'hangs' version 1: execute did not finish within 2 s "
             "(execution.timeout_seconds); the instance was killed and is being replaced"
         }
         for first, response in zip((1, 2, 3), answers[1:], strict=True):
@@ -148,8 +149,8 @@ def test_a_hung_execute_past_its_timeout_fails_alone_and_the_queue_is_served(rep
         (second_pid,) = server.instance_pids()
         assert second_pid != first_pid
         assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
-        # Kills for hung requests are no crash loop: the model keeps being restarted.
-        for _ in range(5):
+        # Kills for hung requests are no crash loop (5 deaths would be): it keeps restarting.
+        for _ in range(4):
             hung = httpx.post(url, json=_body(13), timeout=60)
             assert hung.status_code == 500 and "execution.timeout_seconds" in hung.text
             _wait_for(lambda: httpx.get(f"{server.url}/v2/models/hangs/ready").status_code == 200)
@@ -233,7 +234,7 @@ def test_unload_while_the_only_instance_restarts_answers_the_queue_at_once(repos
         url = f"{server.url}/v2/models/slow/infer"
         with ThreadPoolExecutor(4) as pool:
             dying = pool.submit(httpx.post, url, json=_body(666, size=1), timeout=60)
-            _wait_for(lambda: _metric(server, "nv_inference_pending_request_count", "slow") == 0)
+            _wait_for((folder / "1" / "DYING").exists, what="the instance to start dying")
             queued = [pool.submit(httpx.post, url, json=_body(1, size=1), timeout=60)]
             queued.append(pool.submit(httpx.post, url, json=_body(2, size=1), timeout=60))
             _wait_for(lambda: _metric(server, "nv_inference_pending_request_count", "slow") == 2)
