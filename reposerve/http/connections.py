@@ -33,7 +33,6 @@ Hypercorn offers no hook for a connection cap.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from typing import Any, ClassVar
 
@@ -84,11 +83,6 @@ class ConnectionLimits:
             self.waiting.pop(connection, None)
 
 
-class _Phase(enum.Enum):
-    HEAD = "head"  # waiting for (the rest of) a request head
-    BODY = "body"  # head parsed, body incomplete
-
-
 class _Flow(FlowControl):
     """uvicorn's flow control, noting when reading last resumed (rule 2)."""
 
@@ -111,7 +105,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.admitted = False
-        self._phase = _Phase.HEAD
+        self._in_body = False  # head parsed, body incomplete (else: waiting for a head)
         self._head_started = False  # a byte of the current request head has arrived
         self._head_bytes = 0
         self._messages = 0
@@ -142,14 +136,14 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._phase is _Phase.BODY:  # only a body in progress needs the time of a read
+        if self._in_body:  # only a body in progress needs the time of a read
             self._last_read = self.loop.time()
         messages = self._messages
-        in_head = self._phase is _Phase.HEAD and self._head_started
+        in_head = not self._in_body and self._head_started
         super().data_received(data)
         if self.transport.is_closing():
             return
-        if self._phase is _Phase.HEAD:
+        if not self._in_body:
             if not self._head_started:
                 return
             # A read that began inside a head still unfinished after it was all head.
@@ -175,13 +169,13 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._timer is not None:
             self._disarm()
-        self._phase = _Phase.BODY
+        self._in_body = True
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         if self._timer is not None:
             self._disarm()
-        self._phase = _Phase.HEAD
+        self._in_body = False
         self._head_started = False
         super().on_message_complete()
         if self.cycle is not None and not self.cycle.response_complete:
@@ -208,7 +202,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def _head_expired(self) -> None:
         self._timer = None
-        if self._phase is not _Phase.HEAD:
+        if self._in_body:
             return
         if self._head_started:
             self.refuse(
@@ -221,7 +215,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def _body_idle(self) -> None:
         self._timer = None
-        if self._phase is not _Phase.BODY or self.transport.is_closing():
+        if not self._in_body or self.transport.is_closing():
             return
         timeout = self.limits.body_timeout
         now = self.loop.time()
@@ -245,7 +239,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._disarm()
         cycle = self.cycle
         running = cycle is not None and not cycle.response_complete
-        if self._phase is _Phase.HEAD and running and not self.transport.is_closing():
+        if not self._in_body and running and not self.transport.is_closing():
             # A request runs, a pipelined head behind it: close once its answer is out.
             assert cycle is not None
             cycle.keep_alive = False
@@ -254,8 +248,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         self.limits.release(self)
         if self.transport.is_closing():
             return
-        answer = self._head_started or self._phase is _Phase.BODY
-        if self._phase is _Phase.BODY and cycle is not None and running:
+        answer = self._head_started or self._in_body
+        if self._in_body and cycle is not None and running:
             answer = not cycle.response_started
             # The app may be waiting in receive(): it now gets http.disconnect, and any
             # response it sends is dropped.
