@@ -64,10 +64,7 @@ class InferEndpoint:
             if declared is not None and declared > self._max_body:
                 raise _too_large(declared, self._max_body)
             inflater = None if encoding is None else _inflater(encoding, self._max_body)
-            if inflater is None:
-                body = await _read_body(receive, self._max_body, self._body_timeout)
-            else:
-                body = await _read_compressed(receive, inflater, self._max_body, self._body_timeout)
+            body = await _read_body(receive, self._max_body, self._body_timeout, inflater)
             parameters = scope["path_params"]
             content, json_length = await self._service.infer(
                 parameters["model"], parameters.get("version"), body, header_length
@@ -161,8 +158,11 @@ async def _receive(receive: Receive, timeout: float | None) -> dict:
         ) from None
 
 
-async def _read_body(receive: Receive, limit: int, idle: float | None) -> bytes:
-    """The whole body, refused past ``limit`` bytes before more of it is held.
+async def _read_body(
+    receive: Receive, limit: int, idle: float | None, inflater: Inflater | None
+) -> bytes | bytearray:
+    """The whole body (inflated as it arrives when ``inflater`` is given), refused past
+    ``limit`` bytes, compressed or inflated, before more of it is held.
 
     ``idle`` bounds each wait after the first chunk (the first is the one that came with
     the request head, or is already on its way)."""
@@ -176,32 +176,17 @@ async def _read_body(receive: Receive, limit: int, idle: float | None) -> bytes:
         size += len(chunk)
         if size > limit:
             raise _too_large(size, limit)
-        chunks.append(chunk)
+        if inflater is None:
+            chunks.append(chunk)
+        else:
+            more = inflater.feed(chunk)
+            while more:
+                await asyncio.sleep(0)  # let other requests run between slices
+                more = inflater.feed(b"")
         if not message.get("more_body", False):
+            if inflater is not None:
+                return inflater.finish()
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        message = await _receive(receive, idle)
-
-
-async def _read_compressed(
-    receive: Receive, inflater: Inflater, limit: int, idle: float | None
-) -> bytearray:
-    """The body inflated as it arrives; ``limit`` holds both the compressed body and what
-    it inflates to."""
-    size = 0
-    message = await receive()
-    while True:
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        more = inflater.feed(chunk)
-        while more:
-            await asyncio.sleep(0)  # let other requests run between slices
-            more = inflater.feed(b"")
-        if not message.get("more_body", False):
-            return inflater.finish()
         message = await _receive(receive, idle)
 
 
