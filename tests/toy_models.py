@@ -161,3 +161,17 @@ SLOW_RESTART = """
                 os._exit(3)
             return {"OUTPUT": inputs["INPUT"]}
 """
+
+# Appends "pid batch-size" to EXECUTED beside model.py for every batch it runs.
+RECORDS = """
+    import os
+
+    class Model:
+        def load(self, context):
+            self.log = context.version_path / "EXECUTED"
+
+        def execute(self, inputs):
+            with open(self.log, "a") as log:
+                log.write(f"{os.getpid()} {inputs['INPUT'].shape[0]}\\n")
+            return {"OUTPUT": inputs["INPUT"]}
+"""

@@ -1,13 +1,13 @@
 """Bring dead instances back: a fresh process from the same spec, until it is hopeless.
 
 An instance that dies fails exactly its in-flight batches (``InstanceProcess``); this
-module then starts a replacement after a short delay that grows while the instance keeps
-dying soon after each start. An instance that dies ``MAX_DEATHS`` times within
-``CRASH_WINDOW_S`` (a failed restart counts as a death; a kill for one request that ran
-past the execution timeout does not) is in a crash loop: restarts stop
-and the owner is told why (``gave_up``), so the model turns UNAVAILABLE with the reason
-instead of burning a core on restarts forever. Restarts also stop when the version
-leaves READY.
+module then starts a replacement (warmed up before it serves) after a short delay that
+grows while the instance keeps dying soon after each start. An instance that dies
+``MAX_DEATHS`` times within ``CRASH_WINDOW_S`` (a failed restart counts as a death; a kill
+for one request that ran past the execution timeout does not) is in a crash loop:
+restarts stop and the owner is told why (``gave_up``), so the model turns UNAVAILABLE with
+the reason instead of burning a core on restarts forever. Restarts also stop when the
+version leaves READY.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from reposerve.errors import InstanceError
+from reposerve.errors import ReposerveError
 from reposerve.instance.process import InstanceProcess
 
 log = logging.getLogger("reposerve.repository")
@@ -37,6 +37,7 @@ class InstanceRestarter:
         replaced: Callable[[InstanceProcess, InstanceProcess], None],
         on_exit: Callable[[InstanceProcess], None],
         gave_up: Callable[[str], None],
+        prepare: Callable[[InstanceProcess], Awaitable[None]],
     ) -> None:
         self._label = label
         self._load_timeout = load_timeout
@@ -44,6 +45,7 @@ class InstanceRestarter:
         self._replaced = replaced  # (dead, replacement) once the replacement is READY
         self._on_exit = on_exit
         self._gave_up = gave_up  # (why) once an instance is in a crash loop
+        self._prepare = prepare  # runs on a replacement before it serves (warmup)
         self._recent: dict[int, list[float]] = {}
         self._tasks: set[asyncio.Task] = set()
         self.deaths = 0  # exits and failed restarts, for the metrics
@@ -89,12 +91,13 @@ class InstanceRestarter:
         replacement = InstanceProcess(dead.spec, self._on_exit)
         try:
             await replacement.start(self._load_timeout)
+            await self._prepare(replacement)
         except asyncio.CancelledError:
             replacement.kill()
             raise
         except Exception as exc:  # InstanceError, or an OS limit (EMFILE, EAGAIN, ENOSPC)
             replacement.kill()
-            why = exc.message if isinstance(exc, InstanceError) else f"{type(exc).__name__}: {exc}"
+            why = exc.message if isinstance(exc, ReposerveError) else f"{type(exc).__name__}: {exc}"
             log.error("%s: restarting instance %d failed: %s", self._label, index, why)
             self._count_death(dead, why)  # the next try waits longer
             return

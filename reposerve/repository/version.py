@@ -4,7 +4,7 @@
     LOADING -> UNAVAILABLE (load failed)    READY -> UNAVAILABLE (an instance kept dying)
 
 A version owns its instance processes, its scheduler and its statistics. It reaches
-READY only when every instance has loaded and its warmup requests have run. Unloading
+READY only when every instance has loaded and run the warmup batches. Unloading
 has one deadline: accepted requests may finish before it, and get an error at it.
 """
 
@@ -15,19 +15,15 @@ import enum
 import logging
 import time
 
-import numpy as np
-
 from reposerve.config import ModelConfig
-from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
 from reposerve.errors import InstanceError, ReposerveError, SchedulerError
-from reposerve.instance.process import FailureCause, InstanceProcess
-from reposerve.protocol.request import InferRequest
+from reposerve.instance.process import BatchTensor, FailureCause, InstanceProcess
 from reposerve.repository.placement import plan_instances
 from reposerve.repository.recovery import InstanceRestarter
 from reposerve.repository.scan import VersionSource
+from reposerve.repository.warmup import warm, warmup_batches
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.statistics import ModelStatistics
-from reposerve.tensor import Tensor
 
 log = logging.getLogger("reposerve.repository")
 
@@ -74,7 +70,9 @@ class ModelVersion:
             replaced=self._replace,
             on_exit=self._on_instance_exit,
             gave_up=self._give_up,
+            prepare=self._warm,
         )
+        self._warmups: list[list[BatchTensor]] = []  # built once the config is complete
 
     @property
     def label(self) -> str:
@@ -104,16 +102,16 @@ class ModelVersion:
             errors = [result for result in results if isinstance(result, BaseException)]
             if errors:
                 raise errors[0]
-            for instance in self.instances:  # one may have loaded, then died meanwhile
-                if not instance.live:
-                    raise InstanceError(f"{instance.spec.label}: {instance.ended} after loading")
             # Every instance loaded the same file; the first one's completed config stands.
             self.config = self.instances[0].config or self.config
             # Derived once here rather than per request on the hot path.
             self.output_names = tuple(spec.name for spec in self.config.output)
-            for instance in self.instances:
+            self._warmups = warmup_batches(self.config)
+            await asyncio.gather(*(self._warm(instance) for instance in self.instances))
+            for instance in self.instances:  # one may have died during its warmup
+                if not instance.live:
+                    raise InstanceError(f"{instance.spec.label}: {instance.ended} after warmup")
                 self.scheduler.add_instance(instance)
-            await self._warm_up()
         except ReposerveError as exc:
             self._fail(exc.message)
             return
@@ -199,48 +197,5 @@ class ModelVersion:
         self.instances[self.instances.index(dead)] = replacement
         self.scheduler.add_instance(replacement)
 
-    async def _warm_up(self) -> None:
-        rng = np.random.default_rng(0)
-        batched = self.config.max_batch_size > 0
-        for index, warmup in enumerate(self.config.warmup):
-            inputs: dict[str, Tensor] = {}
-            for spec in self.config.input:
-                kind = warmup.inputs.get(spec.name, "zero")
-                dims = tuple(1 if dim < 0 else dim for dim in spec.shape)
-                shape = (warmup.batch_size, *dims) if batched else dims
-                inputs[spec.name] = Tensor(
-                    spec.datatype, shape, _sample(spec.datatype, shape, kind, rng)
-                )
-            request = InferRequest(
-                id=f"warmup-{index}",
-                inputs=inputs,
-                batch_size=warmup.batch_size if batched else 1,
-                outputs=None,
-                binary_output=True,
-                priority=0,
-                timeout_us=0,
-            )
-            try:
-                await self.scheduler.submit(request, lambda outputs: None)
-            except ReposerveError as exc:
-                raise ReposerveError(
-                    f"{self.label}: warmup[{index}] failed: {exc.message}"
-                ) from exc
-
-
-def _sample(datatype: str, shape: tuple[int, ...], kind: str, rng: np.random.Generator) -> bytes:
-    """Warmup data: zeros, or random values valid for every datatype (small ints, [0, 1) floats)."""
-    count = element_count(shape)
-    if datatype == "BYTES":
-        return pack_bytes([b"" if kind == "zero" else rng.bytes(8) for _ in range(count)])
-    dtype = NUMPY_DTYPES[datatype]
-    if kind == "zero":
-        return bytes(count * dtype.itemsize)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, count).astype(np.bool_).tobytes()
-    if datatype == "BF16":
-        floats = rng.random(count, dtype=np.float32)
-        return (floats.view(np.uint32) >> 16).astype(np.uint16).tobytes()
-    if dtype.kind == "f":
-        return rng.random(count).astype(dtype).tobytes()
-    return rng.integers(0, 100, count).astype(dtype).tobytes()
+    async def _warm(self, instance: InstanceProcess) -> None:
+        await warm(instance, self._warmups, self.statistics, self.label)
