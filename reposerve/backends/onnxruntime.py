@@ -52,6 +52,9 @@ class OnnxRuntimeBackend:
         options.intra_op_num_threads = context.threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # errors only: warnings about unused initialisers are noise
+        if context.device != "cpu":
+            # Its few CPU threads wait on the GPU: spinning would only burn cores the front needs.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = self._providers(ort, context)
         model: str | bytes = str(path)
         precision = context.config.optimization.precision

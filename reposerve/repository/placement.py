@@ -16,6 +16,7 @@ from reposerve.errors import ConfigError
 from reposerve.instance.process import InstanceSpec
 
 _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+GPU_INSTANCE_THREADS = 2  # intra-op threads of a GPU instance unless intra_op_threads says
 
 
 def visible_gpus() -> list[int]:
@@ -61,7 +62,7 @@ def plan_instances(
             )
         placements += [("gpu", gpus[device]) for device in wanted for _ in range(group.count)]
     config_json = msgspec.json.encode(config)
-    threads = _threads(config, sum(1 for kind, _ in placements if kind == "cpu"))
+    cpu_threads, gpu_threads = _threads(config, sum(1 for kind, _ in placements if kind == "cpu"))
     return [
         InstanceSpec(
             model=name,
@@ -72,18 +73,25 @@ def plan_instances(
             index=index,
             kind=kind,
             gpu=gpu,
-            threads=threads,
+            threads=cpu_threads if kind == "cpu" else gpu_threads,
             execute_timeout_s=config.execution.timeout_seconds,
         )
         for index, (kind, gpu) in enumerate(placements)
     ]
 
 
-def _threads(config: ModelConfig, cpu_instances: int) -> int:
+def _threads(config: ModelConfig, cpu_instances: int) -> tuple[int, int]:
+    """Intra-op threads for (each cpu instance, each gpu instance).
+
+    CPU instances split the cores between them. A GPU instance mostly launches kernels and
+    copies: a couple of threads serve it, and sixteen GPU processes with all the cores each
+    would starve the HTTP front. ``[parameters] intra_op_threads`` sets both.
+    """
     override = config.parameters.get("intra_op_threads")
     if override is not None:
         if type(override) is not int or override < 1:
             raise ConfigError(f"parameters.intra_op_threads: expected int >= 1, got {override!r}")
-        return override
+        return override, override
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(cpu_instances, 1))
+    cores = cores or 1
+    return max(1, cores // max(cpu_instances, 1)), min(GPU_INSTANCE_THREADS, cores)

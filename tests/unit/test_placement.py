@@ -24,7 +24,7 @@ def _plan(groups: str, gpus: list[int], monkeypatch, parameters: str = ""):
 def test_gpu_groups_place_count_instances_on_each_listed_gpu(monkeypatch):
     groups = '[[instance_group]]\nkind = "gpu"\ncount = 2\ngpus = [0, 2]\n'
     assert _plan(groups, [0, 1, 2], monkeypatch) == [
-        ("gpu", 0, 8), ("gpu", 0, 8), ("gpu", 2, 8), ("gpu", 2, 8),
+        ("gpu", 0, 2), ("gpu", 0, 2), ("gpu", 2, 2), ("gpu", 2, 2),
     ]  # fmt: skip
 
 
@@ -35,19 +35,17 @@ def test_gpu_group_without_list_uses_every_visible_gpu(monkeypatch):
 
 def test_auto_picks_the_gpu_when_there_is_one_and_the_cpu_otherwise(monkeypatch):
     groups = '[[instance_group]]\nkind = "auto"\n'
-    assert _plan(groups, [0], monkeypatch) == [("gpu", 0, 8)]
+    assert _plan(groups, [0], monkeypatch) == [("gpu", 0, 2)]
     assert _plan(groups, [], monkeypatch) == [("cpu", None, 8)]
 
 
-def test_cpu_instances_split_the_cores(monkeypatch):
-    groups = '[[instance_group]]\ncount = 3\n[[instance_group]]\nkind = "gpu"\n'
-    assert _plan(groups, [0], monkeypatch) == [
-        ("cpu", None, 2), ("cpu", None, 2), ("cpu", None, 2), ("gpu", 0, 2),
-    ]  # fmt: skip
-    pinned = _plan(
-        "[[instance_group]]\ncount = 3\n", [], monkeypatch, "[parameters]\nintra_op_threads = 4"
-    )
-    assert pinned == [("cpu", None, 4)] * 3
+def test_cpu_instances_split_the_cores_and_gpu_instances_get_a_few(monkeypatch):
+    groups = '[[instance_group]]\ncount = 3\n[[instance_group]]\nkind = "gpu"\ncount = 16\n'
+    plan = _plan(groups, [0], monkeypatch)
+    assert plan[:3] == [("cpu", None, 2)] * 3  # 8 cores // 3
+    assert plan[3:] == [("gpu", 0, 2)] * 16  # not 16 x 8 threads on 8 cores
+    pinned = _plan(groups, [0], monkeypatch, "[parameters]\nintra_op_threads = 4")
+    assert {threads for _, _, threads in pinned} == {4}
 
 
 @pytest.mark.parametrize(
