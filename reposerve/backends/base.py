@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Protocol
@@ -29,7 +30,28 @@ class ModelContext(msgspec.Struct, frozen=True):
     threads: int  # the instance's share of the CPU cores (intra-op threads)
 
 
+class DeviceOutput(Protocol):
+    """An output a backend holds where numpy cannot see it (a GPU tensor, a torch tensor).
+
+    The worker writes it straight into the shared-memory slot instead of materialising an
+    array first and copying that again. ``dtype`` is the declared datatype's numpy dtype
+    (the backend converts before it hands the output over).
+    """
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    def copy_into(self, target: np.ndarray) -> None:
+        """Write the values into ``target`` (C-contiguous, ``shape``, ``dtype``); may be
+        asynchronous until the backend's ``synchronize``."""
+        ...
+
+
 Arrays = dict[str, np.ndarray]
+Outputs = dict[str, np.ndarray | DeviceOutput]
 Signature = tuple[list[TensorConfig], list[TensorConfig]]
 """A model file's (inputs, outputs), full shapes with -1 where dynamic."""
 
@@ -41,6 +63,19 @@ class Backend(Protocol):
         """What the model file says its tensors are, when it says (auto-complete)."""
         ...
 
-    def execute(self, inputs: Arrays) -> Arrays | Awaitable[Arrays]: ...
+    def execute(self, inputs: Arrays) -> Outputs | Awaitable[Outputs]: ...
 
     def unload(self) -> None: ...
+
+
+class StagingBackend(Protocol):
+    """Optional hooks of a backend that moves tensors to and from a device."""
+
+    def register_host_buffer(self, buffer: mmap.mmap) -> None:
+        """Called for every shared-memory mapping inputs are read from and outputs written
+        to, so a GPU backend can pin it (page-locked memory makes copies asynchronous)."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until every ``DeviceOutput.copy_into`` of the batch has landed."""
+        ...
