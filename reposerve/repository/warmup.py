@@ -2,8 +2,11 @@
 before it takes traffic (Triton's behaviour), so no instance serves its first batches cold
 (lazy CUDA loading, cuDNN/cuBLAS set-up, per-shape algorithm search).
 
-The batches are built once per version and handed straight to each instance, not through
-the scheduler, which would send them to whichever instance is free.
+Each ``[[warmup]]`` entry runs at its own batch size and again at every preferred batch
+size of the dynamic batcher: those are the shapes traffic will bring, and cuDNN and
+TensorRT pick algorithms per shape. The batches are built once per version and handed
+straight to each instance, not through the scheduler, which would send them to whichever
+instance is free.
 """
 
 from __future__ import annotations
@@ -21,20 +24,30 @@ from reposerve.statistics import ModelStatistics
 
 
 def warmup_batches(config: ModelConfig) -> list[list[BatchTensor]]:
-    """One batch per ``[[warmup]]`` entry: zeros, or random values valid for each datatype."""
+    """The warmup batches in the order they run: per ``[[warmup]]`` entry, its own batch
+    size, then each preferred batch size; zeros, or random values valid for each datatype."""
     rng = np.random.default_rng(0)
     batched = config.max_batch_size > 0
     batches = []
     for warmup in config.warmup:
-        batch = []
-        for spec in config.input:
-            kind = warmup.inputs.get(spec.name, "zero")
-            dims = tuple(1 if dim < 0 else dim for dim in spec.shape)
-            shape = (warmup.batch_size, *dims) if batched else dims
-            raw = _sample(spec.datatype, shape, kind, rng)
-            batch.append(BatchTensor(spec.name, spec.datatype, shape, [raw]))
-        batches.append(batch)
+        for size in warmup_sizes(warmup.batch_size, config):
+            batch = []
+            for spec in config.input:
+                kind = warmup.inputs.get(spec.name, "zero")
+                dims = tuple(1 if dim < 0 else dim for dim in spec.shape)
+                shape = (size, *dims) if batched else dims
+                raw = _sample(spec.datatype, shape, kind, rng)
+                batch.append(BatchTensor(spec.name, spec.datatype, shape, [raw]))
+            batches.append(batch)
     return batches
+
+
+def warmup_sizes(batch_size: int, config: ModelConfig) -> list[int]:
+    """The batch sizes one ``[[warmup]]`` entry runs at (one size without a batch axis)."""
+    if config.max_batch_size == 0 or config.dynamic_batching is None:
+        return [batch_size]
+    preferred = sorted(set(config.dynamic_batching.preferred_batch_size) - {batch_size})
+    return [batch_size, *preferred]
 
 
 async def warm(

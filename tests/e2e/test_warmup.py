@@ -17,6 +17,8 @@ pytestmark = pytest.mark.e2e
 WARMUPS = """
     [[instance_group]]
     count = 3
+    [dynamic_batching]
+    preferred_batch_size = [4, 8]
     [[warmup]]
     batch_size = 2
     [[warmup]]
@@ -37,9 +39,13 @@ def test_every_instance_and_every_replacement_is_warmed_before_it_serves(reposit
         pids = sorted(server.instance_pids())
         assert len(pids) == 3
         ran = _executed(folder)
-        assert sorted(ran) == sorted((pid, size) for pid in pids for size in (2, 4))
+        # entry 1 at 2, then the preferred 4 and 8; entry 2 at its own 4, then 8
+        sizes = [2, 4, 8, 4, 8]
+        assert sorted(ran) == sorted((pid, size) for pid in pids for size in sizes)
+        for pid in pids:  # in order, on every instance
+            assert [size for ran_pid, size in ran if ran_pid == pid] == sizes
         stats = httpx.get(f"{server.url}/v2/models/warm/stats").json()["model_stats"][0]
-        assert stats["execution_count"] == 6
+        assert stats["execution_count"] == 15
 
         os.kill(pids[0], signal.SIGKILL)
         deadline = time.monotonic() + 30
@@ -49,14 +55,14 @@ def test_every_instance_and_every_replacement_is_warmed_before_it_serves(reposit
         (replacement,) = set(server.instance_pids()) - set(pids)
         while (
             httpx.get(f"{server.url}/v2/models/warm/ready").status_code != 200
-            or len([p for p, _ in _executed(folder) if p == replacement]) < 2
+            or len([p for p, _ in _executed(folder) if p == replacement]) < len(sizes)
         ):
             assert time.monotonic() < deadline, "replacement not warmed"
             time.sleep(0.05)
         body = {"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
         for _ in range(12):  # enough for the replacement to serve some
             assert httpx.post(f"{server.url}/v2/models/warm/infer", json=body).status_code == 200
-        first_two = [size for pid, size in _executed(folder) if pid == replacement][:2]
-        assert first_two == [2, 4]  # its warmup came before anything it served
+        served = [size for pid, size in _executed(folder) if pid == replacement]
+        assert served[: len(sizes)] == sizes  # its warmup came before anything it served
     finally:
         assert server.stop() == 0, server.log()
