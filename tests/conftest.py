@@ -8,6 +8,15 @@ import pytest
 from tests.server import REPO_ROOT, Server, start_server
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Servers started by tests keep derived model files (fp16 graphs, TensorRT engines)
+    in a temporary folder, never in the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REPOSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def bundled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """reposerve serving the bundled model_repository/."""

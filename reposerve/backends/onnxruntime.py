@@ -2,20 +2,37 @@
 
 CPU instances use the CPU provider only (asking onnxruntime-gpu for CUDA on a machine
 without a driver logs an error before falling back). GPU instances use CUDA, or TensorRT
-first when ``[parameters] tensorrt = true``; if the provider cannot start, the load fails
-saying what is missing. ``precision = "fp16"`` converts the graph at load, keeping fp32
-inputs and outputs, with the converter onnxruntime ships.
+first when ``[parameters]`` asks (see ``onnx_options``), with the provider options the
+config gives; if a provider cannot start, the load fails saying what is missing.
+``precision = "fp16"`` converts the graph with the converter onnxruntime ships, keeping
+fp32 inputs and outputs, once per model version content: the first instance to start
+writes it to the cache (``file_cache``), the others load that file.
 """
 
 from __future__ import annotations
 
+import logging
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from reposerve.backends.base import Arrays, BackendError, ModelContext, Signature
+from reposerve.backends.file_cache import build_once, cache_root, content_digest, exclusive
+from reposerve.backends.onnx_options import (
+    CPU_PROVIDER,
+    OnnxParameters,
+    Provider,
+    engine_cache_path,
+    gpu_providers,
+    onnx_parameters,
+)
 from reposerve.config import TensorConfig
 
+log = logging.getLogger("reposerve.backends")
+
 MODEL_FILE = "model.onnx"
+# The name spells the converter's settings: other settings would make another file.
+FP16_FILE = "model.fp16-keep-io-types.onnx"
 
 # onnxruntime's type strings -> V2 datatypes
 DATATYPES = {
@@ -47,29 +64,47 @@ class OnnxRuntimeBackend:
             raise BackendError(
                 "the onnxruntime backend needs the onnx extra: pip install 'reposerve[onnx]'"
             ) from exc
+        parameters = onnx_parameters(context.model_name, context.config.parameters)
         path = context.version_path / MODEL_FILE
+        precision = context.config.optimization.precision
+        if precision == "bf16":
+            raise BackendError(
+                f"{context.model_name}: precision bf16 is not supported by the onnxruntime "
+                "backend; use fp16 or fp32"
+            )
         options = ort.SessionOptions()
         options.intra_op_num_threads = context.threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # errors only: warnings about unused initialisers are noise
-        if context.device != "cpu":
-            # Its few CPU threads wait on the GPU: spinning would only burn cores the front needs.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers = self._providers(ort, context)
         model: str | bytes = str(path)
-        precision = context.config.optimization.precision
-        if precision == "fp16":
-            model = _to_fp16(path)
-        elif precision == "bf16":
-            raise BackendError(
-                f"{context.model_name}: precision bf16 is not supported by the onnxruntime "
-                f"backend (providers: {', '.join(providers)}); use fp16 or fp32"
-            )
-        try:
-            self._session = ort.InferenceSession(model, options, providers=providers)
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise BackendError(f"{path}: onnxruntime cannot load it: {exc}") from exc
-        wanted = providers[0]
+        providers = [CPU_PROVIDER]
+        if precision == "fp16" or context.device != "cpu":
+            derived = _derived_folder(context, path)
+            if precision == "fp16":
+                model = _fp16_model(path, derived / FP16_FILE)
+            if context.device != "cpu":
+                # Its few CPU threads wait on the GPU: spinning would burn cores the front needs.
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                providers = self._providers(ort, context, parameters, derived)
+        with ExitStack() as stack:
+            engines = engine_cache_path(providers)
+            if engines is not None:
+                # TensorRT builds engines while the session is made and onnxruntime writes
+                # them in place: one instance builds (minutes), the others then load them.
+                try:
+                    stack.enter_context(exclusive(engines / "build.lock"))
+                except OSError as exc:
+                    log.warning(
+                        "%s: cannot lock %s (%s); instances may each build engines",
+                        context.model_name,
+                        engines,
+                        exc,
+                    )
+            try:
+                self._session = ort.InferenceSession(model, options, providers=providers)
+            except Exception as exc:  # onnxruntime raises its own untyped errors
+                raise BackendError(f"{path}: onnxruntime cannot load it: {exc}") from exc
+        wanted = providers[0][0]
         if wanted != "CPUExecutionProvider" and wanted not in self._session.get_providers():
             raise BackendError(
                 f"{context.model_name}: {wanted} could not start on this GPU instance; "
@@ -80,20 +115,23 @@ class OnnxRuntimeBackend:
         self._outputs = declared or [output.name for output in self._session.get_outputs()]
 
     @staticmethod
-    def _providers(ort: Any, context: ModelContext) -> list[str]:
-        if context.device == "cpu":
-            return ["CPUExecutionProvider"]
+    def _providers(
+        ort: Any, context: ModelContext, parameters: OnnxParameters, derived: Path
+    ) -> list[Provider]:
+        providers = gpu_providers(
+            parameters,
+            context.config.optimization.precision,
+            gpu=int(context.device.partition(":")[2] or 0),
+            engine_cache=derived / f"tensorrt-ort{ort.__version__}",
+        )
         available = ort.get_available_providers()
-        wanted = ["CUDAExecutionProvider"]
-        if context.config.parameters.get("tensorrt") is True:
-            wanted.insert(0, "TensorrtExecutionProvider")
-        missing = [provider for provider in wanted if provider not in available]
+        missing = [name for name, _ in providers if name not in available]
         if missing:
             raise BackendError(
                 f"{context.model_name}: {', '.join(missing)} not in this onnxruntime build "
                 f"(available: {', '.join(available)}); install {GPU_NEEDS}"
             )
-        return [*wanted, "CPUExecutionProvider"]
+        return providers
 
     def signature(self) -> Signature:
         return (
@@ -116,6 +154,32 @@ def _tensor(node: Any) -> TensorConfig:
         raise BackendError(f"tensor '{node.name}' has type {node.type}, which V2 cannot carry")
     shape = [dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape]
     return TensorConfig(name=node.name, datatype=datatype, shape=shape)
+
+
+def _derived_folder(context: ModelContext, path: Path) -> Path:
+    """Where files made from this version's model go. Keyed by the file's bytes: a new
+    model.onnx under an old version number never meets the graph or engines of the old."""
+    try:
+        digest = content_digest(path)[:16]
+    except OSError as exc:
+        raise BackendError(f"{path}: cannot read it: {exc.strerror}") from exc
+    return cache_root() / "onnxruntime" / context.model_name / str(context.version) / digest
+
+
+def _fp16_model(source: Path, target: Path) -> str | bytes:
+    """The fp16 graph's path in the cache, converted by the first instance to get there;
+    its bytes, converted here, when the cache cannot be written."""
+    try:
+        build_once(target, lambda: _to_fp16(source))
+    except OSError as exc:
+        log.warning(
+            "%s: cannot keep the fp16 graph in %s (%s); converting it in this instance",
+            source,
+            target.parent,
+            exc,
+        )
+        return _to_fp16(source)
+    return str(target)
 
 
 def _to_fp16(path: Path) -> bytes:

@@ -1,7 +1,7 @@
 """config.toml: the schema as msgspec Structs, and loading with file/key/reason errors."""
 
 from reposerve.config.complete import complete_config
-from reposerve.config.load import load_model_config, parse_model_config
+from reposerve.config.load import convert_table, load_model_config, parse_model_config
 from reposerve.config.schema import (
     DynamicBatching,
     InstanceGroup,
@@ -20,6 +20,7 @@ __all__ = [
     "TensorConfig",
     "VersionPolicy",
     "complete_config",
+    "convert_table",
     "Warmup",
     "load_model_config",
     "parse_model_config",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -17,6 +17,7 @@ from reposerve.errors import ConfigError
 
 _PATH_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 _AT_PATH = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+Table = TypeVar("Table", bound=msgspec.Struct)
 
 
 def load_model_config(path: Path, label: str | None = None) -> ModelConfig:
@@ -53,13 +54,30 @@ def validate_model_config(
     return config
 
 
-def _describe(exc: msgspec.ValidationError, raw: dict[str, Any]) -> str:
-    """Rewrite msgspec's message as ``key.path: reason, got value``."""
+def convert_table(raw: Any, kind: type[Table], label: str, key: str) -> Table:
+    """Validate one table of the free-form ``[parameters]`` (a backend's options) against
+    ``kind``, with the same ``file: key: reason`` errors as the config itself; ``key`` is
+    the table's dotted path. An unknown key also lists the allowed ones, since these names
+    come from the backend's documentation, not from DESIGN.md."""
+    if isinstance(raw, dict):
+        for name in raw:
+            if name not in kind.__struct_fields__:
+                allowed = ", ".join(kind.__struct_fields__)
+                raise ConfigError(f"{label}: {key}.{name}: unknown key (allowed: {allowed})")
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{label}: {_describe(exc, raw, key)}") from exc
+
+
+def _describe(exc: msgspec.ValidationError, raw: Any, root: str = "") -> str:
+    """Rewrite msgspec's message as ``key.path: reason, got value``; ``root`` is the dotted
+    path of ``raw`` in the whole config."""
     match = _AT_PATH.match(str(exc))
     assert match is not None  # the pattern matches any string
     reason = match["reason"].replace("`", "")
     reason = reason[0].lower() + reason[1:]
-    dotted = (match["path"] or "").lstrip(".")
+    dotted = ".".join(filter(None, [root, (match["path"] or "").lstrip(".")]))
     if reason.startswith("object contains unknown field "):
         key = reason.removeprefix("object contains unknown field ")
         return f"{_join(dotted, key)}: unknown key"
