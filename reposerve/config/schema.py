@@ -45,7 +45,9 @@ class VersionPolicy(_Section):
 class InstanceGroup(_Section):
     kind: Literal["cpu", "gpu", "auto"] = "cpu"
     count: Positive = 1
-    gpus: list[NonNegative] | None = None
+    gpus: list[NonNegative] | None = None  # None = every visible GPU
+    # Cores the group's instance processes are pinned to (None = wherever the server runs).
+    cpus: Annotated[list[NonNegative], Meta(min_length=1)] | None = None
 
 
 class DynamicBatching(_Section):
@@ -86,9 +88,8 @@ class ModelConfig(_Section):
     version_policy: VersionPolicy = VersionPolicy()
     input: list[TensorConfig] = []
     output: list[TensorConfig] = []
-    instance_group: Annotated[list[InstanceGroup], Meta(min_length=1)] = msgspec.field(
-        default_factory=lambda: [InstanceGroup()]
-    )
+    # None = Triton's default: one instance on each visible GPU, else one on the CPU.
+    instance_group: Annotated[list[InstanceGroup], Meta(min_length=1)] | None = None
     dynamic_batching: DynamicBatching | None = None
     optimization: Optimization = Optimization()
     execution: Execution = Execution()

@@ -9,6 +9,7 @@ interrupted any other way, and the replacement serves the requests still queued.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -48,6 +49,13 @@ _PACKAGE_ROOT = str(Path(reposerve.__file__).resolve().parent.parent)
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
+class GpuDevice(msgspec.Struct, frozen=True):
+    """The GPU, or MIG device, an instance runs on."""
+
+    index: int  # the server's CUDA device number: what `gpus` in an instance group counts
+    uuid: str  # GPU-... or MIG-...: the process's CUDA_VISIBLE_DEVICES, so it sees only this
+
+
 class InstanceSpec(msgspec.Struct, frozen=True):
     """Everything needed to start one instance process."""
 
@@ -58,13 +66,14 @@ class InstanceSpec(msgspec.Struct, frozen=True):
     config_json: bytes
     index: int
     kind: str  # "cpu" or "gpu"
-    gpu: int | None  # the driver's GPU id, handed to the process as CUDA_VISIBLE_DEVICES
+    gpu: GpuDevice | None
+    cpus: tuple[int, ...]  # the cores it is pinned to; () = not pinned
     threads: int
     execute_timeout_s: float  # 0 = none
 
     @property
     def label(self) -> str:
-        where = f"gpu {self.gpu}" if self.gpu is not None else "cpu"
+        where = f"gpu {self.gpu.index} {self.gpu.uuid}" if self.gpu is not None else "cpu"
         return f"model '{self.model}' version {self.version} instance {self.index} ({where})"
 
 
@@ -176,7 +185,7 @@ class InstanceProcess:
         for variable in _THREAD_VARIABLES:
             env[variable] = str(self.spec.threads)
         if self.spec.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.spec.gpu)
+            env["CUDA_VISIBLE_DEVICES"] = self.spec.gpu.uuid
         elif self.spec.kind == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         self._process = subprocess.Popen(
@@ -185,6 +194,8 @@ class InstanceProcess:
             env=env,
             stdin=subprocess.DEVNULL,
         )
+        if self.spec.cpus:
+            _pin(self._process.pid, self.spec.cpus)
         child_sock.close()
         self._sock = parent_sock
         spec = self.spec
@@ -413,3 +424,18 @@ class _Channel(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._instance._on_closed()
+
+
+def _pin(pid: int, cpus: Sequence[int]) -> None:
+    """Pin every thread of process ``pid`` to ``cpus``, before its backend loads.
+
+    Popen returns once the child has exec'd, so the interpreter is only starting: the main
+    thread goes first, and the threads it starts from then on (BLAS pools, intra-op
+    threads) inherit its cores; the sweep catches any it started already.
+    """
+    # A process that died at once fails its load anyway: nothing to pin then.
+    with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+        os.sched_setaffinity(pid, cpus)
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.sched_setaffinity(int(task), cpus)

@@ -105,7 +105,7 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
                 "passive": False,
                 "host_policy": "",
             }
-            for index, group in enumerate(config.instance_group)
+            for index, group in enumerate(config.instance_group or ())  # resolved once loaded
         ],
         "optimization": {"precision": config.optimization.precision},
         "parameters": {

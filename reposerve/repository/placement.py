@@ -1,7 +1,9 @@
 """Where a model's instances run: instance groups -> one spec per process.
 
-GPUs are found without importing any framework: the NVIDIA driver lists them under
-/proc/driver/nvidia/gpus, and CUDA_VISIBLE_DEVICES narrows what this server may use.
+Triton's rules: no ``[[instance_group]]`` means one instance on each visible GPU, or one on
+the CPU when there is none; ``kind = "auto"`` is the GPU when one is visible, else the CPU.
+``gpus`` counts this server's CUDA devices (``gpus.py``), and each instance gets its device
+by UUID. The groups as resolved here are what the model's config document shows.
 """
 
 from __future__ import annotations
@@ -11,87 +13,113 @@ from pathlib import Path
 
 import msgspec
 
-from reposerve.config import ModelConfig
+from reposerve.config import InstanceGroup, ModelConfig
 from reposerve.errors import ConfigError
-from reposerve.instance.process import InstanceSpec
+from reposerve.instance.process import GpuDevice, InstanceSpec
+from reposerve.repository.gpus import Gpus
 
-_NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 GPU_INSTANCE_THREADS = 2  # intra-op threads of a GPU instance unless intra_op_threads says
 
 
-def visible_gpus() -> list[int]:
-    """The driver's ids of the GPUs this process may use, in CUDA order: CUDA device N of
-    this server is ``visible_gpus()[N]``."""
-    try:
-        present = len(list(_NVIDIA_GPUS.iterdir()))
-    except OSError:
-        present = 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(present))
-    indices = [int(part) for part in visible.split(",") if part.strip().isdigit()]
-    return [index for index in indices if index < present]
+class Placement(msgspec.Struct, frozen=True):
+    config: ModelConfig  # the model's config with its instance groups resolved
+    specs: list[InstanceSpec]  # one per instance process
 
 
 def plan_instances(
-    name: str, version: int, version_path: Path, backend: str, config: ModelConfig
-) -> list[InstanceSpec]:
-    """One spec per instance process, with a CPU thread budget that avoids oversubscription."""
-    gpus = visible_gpus()
-    placements: list[tuple[str, int | None]] = []
-    for index, group in enumerate(config.instance_group):
-        kind = group.kind
-        if kind == "auto":
-            kind = "gpu" if gpus else "cpu"
-        if kind == "cpu":
-            placements += [("cpu", None)] * group.count
-            continue
-        if not gpus:
-            raise ConfigError(
-                f"model '{name}': instance_group[{index}] asks for kind \"gpu\" but no GPU is "
-                'visible. Hint: use kind = "auto" to fall back to the CPU'
-            )
-        # `gpus` counts CUDA devices as this server sees them; each instance process gets
-        # the driver's id of its device in CUDA_VISIBLE_DEVICES.
-        wanted = group.gpus if group.gpus is not None else range(len(gpus))
-        missing = [device for device in wanted if device >= len(gpus)]
-        if missing:
-            raise ConfigError(
-                f"model '{name}': instance_group[{index}].gpus: GPU(s) {missing} not visible "
-                f"(this server sees {len(gpus)}: 0..{len(gpus) - 1})"
-            )
-        placements += [("gpu", gpus[device]) for device in wanted for _ in range(group.count)]
-    config_json = msgspec.json.encode(config)
-    cpu_threads, gpu_threads = _threads(config, sum(1 for kind, _ in placements if kind == "cpu"))
-    return [
-        InstanceSpec(
-            model=name,
-            version=version,
-            version_path=str(version_path),
-            backend=backend,
-            config_json=config_json,
-            index=index,
-            kind=kind,
-            gpu=gpu,
-            threads=cpu_threads if kind == "cpu" else gpu_threads,
-            execute_timeout_s=config.execution.timeout_seconds,
-        )
-        for index, (kind, gpu) in enumerate(placements)
+    name: str, version: int, version_path: Path, backend: str, config: ModelConfig, gpus: Gpus
+) -> Placement:
+    """Resolve the instance groups against ``gpus`` and the cores this server may use, and
+    give each instance process a spec, with a CPU thread budget that avoids oversubscription."""
+    cores = sorted(os.sched_getaffinity(0))
+    groups = [
+        _resolve(name, index, group, gpus, cores)
+        for index, group in enumerate(config.instance_group or _default_groups(gpus))
     ]
+    config = msgspec.structs.replace(config, instance_group=groups)
+    config_json = msgspec.json.encode(config)
+    override = _thread_override(config)
+    unpinned_cpu = sum(group.count for group in groups if group.kind == "cpu" and not group.cpus)
+    specs: list[InstanceSpec] = []
+    for group in groups:
+        if group.kind == "cpu":
+            # CPU instances split the cores they may run on between them.
+            sharing = group.count if group.cpus else unpinned_cpu
+            threads = max(1, len(group.cpus or cores) // sharing)
+            devices: list[GpuDevice | None] = [None]
+        else:
+            # A GPU instance mostly launches kernels and copies: a couple of threads serve
+            # it, and sixteen GPU processes with all the cores each would starve the front.
+            threads = min(GPU_INSTANCE_THREADS, len(group.cpus or cores))
+            devices = [GpuDevice(number, gpus.visible[number].uuid) for number in group.gpus or ()]
+        for device in devices:
+            for _ in range(group.count):
+                specs.append(
+                    InstanceSpec(
+                        model=name,
+                        version=version,
+                        version_path=str(version_path),
+                        backend=backend,
+                        config_json=config_json,
+                        index=len(specs),
+                        kind=group.kind,
+                        gpu=device,
+                        cpus=tuple(group.cpus or ()),
+                        threads=override or threads,
+                        execute_timeout_s=config.execution.timeout_seconds,
+                    )
+                )
+    return Placement(config, specs)
 
 
-def _threads(config: ModelConfig, cpu_instances: int) -> tuple[int, int]:
-    """Intra-op threads for (each cpu instance, each gpu instance).
+def _default_groups(gpus: Gpus) -> list[InstanceGroup]:
+    if gpus.visible:
+        return [InstanceGroup(kind="gpu", gpus=list(range(len(gpus.visible))))]
+    return [InstanceGroup(kind="cpu")]
 
-    CPU instances split the cores between them. A GPU instance mostly launches kernels and
-    copies: a couple of threads serve it, and sixteen GPU processes with all the cores each
-    would starve the HTTP front. ``[parameters] intra_op_threads`` sets both.
-    """
+
+def _resolve(
+    name: str, index: int, group: InstanceGroup, gpus: Gpus, cores: list[int]
+) -> InstanceGroup:
+    """The group with its kind decided (cpu or gpu) and, on the GPU, its devices listed."""
+    where = f"model '{name}': instance_group[{index}]"
+    unknown = sorted(set(group.cpus or ()) - set(cores))
+    if unknown:
+        raise ConfigError(
+            f"{where}.cpus: core(s) {unknown} not available (this server may use "
+            f"{_ranges(cores)}). Hint: see `nproc` and the container's cpuset"
+        )
+    kind = group.kind
+    if kind == "auto":
+        kind = "gpu" if gpus.visible else "cpu"
+    if kind == "cpu":
+        return msgspec.structs.replace(group, kind="cpu", gpus=None)
+    if not gpus.visible:
+        raise ConfigError(
+            f'{where} asks for kind "gpu" but no GPU is visible ({gpus.describe()}). '
+            'Hint: use kind = "auto" to fall back to the CPU'
+        )
+    wanted = group.gpus if group.gpus is not None else list(range(len(gpus.visible)))
+    missing = [device for device in wanted if device >= len(gpus.visible)]
+    if missing:
+        raise ConfigError(f"{where}.gpus: GPU(s) {missing} not visible ({gpus.describe()})")
+    return msgspec.structs.replace(group, kind="gpu", gpus=wanted)
+
+
+def _ranges(cores: list[int]) -> str:
+    """``0-3,8`` for cores [0, 1, 2, 3, 8], as taskset and cpusets write them."""
+    spans: list[list[int]] = []
+    for core in cores:
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _thread_override(config: ModelConfig) -> int | None:
+    """``[parameters] intra_op_threads``: every instance's thread count, when given."""
     override = config.parameters.get("intra_op_threads")
-    if override is not None:
-        if type(override) is not int or override < 1:
-            raise ConfigError(f"parameters.intra_op_threads: expected int >= 1, got {override!r}")
-        return override, override
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
-    return max(1, cores // max(cpu_instances, 1)), min(GPU_INSTANCE_THREADS, cores)
+    if override is not None and (type(override) is not int or override < 1):
+        raise ConfigError(f"parameters.intra_op_threads: expected int >= 1, got {override!r}")
+    return override

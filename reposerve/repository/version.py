@@ -18,6 +18,7 @@ import time
 from reposerve.config import ModelConfig
 from reposerve.errors import InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.process import BatchTensor, FailureCause, InstanceProcess
+from reposerve.repository.gpus import discover
 from reposerve.repository.placement import plan_instances
 from reposerve.repository.recovery import InstanceRestarter
 from reposerve.repository.scan import VersionSource
@@ -91,10 +92,14 @@ class ModelVersion:
     async def load(self) -> None:
         """Start every instance and run the warmup; on any failure end UNAVAILABLE."""
         try:
-            specs = plan_instances(
-                self.name, self.version, self.source.path, self.backend, self.config
+            gpus = await asyncio.to_thread(discover)  # a probe process, the first time only
+            placement = plan_instances(
+                self.name, self.version, self.source.path, self.backend, self.config, gpus
             )
-            self.instances = [InstanceProcess(spec, self._on_instance_exit) for spec in specs]
+            self.config = placement.config
+            self.instances = [
+                InstanceProcess(spec, self._on_instance_exit) for spec in placement.specs
+            ]
             results = await asyncio.gather(
                 *(instance.start(self._load_timeout) for instance in self.instances),
                 return_exceptions=True,

@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from reposerve.repository.placement import visible_gpus
+from reposerve.repository.gpus import discover
 from tests.server import SERVE_BROKEN, start_server
 from tests.toy_models import vector_config, write_model
 
@@ -157,8 +157,9 @@ def test_wrong_input_is_rejected_before_the_model(client):
 
 @pytest.mark.gpu
 def test_gpu_instances_run_on_the_gpu(repository, tmp_path):
-    if not visible_gpus():
-        pytest.skip("no GPU visible (no /proc/driver/nvidia/gpus entries)")
+    devices = discover().visible
+    if not devices:
+        pytest.skip("no GPU visible (the GPU probe found none)")
     group = '[[instance_group]]\nkind = "gpu"\ncount = 2'
     write_model(repository, "onnx_gpu", _config(extra=group), None)
     model_files.export_onnx(repository / "onnx_gpu" / "1" / "model.onnx")
@@ -167,7 +168,9 @@ def test_gpu_instances_run_on_the_gpu(repository, tmp_path):
             repository, f"pt2_gpu_{precision}", _config(precision=precision, extra=group), None
         )
         model_files.export_program(repository / f"pt2_gpu_{precision}" / "1" / "model.pt2")
-    write_model(repository, "where", vector_config(size=1, output=("INT64", 2), extra=group), WHERE)
+    where = write_model(
+        repository, "where", vector_config(size=1, output=("INT64", 1), extra=group), WHERE
+    )
     server = start_server(repository, tmp_path)
     try:
         client = httpclient.InferenceServerClient(server.address)
@@ -178,20 +181,15 @@ def test_gpu_instances_run_on_the_gpu(repository, tmp_path):
                 _run(client, model, values), model_files.reference(values), atol=tolerance
             )
         client.close()
-        # Two instances on each GPU, each process seeing only its own device as cuda:0.
-        seen = set()
-        for _ in range(16):
-            body = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [0]}]}
-            reply = httpx.post(f"{server.url}/v2/models/where/infer", json=body).json()
-            seen.add(tuple(reply["outputs"][0]["data"]))
-        gpus = visible_gpus()
-        assert {gpu for gpu, _ in seen} == set(gpus)
-        assert len(seen) == 2 * len(gpus)  # (gpu, pid) pairs: two processes per GPU
+        # Two instances on each GPU, each process seeing only its own device (by UUID).
+        loaded = [line.split() for line in (where / "1" / "LOADED").read_text().splitlines()]
+        assert sorted(uuid for _, uuid in loaded) == sorted(d.uuid for d in devices) * 2
+        assert len({pid for pid, _ in loaded}) == 2 * len(devices)
     finally:
         assert server.stop() == 0, server.log()
 
 
-# Reports (the GPU its process was given, its pid); torch must see exactly one device.
+# Appends "pid CUDA_VISIBLE_DEVICES" to LOADED beside model.py; torch must see one device.
 WHERE = """
     import os
     import numpy as np
@@ -200,10 +198,11 @@ WHERE = """
     class Model:
         def load(self, context):
             assert context.device == "cuda:0" and torch.cuda.device_count() == 1
-            self.report = [int(os.environ["CUDA_VISIBLE_DEVICES"]), os.getpid()]
+            with open(context.version_path / "LOADED", "a") as log:
+                log.write(f"{os.getpid()} {os.environ['CUDA_VISIBLE_DEVICES']}\\n")
 
         def execute(self, inputs):
-            return {"OUTPUT": np.tile(np.array(self.report, np.int64), (len(inputs["INPUT"]), 1))}
+            return {"OUTPUT": np.full((len(inputs["INPUT"]), 1), os.getpid(), np.int64)}
 """
 
 

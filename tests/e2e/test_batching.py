@@ -148,17 +148,17 @@ def test_cpu_instances_share_the_cores(server):
 
 
 def test_parameters_override_the_thread_budget_and_auto_falls_back(server):
-    from reposerve.repository.placement import visible_gpus
+    from reposerve.repository.gpus import discover
 
-    if visible_gpus():
+    if discover().visible:
         pytest.skip("a GPU is visible: kind auto places this model on it")
     assert _report(server.url, "threads_pinned")[:2] == [3, 3]
 
 
 def test_gpu_group_without_gpu_is_a_load_error(server):
-    from reposerve.repository.placement import visible_gpus
+    from reposerve.repository.gpus import discover
 
-    if visible_gpus():
+    if discover().visible:
         pytest.skip("a GPU is visible here")
     index = httpx.post(f"{server.url}/v2/repository/index").json()
     entry = next(e for e in index if e["name"] == "wants_gpu")

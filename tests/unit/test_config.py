@@ -25,7 +25,7 @@ def test_defaults():
     config = parse_model_config("", LABEL)
     assert config.max_batch_size == 0
     assert config.version_policy.latest is None and config.version_policy.all is None
-    assert [(g.kind, g.count) for g in config.instance_group] == [("cpu", 1)]
+    assert config.instance_group is None  # placement applies Triton's default (per GPU)
     assert config.dynamic_batching is None
     assert config.optimization.precision == "fp32"
 
@@ -92,6 +92,11 @@ def test_full_example_parses():
         ("[[instance_group]]\ncount = 0", "instance_group[0].count: expected int >= 1, got 0"),
         ("instance_group = []", "instance_group: expected array of length >= 1, got []"),
         (
+            "[[instance_group]]\ncpus = []",
+            "instance_group[0].cpus: expected array of length >= 1, got []",
+        ),
+        ("[[instance_group]]\ncpus = [-1]", "instance_group[0].cpus[0]: expected int >= 0, got -1"),
+        (
             "version_policy = { latest = 1, all = true }",
             "version_policy: set one of latest, all, specific (got latest, all)",
         ),
@@ -127,7 +132,7 @@ def test_errors_name_file_key_and_reason(text, message):
 KEYS = [
     "name", "backend", "max_batch_size", "version_policy", "input", "output", "instance_group",
     "dynamic_batching", "optimization", "warmup", "parameters", "latest", "all", "specific",
-    "datatype", "shape", "kind", "count", "gpus", "preferred_batch_size", "precision",
+    "datatype", "shape", "kind", "count", "gpus", "cpus", "preferred_batch_size", "precision",
     "max_queue_delay_microseconds", "batch_size", "inputs", "optional", "typo",
 ]  # fmt: skip
 toml_values = st.recursive(
