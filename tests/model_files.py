@@ -61,9 +61,29 @@ def export_torchscript(path: Path) -> None:
 
 
 def export_program(path: Path) -> None:
+    _export(tiny_net(), _example(), path)
+
+
+def bf16_net() -> TinyNet:
+    """TinyNet in bfloat16 throughout: x: BF16 [batch, 4] -> y: BF16 [batch, 3]."""
+    return tiny_net().to(torch.bfloat16)
+
+
+def export_bf16_program(path: Path) -> None:
+    _export(bf16_net(), _example().to(torch.bfloat16), path)
+
+
+def reference_bf16(bits: np.ndarray) -> np.ndarray:
+    """``bf16_net`` on bfloat16 bit patterns (uint16), returning bit patterns."""
+    with torch.inference_mode():
+        result = bf16_net()(torch.from_numpy(bits).view(torch.bfloat16))
+        return result.view(torch.uint16).numpy()
+
+
+def _export(module: torch.nn.Module, example: torch.Tensor, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     batch = torch.export.Dim("batch", min=1, max=1024)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.export.export(tiny_net(), (_example(),), dynamic_shapes={"x": {0: batch}})
+        program = torch.export.export(module, (example,), dynamic_shapes={"x": {0: batch}})
         torch.export.save(program, str(path))

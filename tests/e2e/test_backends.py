@@ -47,6 +47,8 @@ def server(tmp_path_factory):
     for precision in ("fp32", "fp16", "bf16"):
         write_model(root, f"pt2_{precision}", _config(precision=precision), None)
         model_files.export_program(root / f"pt2_{precision}" / "1" / "model.pt2")
+    write_model(root, "pt2_bf16_io", _config(), None)
+    model_files.export_bf16_program(root / "pt2_bf16_io" / "1" / "model.pt2")
     write_model(root, "script", _config(DECLARED), None)
     model_files.export_torchscript(root / "script" / "1" / "model.pt")
     write_model(root, "script_undeclared", _config(), None)
@@ -98,6 +100,22 @@ def test_results_equal_a_direct_run(client, model, input_name, precision):
     np.testing.assert_allclose(
         result, model_files.reference(values), atol=TOLERANCE[precision], rtol=TOLERANCE[precision]
     )
+
+
+def test_bf16_tensors_cross_the_boundary_both_ways(client):
+    metadata = client.get_model_metadata("pt2_bf16_io")
+    assert [t["datatype"] for t in metadata["inputs"] + metadata["outputs"]] == ["BF16", "BF16"]
+    values = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
+    tensor = httpclient.InferInput("x", [5, 4], "BF16")
+    tensor.set_data_from_numpy(values)  # sent as binary data: each float's upper 16 bits
+    name = metadata["outputs"][0]["name"]
+    output = httpclient.InferRequestedOutput(name, binary_data=True)
+    result = client.infer("pt2_bf16_io", [tensor], outputs=[output])
+    assert result.get_output(name)["datatype"] == "BF16"
+    bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+    expected = (model_files.reference_bf16(bits).astype(np.uint32) << 16).view(np.float32)
+    # Within a bfloat16 step: another thread count may round an accumulation differently.
+    np.testing.assert_allclose(result.as_numpy(name), expected, rtol=1e-2, atol=1e-2)
 
 
 def test_inputs_and_outputs_are_filled_from_the_model_file(client):
