@@ -175,3 +175,49 @@ RECORDS = """
                 log.write(f"{os.getpid()} {inputs['INPUT'].shape[0]}\\n")
             return {"OUTPUT": inputs["INPUT"]}
 """
+
+# Fails the way torch reports device errors, for items starting with -7 (a CUDA error that
+# poisons the process) or -8 (out of device memory); otherwise answers its pid per value.
+DEVICE_FAULTS = """
+    import os
+    import numpy as np
+
+    class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError, by name and words
+        pass
+
+    class Model:
+        def execute(self, inputs):
+            first = inputs["INPUT"][:, 0]
+            if (first == -7).any():
+                raise RuntimeError(
+                    "CUDA error: device-side assert triggered\\n"
+                    "CUDA kernel errors might be asynchronously reported at some other API call"
+                )
+            if (first == -8).any():
+                raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return {"OUTPUT": np.full(inputs["INPUT"].shape, os.getpid(), np.float32)}
+"""
+
+# The request starting with 1 waits for GO beside model.py, then answers whether the next
+# batch's frame reached this process while it ran (1.0) or not within a second (0.0).
+STAGING_PROBE = """
+    import select
+    import sys
+    import time
+    import numpy as np
+
+    class Model:
+        def load(self, context):
+            self.folder = context.version_path
+
+        def execute(self, inputs):
+            values = inputs["INPUT"]
+            if values[0, 0] != 1:
+                return {"OUTPUT": values}
+            (self.folder / "RUNNING").touch()
+            while not (self.folder / "GO").exists():
+                time.sleep(0.01)
+            socket_fd = int(sys.argv[1])  # the worker's channel to the front
+            waiting, _, _ = select.select([socket_fd], [], [], 1.0)
+            return {"OUTPUT": np.full(values.shape, float(bool(waiting)), np.float32)}
+"""

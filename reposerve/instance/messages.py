@@ -55,7 +55,8 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
 
 # instance -> front
 class Ready(msgspec.Struct, tag=True, array_like=True):
-    max_inflight: int
+    max_inflight: int  # batches it runs at once
+    staging: int  # further batches it accepts to start the moment one finishes
     config: bytes  # the ModelConfig completed from the model file, JSON-encoded
 
 
@@ -74,6 +75,7 @@ class Failure(msgspec.Struct, tag=True, array_like=True):
     batch_id: int
     message: str
     invalid_input: bool  # the model raised reposerve.InvalidInput: the client's fault
+    fatal: bool = False  # the process ends after this answer (a poisoned CUDA context)
 
 
 ToInstance = Load | AddSlot | Execute | Shutdown

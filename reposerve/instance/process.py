@@ -98,6 +98,8 @@ class FailureCause(enum.Enum):
     INVALID_INPUT = "invalid_input"  # execute raised reposerve.InvalidInput
     INSTANCE = "instance"  # the process died, was killed, or overran the timeout
     STOPPED = "stopped"  # its owner stopped it on purpose (unload, shutdown) before it ended
+    NOT_STARTED = "not_started"  # staged behind a batch that took the process down: it
+    # never ran, and may run elsewhere
 
 
 class BatchFailure(msgspec.Struct, frozen=True):
@@ -113,14 +115,18 @@ class BatchFailure(msgspec.Struct, frozen=True):
 
 
 OnDone = Callable[[BatchOutcome | BatchFailure], None]
+OnStart = Callable[[], None]
 
 
 class _Running(msgspec.Struct):
-    """A batch handed to the process: its slot, its owner's callback, when it was sent."""
+    """A batch handed to the process: its slot, its owner's callback, and since when it
+    runs (loop time; a staged batch starts when the one before it is answered)."""
 
     slot: int
     on_done: OnDone
-    sent: float  # loop time
+    on_start: OnStart | None
+    since: float
+    started: bool
 
 
 class InstanceState(enum.Enum):
@@ -134,7 +140,8 @@ class InstanceProcess:
     def __init__(self, spec: InstanceSpec, on_exit: Callable[[InstanceProcess], None]) -> None:
         self.spec = spec
         self.state = InstanceState.STARTING
-        self.max_inflight = 1
+        self.max_inflight = 1  # batches the process runs at once (many for async models)
+        self.staging = 0  # batches it accepts beyond those, to start as soon as one ends
         self.config: ModelConfig | None = None  # as completed by the backend, once READY
         self._on_exit = on_exit
         self._process: subprocess.Popen | None = None
@@ -149,7 +156,9 @@ class InstanceProcess:
         self._closed = asyncio.Event()
         self._exit_report: asyncio.Task | None = None  # held so the task is not collected
         self.ended = ""  # how the process ended ("was killed by SIGKILL"), once it has
-        self.overran = False  # killed by us for a batch past the execution timeout
+        # Ended for one batch's sake (it hung past the timeout, or hit a CUDA error that
+        # poisons the process), not because the model is broken: no crash-loop count.
+        self.batch_fault = False
 
     @property
     def in_flight(self) -> int:
@@ -163,15 +172,17 @@ class InstanceProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
-    def has_capacity(self) -> bool:
-        if self.state is not InstanceState.READY:
+    def has_capacity(self, staged: bool = False) -> bool:
+        """Whether it takes a batch now: to run at once, or (``staged``) to run next."""
+        limit = self.max_inflight + (self.staging if staged else 0)
+        if self.state is not InstanceState.READY or len(self._in_flight) >= limit:
             return False
         if self._free_slots:
             return True
         # A new slot's fd goes out beside the socket's byte stream; only while nothing is
         # queued in the transport does it keep its place among the frames.
         return (
-            len(self._slots) < self.max_inflight
+            len(self._slots) < limit
             and self._transport is not None
             and self._transport.get_write_buffer_size() == 0
         )
@@ -227,8 +238,12 @@ class InstanceProcess:
             self.kill()
             raise
 
-    def run(self, inputs: Sequence[BatchTensor], on_done: OnDone) -> None:
-        """Assemble a batch into a free slot and send it; ``on_done`` gets the outcome."""
+    def run(
+        self, inputs: Sequence[BatchTensor], on_done: OnDone, on_start: OnStart | None = None
+    ) -> None:
+        """Assemble a batch into a free slot and send it; ``on_done`` gets the outcome.
+        ``on_start`` is called when it begins to run: now, or once the batch ahead of it
+        is answered when it was staged."""
         if self._transport is None or self.state is not InstanceState.READY:
             raise OSError(f"{self.spec.label} is {self.state.value}")
         slot_index = self._free_slots.pop() if self._free_slots else self._add_slot()
@@ -250,7 +265,10 @@ class InstanceProcess:
         batch_id = self._next_batch_id
         self._next_batch_id += 1
         loop = asyncio.get_running_loop()
-        self._in_flight[batch_id] = _Running(slot_index, on_done, loop.time())
+        starts_now = len(self._in_flight) < self.max_inflight
+        self._in_flight[batch_id] = _Running(slot_index, on_done, on_start, loop.time(), starts_now)
+        if starts_now and on_start is not None:
+            on_start()
         self._transport.write(encode_frame(Execute(batch_id, slot_index, slot.size, refs)))
         if self._watchdog is None and self.spec.execute_timeout_s:
             self._watchdog = loop.call_later(self.spec.execute_timeout_s, self._watch)
@@ -264,12 +282,12 @@ class InstanceProcess:
             return
         limit = self.spec.execute_timeout_s
         now = asyncio.get_running_loop().time()
-        oldest_id, oldest = min(self._in_flight.items(), key=lambda item: item[1].sent)
-        if now - oldest.sent >= limit:
+        oldest_id, oldest = min(self._in_flight.items(), key=lambda item: item[1].since)
+        if now - oldest.since >= limit:
             self._overran(oldest_id)
         else:
             self._watchdog = asyncio.get_running_loop().call_later(
-                oldest.sent + limit - now, self._watch
+                oldest.since + limit - now, self._watch
             )
 
     def _overran(self, batch_id: int) -> None:
@@ -277,7 +295,7 @@ class InstanceProcess:
         running = self._in_flight.pop(batch_id)
         limit = self.spec.execute_timeout_s
         log.error("%s: execute ran past %g s; killing the instance", self.spec.label, limit)
-        self.overran = True
+        self.batch_fault = True
         running.on_done(
             BatchFailure(
                 f"execute did not finish within {limit:g} s (execution.timeout_seconds); "
@@ -340,10 +358,24 @@ class InstanceProcess:
             self._transport.write(frame[sent:])
         return index
 
+    def _answered(self, batch_id: int, next_starts: bool = True) -> _Running | None:
+        """Take an answered batch off the books; a staged one behind it starts now."""
+        running = self._in_flight.pop(batch_id, None)
+        if running is not None and self.staging and next_starts:
+            waiting = [other for other in self._in_flight.values() if not other.started]
+            if waiting:
+                # Frames are run in the order sent: the oldest staged batch is next.
+                following = waiting[0]
+                following.started = True
+                following.since = asyncio.get_running_loop().time()
+                if following.on_start is not None:
+                    following.on_start()
+        return running
+
     def _on_message(self, message: FromInstance) -> None:
         match message:
             case Result(batch_id=batch_id):
-                running = self._in_flight.pop(batch_id, None)
+                running = self._answered(batch_id)
                 if running is None:  # it overran its timeout and was failed already
                     return
                 slot_index = running.slot
@@ -361,14 +393,20 @@ class InstanceProcess:
                 finally:
                     self._free_slots.append(slot_index)
             case Failure(batch_id=batch_id):
-                running = self._in_flight.pop(batch_id, None)
+                running = self._answered(batch_id, next_starts=not message.fatal)
                 if running is None:
                     return
+                if message.fatal:  # the process ends itself; take nothing more meanwhile
+                    log.error("%s: %s", self.spec.label, message.message)
+                    self.batch_fault = True
+                    if self.state is InstanceState.READY:
+                        self.state = InstanceState.STOPPING
                 self._free_slots.append(running.slot)
                 cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
                 running.on_done(BatchFailure(message.message, cause))
             case Ready():
                 self.max_inflight = message.max_inflight
+                self.staging = message.staging
                 self.config = msgspec.json.decode(message.config, type=ModelConfig)
                 self.state = InstanceState.READY
                 if self._ready and not self._ready.done():
@@ -405,12 +443,17 @@ class InstanceProcess:
             self._on_exit(self)
 
     def _fail_in_flight(self, reason: str, cause: FailureCause = FailureCause.INSTANCE) -> None:
+        """Fail the batches the process held. Those still staged never ran: unless the
+        owner is stopping everything, they go back to be run elsewhere."""
         failed, self._in_flight = self._in_flight, {}
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
         for running in failed.values():
-            running.on_done(BatchFailure(reason, cause))
+            if running.started or cause is FailureCause.STOPPED:
+                running.on_done(BatchFailure(reason, cause))
+            else:
+                running.on_done(BatchFailure(reason, FailureCause.NOT_STARTED))
 
 
 class _Channel(asyncio.Protocol):

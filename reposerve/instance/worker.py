@@ -26,10 +26,12 @@ import msgspec
 import numpy as np
 
 from reposerve.backends import Backend, ModelContext, create_backend
+from reposerve.backends.base import DeviceOutput
 from reposerve.config import ModelConfig, complete_config
-from reposerve.datatypes import NUMPY_DTYPES, to_numpy, to_wire
+from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput, ReposerveError
 from reposerve.instance.arena import Slot, align
+from reposerve.instance.faults import Aftermath, aftermath, free_device_memory
 from reposerve.instance.messages import (
     AddSlot,
     Execute,
@@ -48,7 +50,11 @@ from reposerve.instance.messages import (
 # How many batches one async instance may hold at once unless [parameters] says otherwise.
 DEFAULT_ASYNC_INFLIGHT = 256
 _MAX_FDS_PER_READ = 16
+EXIT_POISONED = 70  # the process ended itself after a CUDA error poisoned its context
 _PR_SET_PDEATHSIG = 1
+
+
+Output = np.ndarray | DeviceOutput | bytes | memoryview  # BYTES: already framed
 
 
 class OutputError(Exception):
@@ -95,13 +101,20 @@ class BatchRunner:
         self.slots: dict[int, Slot] = {}
         self._config = config
         self._output_names = frozenset(spec.name for spec in config.output)
+        # Optional hooks of backends that copy to a device (``StagingBackend``).
+        self._register = getattr(backend, "register_host_buffer", None)
+        self._synchronize = getattr(backend, "synchronize", None)
+        self._registered: set[int] = set()  # ids of the mappings handed to the backend
 
     def add_slot(self, message: AddSlot, fd: int) -> None:
-        self.slots[message.slot] = Slot(fd, message.size)
+        slot = Slot(fd, message.size)
+        self.slots[message.slot] = slot
+        self._pin(slot)
 
     def prepare(self, message: Execute) -> tuple[Slot, dict[str, np.ndarray]]:
         slot = self.slots[message.slot]
         slot.remap(message.slot_size)
+        self._pin(slot)
         view = memoryview(slot.buffer)
         inputs = {
             ref.name: to_numpy(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
@@ -112,6 +125,7 @@ class BatchRunner:
     def finish(
         self, message: Execute, slot: Slot, outputs: object, started_ns: int
     ) -> Result | Failure:
+        """Check the outputs and write each straight into the slot, after the inputs."""
         compute_ns = time.perf_counter_ns() - started_ns
         batch_size = message.inputs[0].shape[0] if message.inputs else 1
         try:
@@ -120,24 +134,61 @@ class BatchRunner:
             return Failure(message.batch_id, str(exc), invalid_input=False)
         end = max((ref.offset + ref.nbytes for ref in message.inputs), default=0)
         offset = align(end)
-        placed: list[tuple[TensorRef, bytes | memoryview]] = []
-        for name, datatype, array in checked:
-            raw = to_wire(datatype, array)
-            placed.append((TensorRef(name, datatype, array.shape, offset, len(raw)), raw))
-            offset = align(offset + len(raw))
+        placed: list[tuple[TensorRef, Output]] = []
+        for name, datatype, value in checked:
+            shape = tuple(value.shape)
+            if datatype == "BYTES":  # framed here: its size is known only once packed
+                value = to_wire(datatype, value)
+                nbytes = len(value)
+            else:
+                nbytes = element_count(shape) * value.dtype.itemsize
+            placed.append((TensorRef(name, datatype, shape, offset, nbytes), value))
+            offset = align(offset + nbytes)
         slot.ensure(offset)
-        view = memoryview(slot.buffer)
-        for ref, raw in placed:
-            view[ref.offset : ref.offset + ref.nbytes] = raw
+        self._pin(slot)
+        try:
+            for ref, value in placed:
+                if isinstance(value, bytes | memoryview):
+                    slot.buffer[ref.offset : ref.offset + ref.nbytes] = value
+                    continue
+                target = np.ndarray(value.shape, value.dtype, slot.buffer, ref.offset)
+                if isinstance(value, np.ndarray):
+                    np.copyto(target, value)
+                else:
+                    value.copy_into(target)
+        finally:
+            # Even when a copy failed: none may land after the front took the slot back.
+            if self._synchronize is not None:
+                self._synchronize()
         return Result(message.batch_id, slot.size, [ref for ref, _ in placed], compute_ns)
 
     def failure(self, message: Execute, exc: BaseException) -> Failure:
         if isinstance(exc, InvalidInput):  # the model's own words about the client's data
             return Failure(message.batch_id, exc.message, invalid_input=True)
         traceback.print_exception(exc, file=sys.stderr)
-        return Failure(message.batch_id, f"{type(exc).__name__}: {exc}", invalid_input=False)
+        text = f"{type(exc).__name__}: {exc}"
+        outcome = aftermath(exc)
+        if outcome is Aftermath.OUT_OF_MEMORY:
+            free_device_memory()
+        elif outcome is Aftermath.POISONED:
+            return Failure(
+                message.batch_id,
+                f"{text} (a CUDA error that leaves the device unusable in this process: "
+                "the instance is being replaced)",
+                invalid_input=False,
+                fatal=True,
+            )
+        return Failure(message.batch_id, text, invalid_input=False)
 
-    def _check_outputs(self, outputs: object, batch_size: int) -> list[tuple[str, str, np.ndarray]]:
+    def _pin(self, slot: Slot) -> None:
+        if self._register is not None and id(slot.buffer) not in self._registered:
+            self._registered.add(id(slot.buffer))
+            try:
+                self._register(slot.buffer)
+            except Exception as exc:  # unpinned memory is slower, never wrong
+                print(f"shared memory not pinned, copies stay synchronous: {exc}", file=sys.stderr)
+
+    def _check_outputs(self, outputs: object, batch_size: int) -> list[tuple[str, str, Output]]:
         """The outputs in config order, as their declared datatypes (``_conform``)."""
         if not isinstance(outputs, dict):
             raise OutputError(
@@ -150,7 +201,7 @@ class BatchRunner:
                 "Hint: declare them as [[output]] in config.toml, or stop returning them"
             )
         batched = self._config.max_batch_size > 0
-        checked = []
+        checked: list[tuple[str, str, Output]] = []
         for spec in self._config.output:
             if spec.name not in outputs:
                 returned = ", ".join(map(str, outputs)) or "nothing"
@@ -158,8 +209,13 @@ class BatchRunner:
                     f"execute() returned no output '{spec.name}' (returned: {returned})"
                 )
             where = f"output '{spec.name}'"
-            array = _conform(np.asarray(outputs[spec.name]), spec.datatype, where)
-            dims = array.shape
+            value = outputs[spec.name]
+            if hasattr(value, "copy_into"):  # a DeviceOutput: already in the declared dtype
+                if spec.datatype == "BYTES" or value.dtype != NUMPY_DTYPES[spec.datatype]:
+                    raise OutputError(f"{where}: expected {spec.datatype}, got {value.dtype}")
+            else:
+                value = _conform(np.asarray(value), spec.datatype, where)
+            dims = tuple(value.shape)
             if batched:
                 if not dims or dims[0] != batch_size:
                     raise OutputError(
@@ -170,7 +226,7 @@ class BatchRunner:
                 want not in (-1, got) for want, got in zip(spec.shape, dims, strict=True)
             ):
                 raise OutputError(f"{where}: expected item shape {spec.shape}, got {list(dims)}")
-            checked.append((spec.name, spec.datatype, array))
+            checked.append((spec.name, spec.datatype, value))
         return checked
 
 
@@ -207,6 +263,14 @@ def _conform(array: np.ndarray, datatype: str, where: str) -> np.ndarray:
     return converted
 
 
+def _answer(channel: Channel, reply: Result | Failure) -> None:
+    channel.send(reply)
+    if isinstance(reply, Failure) and reply.fatal:
+        # The answer is in the socket; nothing more can run here, and tearing down a
+        # poisoned CUDA context can hang: leave at once, the front starts a replacement.
+        os._exit(EXIT_POISONED)
+
+
 def _run_sync(channel: Channel, runner: BatchRunner) -> None:
     while True:
         message = channel.receive()
@@ -218,7 +282,7 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
                 reply = runner.finish(message, slot, outputs, started)
             except Exception as exc:
                 reply = runner.failure(message, exc)
-            channel.send(reply)
+            _answer(channel, reply)
         elif isinstance(message, AddSlot):
             runner.add_slot(message, channel.take_fd())
         else:
@@ -238,7 +302,7 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
             reply = runner.finish(message, slot, outputs, started)
         except Exception as exc:
             reply = runner.failure(message, exc)
-        channel.send(reply)
+        _answer(channel, reply)
 
     def deliver(message: ToInstance | None) -> None:
         if isinstance(message, Execute):
@@ -277,6 +341,16 @@ def _max_inflight(config: ModelConfig) -> int:
     return value
 
 
+def _staging(config: ModelConfig) -> int:
+    """Batches a sync instance accepts beyond the one it runs: with one staged in shared
+    memory, it starts the next the moment it answers instead of waiting a round trip
+    through the front (and a GPU does not idle while the front assembles the batch)."""
+    value = config.parameters.get("stage_next_batch", True)
+    if type(value) is not bool:
+        raise ValueError(f"parameters.stage_next_batch: expected true or false, got {value!r}")
+    return int(value)
+
+
 def _die_with_parent() -> None:
     """Ask the kernel to kill us if the front dies, so no instance outlives it."""
     try:
@@ -310,6 +384,7 @@ def main(argv: list[str]) -> int:
         if signature is not None:
             config = complete_config(config, *signature, label=f"{load.model}/config.toml")
         inflight = _max_inflight(config) if backend.is_async else 1
+        staging = 0 if backend.is_async else _staging(config)
     except ReposerveError as exc:
         channel.send(LoadFailed(exc.message))
         return 1
@@ -318,7 +393,7 @@ def main(argv: list[str]) -> int:
         channel.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
     runner = BatchRunner(backend, config)
-    channel.send(Ready(max_inflight=inflight, config=msgspec.json.encode(config)))
+    channel.send(Ready(inflight, staging, msgspec.json.encode(config)))
     try:
         (_run_async if backend.is_async else _run_sync)(channel, runner)
     finally:

@@ -52,7 +52,7 @@ class InstanceRestarter:
 
     def restart(self, dead: InstanceProcess) -> None:
         """``dead`` exited: replace it, unless it is in a crash loop."""
-        if dead.overran:  # killed by us for one request that hung: the model is healthy
+        if dead.batch_fault:  # it ended for one batch's sake: the model is healthy
             self.deaths += 1
             self._schedule(dead, RESTART_DELAYS[0])
         else:

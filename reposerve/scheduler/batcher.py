@@ -30,6 +30,7 @@ from reposerve.instance.process import (
     BatchTensor,
     FailureCause,
     OnDone,
+    OnStart,
 )
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
@@ -47,9 +48,13 @@ class Executor(Protocol):
     @property
     def in_flight(self) -> int: ...
 
-    def has_capacity(self) -> bool: ...
+    def has_capacity(self, staged: bool = False) -> bool:
+        """Whether it takes a batch to run now, or (``staged``) to run next."""
+        ...
 
-    def run(self, inputs: Sequence[BatchTensor], on_done: OnDone) -> None: ...
+    def run(
+        self, inputs: Sequence[BatchTensor], on_done: OnDone, on_start: OnStart | None = None
+    ) -> None: ...
 
 
 class _Queued:
@@ -70,13 +75,14 @@ class _Queued:
 class _Batch:
     """Requests handed to an instance together, and when that happened."""
 
-    __slots__ = ("items", "started_ns", "launched_ns", "rerun")
+    __slots__ = ("items", "started_ns", "launched_ns", "rerun", "waiting")
 
     def __init__(self, items: list[_Queued], started_ns: int, rerun: bool) -> None:
         self.items = items
         self.started_ns = started_ns
         self.launched_ns = started_ns  # set once the instance took it
         self.rerun = rerun  # part of a failed batch, run again to isolate the fault
+        self.waiting = True  # staged on an instance, not running yet
 
 
 class Scheduler:
@@ -103,8 +109,11 @@ class Scheduler:
         self._isolate = config.execution.isolate_failures
         self._queues: list[deque[_Queued]] = [deque() for _ in range(self._levels)]
         self._queued = 0
-        self._reruns: deque[list[_Queued]] = deque()  # parts of failed batches, run first
+        # Run before the queue: parts of failed batches (rerun=True, to isolate a fault)
+        # and batches handed back unstarted by an instance that died.
+        self._reruns: deque[tuple[list[_Queued], bool]] = deque()
         self._in_flight = 0
+        self._staged = 0  # requests handed to an instance that has not started them
         self._dispatch_scheduled = False
         self._delay_timer: Timer | None = None
         self._rotation = 0
@@ -120,7 +129,7 @@ class Scheduler:
     @property
     def pending(self) -> int:
         """Requests accepted and not running on an instance now."""
-        return self._queued + sum(map(len, self._reruns))
+        return self._queued + self._staged + sum(len(items) for items, _ in self._reruns)
 
     @property
     def serving(self) -> bool:
@@ -171,7 +180,7 @@ class Scheduler:
                 self._fail(queue.popleft(), error)
         self._queued = 0
         while self._reruns:
-            for item in self._reruns.popleft():
+            for item in self._reruns.popleft()[0]:
                 self._fail(item, error)
         self._check_idle()
 
@@ -198,15 +207,18 @@ class Scheduler:
         if self._delay_timer is not None:
             self._delay_timer.cancel()
             self._delay_timer = None
-        while self._reruns:
-            instance = self._free_instance()
+        while self._reruns:  # formed already, they cannot grow: staging them is fine
+            instance = self._free_instance(staged=False) or self._free_instance(staged=True)
             if instance is None:
                 return
-            self._launch(instance, self._reruns.popleft(), rerun=True)
+            self._launch(instance, *self._reruns.popleft())
         while self._queued:
-            instance = self._free_instance()
-            if instance is None:
-                return
+            instance = self._free_instance(staged=False)
+            staged = instance is None
+            if staged:
+                instance = self._free_instance(staged=True)
+                if instance is None:
+                    return
             head, blocked = self._head()
             if not head:  # what was queued had been given up by its callers
                 self._check_idle()
@@ -219,14 +231,19 @@ class Scheduler:
             if not isinstance(plan, Take):
                 self._delay_timer = self._clock.call_later(plan.ns, self._wake)
                 return
+            if staged and not plan.full:
+                return  # a batch that can still grow waits for an instance to be free
             self._launch(instance, self._pop(plan.count), rerun=False)
 
-    def _free_instance(self) -> Executor | None:
+    def _free_instance(self, staged: bool) -> Executor | None:
+        """The least busy instance that takes a batch now (or, ``staged``, next)."""
         best: Executor | None = None
         count = len(self._instances)
         for step in range(count):
             instance = self._instances[(self._rotation + step) % count]
-            if instance.has_capacity() and (best is None or instance.in_flight < best.in_flight):
+            if instance.has_capacity(staged) and (
+                best is None or instance.in_flight < best.in_flight
+            ):
                 best = instance
         if best is not None:
             self._rotation = (self._rotation + 1) % count
@@ -279,9 +296,10 @@ class Scheduler:
             for name, tensor in first.inputs.items()
         ]
         self._in_flight += 1
+        self._staged += len(items)
         batch = _Batch(items, self._clock.now(), rerun)
         try:
-            instance.run(inputs, partial(self._complete, batch))
+            instance.run(inputs, partial(self._complete, batch), partial(self._started, batch))
         except OSError as exc:
             self._complete(
                 batch,
@@ -291,8 +309,14 @@ class Scheduler:
             )
         batch.launched_ns = self._clock.now()
 
+    def _started(self, batch: _Batch) -> None:
+        if batch.waiting:
+            batch.waiting = False
+            self._staged -= len(batch.items)
+
     def _complete(self, batch: _Batch, outcome: BatchOutcome | BatchFailure) -> None:
         self._in_flight -= 1
+        self._started(batch)
         if isinstance(outcome, BatchFailure):
             self._failed(batch, outcome)
         else:
@@ -328,12 +352,15 @@ class Scheduler:
         )
 
     def _failed(self, batch: _Batch, failure: BatchFailure) -> None:
+        if failure.cause is FailureCause.NOT_STARTED and self._aborted is None:
+            self._reruns.appendleft((batch.items, batch.rerun))  # it was next in line
+            return
         parts = split_for_isolation(len(batch.items)) if failure.raised and self._isolate else ()
         if parts and self._aborted is None:
             self._statistics.record_split(rerun=batch.rerun)
             start = 0
             for size in parts:
-                self._reruns.append(batch.items[start : start + size])
+                self._reruns.append((batch.items[start : start + size], True))
                 start += size
             return
         error: ReposerveError

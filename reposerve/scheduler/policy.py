@@ -37,9 +37,11 @@ class BatchRules(msgspec.Struct, frozen=True):
 
 
 class Take(msgspec.Struct, frozen=True):
-    """Send the first ``count`` requests now."""
+    """Send the first ``count`` requests now; ``full``: the batch could not grow by
+    waiting (so it may be staged on a busy instance rather than wait for a free one)."""
 
     count: int
+    full: bool = False
 
 
 class Wait(msgspec.Struct, frozen=True):
@@ -59,24 +61,24 @@ def plan_batch(sizes: Sequence[int], oldest_waited_ns: int, rules: BatchRules) -
       max_queue_delay; before that, we wait.
     """
     if not rules.batching:
-        return Take(1)
+        return Take(1, full=True)
     total = 0
     count = 0
-    preferred_count = 0
+    preferred_count = preferred_total = 0
     for size in sizes:
         if total + size > rules.max_batch_size:
             break
         total += size
         count += 1
         if total in rules.preferred:
-            preferred_count = count
+            preferred_count, preferred_total = count, total
     if count == 0:
-        return Take(1)
+        return Take(1, full=True)
     cannot_grow = total == rules.max_batch_size or count < len(sizes)
     if cannot_grow or total == rules.largest_preferred:
-        return Take(count)
+        return Take(count, full=True)
     if preferred_count:
-        return Take(preferred_count)
+        return Take(preferred_count, full=preferred_total == rules.largest_preferred)
     if oldest_waited_ns >= rules.max_delay_ns:
         return Take(count)
     return Wait(rules.max_delay_ns - oldest_waited_ns)

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from tests.server import REPO_ROOT, Server, start_server
 from tests.toy_models import (
     CRASH_LOOP,
+    DEVICE_FAULTS,
     HANGS,
     PICKY,
     PLUS_ONE,
@@ -157,6 +158,50 @@ def test_a_hung_execute_past_its_timeout_fails_alone_and_the_queue_is_served(rep
         assert httpx.post(url, json=_body(5)).json()["outputs"][0]["data"][0] == 5
     finally:
         assert server.stop() == 0, server.log()
+
+
+# -- device errors -----------------------------------------------------------------------
+
+
+def test_a_cuda_error_replaces_its_instance_and_out_of_memory_does_not(repository, tmp_path):
+    config = vector_config(size=4, extra="[[instance_group]]\ncount = 2")
+    write_model(repository, "device", config, DEVICE_FAULTS)
+    server = start_server(repository, tmp_path)
+    url = f"{server.url}/v2/models/device/infer"
+    try:
+        pids = set(server.instance_pids())
+        oom = httpx.post(url, json=_body(-8))
+        assert oom.status_code == 500
+        assert "OutOfMemoryError: CUDA out of memory" in oom.json()["error"]
+        assert set(server.instance_pids()) == pids  # out of memory: it carries on
+        for _ in range(6):  # past the crash loop's 5: each was one batch's fault
+            poisoned = httpx.post(url, json=_body(-7), timeout=60)
+            assert poisoned.status_code == 500
+            error = poisoned.json()["error"]
+            assert error.startswith(
+                "model 'device' version 1: RuntimeError: CUDA error: device-side assert"
+            )
+            assert error.endswith("the instance is being replaced)")
+            # The poisoned instance takes nothing more: 20 requests at once right after.
+            answers = _post_all(url, [_body(i) for i in range(20)])
+            assert [response.status_code for response in answers] == [200] * 20
+            answered_by = {int(r.json()["outputs"][0]["data"][0]) for r in answers}
+            _wait_for(
+                lambda old=pids: len(set(server.instance_pids()) - old) == 1, what="a replacement"
+            )
+            now = set(server.instance_pids())
+            (dead,) = pids - now
+            assert dead not in answered_by
+            pids = now
+            # Both serve again before the next round (rotation alternates between them).
+            _wait_for(lambda old=answered_by: _answered_by(url) not in old, what="the replacement")
+        assert _metric(server, "reposerve_instance_restart_count", "device") == 6
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def _answered_by(url: str) -> int:
+    return int(httpx.post(url, json=_body(1)).json()["outputs"][0]["data"][0])
 
 
 def _hung_with_queue(server: Server, folder: Path, pool: ThreadPoolExecutor, queued: int = 4):

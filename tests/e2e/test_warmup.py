@@ -53,10 +53,9 @@ def test_every_instance_and_every_replacement_is_warmed_before_it_serves(reposit
             assert time.monotonic() < deadline, "no replacement"
             time.sleep(0.05)
         (replacement,) = set(server.instance_pids()) - set(pids)
-        while (
-            httpx.get(f"{server.url}/v2/models/warm/ready").status_code != 200
-            or len([p for p, _ in _executed(folder) if p == replacement]) < len(sizes)
-        ):
+        while httpx.get(f"{server.url}/v2/models/warm/ready").status_code != 200 or len(
+            [p for p, _ in _executed(folder) if p == replacement]
+        ) < len(sizes):
             assert time.monotonic() < deadline, "replacement not warmed"
             time.sleep(0.05)
         body = {"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}

@@ -33,14 +33,16 @@ class JudgingInstance:
     def in_flight(self) -> int:
         return self.running
 
-    def has_capacity(self) -> bool:
+    def has_capacity(self, staged: bool = False) -> bool:
         return self.running == 0
 
-    def run(self, inputs, on_done) -> None:
+    def run(self, inputs, on_done, on_start=None) -> None:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
         self.batches.append(batch[:, 0].tolist())
         self.running += 1
+        if on_start:
+            on_start()
         asyncio.get_running_loop().call_soon(self._finish, batch, on_done)
 
     def _finish(self, batch: np.ndarray, on_done) -> None:

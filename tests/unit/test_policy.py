@@ -20,7 +20,7 @@ def rules(batching: str | None, max_batch: int = 8) -> BatchRules:
 
 
 def test_without_dynamic_batching_every_request_runs_alone():
-    assert plan_batch([1, 1, 1], 0, rules(None)) == Take(1)
+    assert plan_batch([1, 1, 1], 0, rules(None)) == Take(1, full=True)
 
 
 def test_delay_zero_sends_everything_queued_now():
@@ -35,13 +35,13 @@ def test_waits_for_the_delay_then_sends_what_is_there():
 
 def test_full_batch_leaves_without_waiting():
     policy = rules("max_queue_delay_microseconds = 500", max_batch=4)
-    assert plan_batch([2, 2], 0, policy) == Take(2)
+    assert plan_batch([2, 2], 0, policy) == Take(2, full=True)
 
 
 def test_requests_are_packed_whole_never_split():
     policy = rules("max_queue_delay_microseconds = 500", max_batch=4)
     # 3 + 2 > 4: the second request cannot join, so the first leaves alone at once.
-    assert plan_batch([3, 2], 0, policy) == Take(1)
+    assert plan_batch([3, 2], 0, policy) == Take(1, full=True)
 
 
 def test_preferred_size_leaves_at_once():
@@ -49,7 +49,7 @@ def test_preferred_size_leaves_at_once():
     assert plan_batch([1, 1, 1, 1], 0, policy) == Take(4)
     # 5 queued: the preferred 4 leave now, the fifth waits for more.
     assert plan_batch([1, 1, 1, 1, 1], 0, policy) == Take(4)
-    assert plan_batch([4, 4], 0, policy) == Take(2)
+    assert plan_batch([4, 4], 0, policy) == Take(2, full=True)
 
 
 def test_preferred_size_that_whole_requests_cannot_form_waits():
@@ -61,4 +61,14 @@ def test_preferred_size_that_whole_requests_cannot_form_waits():
 def test_largest_preferred_size_wins():
     policy = rules("preferred_batch_size = [2, 4]\nmax_queue_delay_microseconds = 10000")
     assert plan_batch([1, 1, 1], 0, policy) == Take(2)
-    assert plan_batch([1, 1, 1, 1, 1], 0, policy) == Take(4)
+    assert plan_batch([1, 1, 1, 1, 1], 0, policy) == Take(4, full=True)
+
+
+def test_only_batches_that_cannot_grow_are_full():
+    """A full batch may be staged on a busy instance; any other waits for a free one,
+    where it leaves with whatever arrived meanwhile."""
+    policy = rules("preferred_batch_size = [2, 4]\nmax_queue_delay_microseconds = 0")
+    assert plan_batch([1], 0, policy) == Take(1, full=False)  # delay over, could grow
+    assert plan_batch([1, 1, 1], 0, policy) == Take(2, full=False)  # 4 is preferred too
+    assert plan_batch([1, 1, 1, 1], 0, policy) == Take(4, full=True)
+    assert plan_batch([8], 0, policy) == Take(1, full=True)  # max_batch_size

@@ -57,31 +57,40 @@ class FakeClock:
 class StandInInstance:
     """Records the batches it is given; the test finishes them (Y = X) when it likes."""
 
-    def __init__(self, capacity: int = 1) -> None:
+    def __init__(self, capacity: int = 1, staging: int = 0) -> None:
         self.capacity = capacity
-        self.running: list[tuple[np.ndarray, Callable]] = []
+        self.staging = staging
+        self.running: list[tuple[np.ndarray, Callable, Callable | None]] = []
         self.batches: list[np.ndarray] = []
 
     @property
     def in_flight(self) -> int:
         return len(self.running)
 
-    def has_capacity(self) -> bool:
-        return len(self.running) < self.capacity
+    def has_capacity(self, staged: bool = False) -> bool:
+        return len(self.running) < self.capacity + (self.staging if staged else 0)
 
-    def run(self, inputs, on_done) -> None:
+    def run(self, inputs, on_done, on_start=None) -> None:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
-        self.running.append((batch, on_done))
+        self.running.append((batch, on_done, on_start))
         self.batches.append(batch)
+        if len(self.running) <= self.capacity and on_start:  # else staged: starts later
+            on_start()
 
     def finish(self, index: int = 0) -> None:
-        batch, on_done = self.running.pop(index)
+        batch, on_done, _ = self._take(index)
         on_done(BatchOutcome({"Y": Tensor("FP32", batch.shape, memoryview(batch.tobytes()))}, 0))
 
     def fail(self, message: str, cause: FailureCause = FailureCause.MODEL) -> None:
-        _, on_done = self.running.pop(0)
+        _, on_done, _ = self._take(0)
         on_done(BatchFailure(message, cause))
+
+    def _take(self, index: int) -> tuple[np.ndarray, Callable, Callable | None]:
+        taken = self.running.pop(index)
+        if len(self.running) >= self.capacity and (on_start := self.running[self.capacity - 1][2]):
+            on_start()  # the first staged batch moves up
+        return taken
 
 
 def _config(batching: str | None, max_batch: int = 8, dims: str = "[2]"):
@@ -125,9 +134,11 @@ async def _turn() -> None:
         await asyncio.sleep(0)
 
 
-def scenario(batching: str | None, instances: int = 1, capacity: int = 1, **config):
+def scenario(
+    batching: str | None, instances: int = 1, capacity: int = 1, staging: int = 0, **config
+):
     clock = FakeClock()
-    stand_ins = [StandInInstance(capacity) for _ in range(instances)]
+    stand_ins = [StandInInstance(capacity, staging) for _ in range(instances)]
     scheduler = Scheduler(
         "model 'm' version 1",
         _config(batching, **config),
@@ -371,5 +382,54 @@ def test_drain_waits_for_running_work_and_refuses_new():
         instance.finish()
         await _turn()
         assert drained.done() and running.result().tolist() == [[1, 1]]
+
+    run(body)
+
+
+def test_a_busy_instance_takes_a_full_batch_to_run_next_but_not_one_that_can_grow():
+    async def body():
+        scheduler, (instance,), _ = scenario(
+            "max_queue_delay_microseconds = 0", max_batch=2, staging=1
+        )
+        futures = [scheduler.submit(_request([[0, 0]]), _finish)]
+        futures.append(scheduler.submit(_request([[1, 1]]), _finish))
+        await _turn()
+        assert len(instance.batches) == 1  # [1, 1] could still grow: it waits
+        futures.append(scheduler.submit(_request([[2, 2]]), _finish))
+        await _turn()
+        assert instance.batches[1].tolist() == [[1, 1], [2, 2]]  # full: staged
+        assert scheduler.pending == 2  # staged, not running: still awaiting execution
+        futures += [scheduler.submit(_request([[i, i]]), _finish) for i in (3, 4)]
+        await _turn()
+        assert len(instance.batches) == 2  # one running, one staged: no room
+        instance.finish()
+        await _turn()
+        assert instance.batches[2].tolist() == [[3, 3], [4, 4]]
+        instance.finish()
+        instance.finish()
+        await _turn()
+        assert [f.result().tolist() for f in futures] == [[[i, i]] for i in range(5)]
+
+    run(body)
+
+
+def test_a_batch_handed_back_unstarted_runs_next_and_fails_nobody():
+    async def body():
+        scheduler, (instance,), _ = scenario(None, staging=1)
+        crashed, staged, queued = (scheduler.submit(_request([[i, i]]), _finish) for i in range(3))
+        await _turn()
+        assert len(instance.batches) == 2
+        # The process died running the first batch; the staged one never began.
+        instance.fail("instance 0 was killed by SIGKILL", FailureCause.INSTANCE)
+        instance.fail("instance 0 was killed by SIGKILL", FailureCause.NOT_STARTED)
+        await _turn()
+        assert [b.tolist() for b in instance.batches[2:]] == [[[1, 1]], [[2, 2]]]
+        instance.finish()
+        instance.finish()
+        await _turn()
+        with pytest.raises(InstanceError, match="SIGKILL"):
+            crashed.result()
+        assert staged.result().tolist() == [[1, 1]] and queued.result().tolist() == [[2, 2]]
+        assert scheduler.pending == 0
 
     run(body)
