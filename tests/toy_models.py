@@ -221,3 +221,15 @@ STAGING_PROBE = """
             waiting, _, _ = select.select([socket_fd], [], [], 1.0)
             return {"OUTPUT": np.full(values.shape, float(bool(waiting)), np.float32)}
 """
+
+# Takes 3 s to unload, as a process tearing down a large CUDA context does.
+SLOW_TEARDOWN = """
+    import time
+
+    class Model:
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"]}
+
+        def unload(self):
+            time.sleep(3)
+"""

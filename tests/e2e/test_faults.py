@@ -27,6 +27,7 @@ from tests.toy_models import (
     PICKY,
     PLUS_ONE,
     SLOW_RESTART,
+    SLOW_TEARDOWN,
     vector_config,
     write_model,
 )
@@ -196,6 +197,31 @@ def test_a_cuda_error_replaces_its_instance_and_out_of_memory_does_not(repositor
             # Both serve again before the next round (rotation alternates between them).
             _wait_for(lambda old=answered_by: _answered_by(url) not in old, what="the replacement")
         assert _metric(server, "reposerve_instance_restart_count", "device") == 6
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_a_slow_teardown_does_not_stall_other_clients(repository, tmp_path):
+    write_model(repository, "slow_exit", vector_config(size=4), SLOW_TEARDOWN)
+    write_model(repository, "other", vector_config(size=4), PLUS_ONE)
+    server = start_server(repository, tmp_path, "--exit-timeout-secs", "10")
+    try:
+        url = f"{server.url}/v2/models/other/infer"
+        worst, answered = 0.0, 0
+        with ThreadPoolExecutor(1) as pool:
+            started = time.monotonic()
+            unload = pool.submit(
+                httpx.post, f"{server.url}/v2/repository/models/slow_exit/unload", timeout=30
+            )
+            while not unload.done():
+                sent = time.monotonic()
+                assert httpx.post(url, json=_body(1)).status_code == 200
+                worst = max(worst, time.monotonic() - sent)
+                answered += 1
+            elapsed = time.monotonic() - started
+        assert unload.result().status_code == 200
+        assert elapsed >= 3  # the unload waited for the teardown ...
+        assert worst < 1 and answered > 10, (worst, answered)  # ... and nobody else did
     finally:
         assert server.stop() == 0, server.log()
 
