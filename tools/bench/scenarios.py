@@ -208,6 +208,72 @@ async def async_sleep(duration: float, rate: float = 100.0) -> Report:
     return Report("async-sleep", [result], facts)
 
 
+async def staging(duration: float, rounds: int = 3) -> Report:
+    """One sync instance with the next batch staged in a second slot
+    (``stage_next_batch``, the default) and without, for an execute that keeps a device
+    busy for 2 ms (a sleep: the CPU is free meanwhile, as while a GPU runs) and for one
+    that computes on the CPU for about as long. Rounds are interleaved, best of each."""
+    device = """
+        import time
+
+        class Model:
+            def execute(self, inputs):
+                time.sleep(0.002)
+                return {"OUTPUT": inputs["INPUT"] * 2}
+    """
+    cpu = """
+        import numpy as np
+
+        class Model:
+            def load(self, context):
+                self.weights = np.random.default_rng(0).random((192, 192), np.float32)
+
+            def execute(self, inputs):
+                work = self.weights
+                for _ in range(5):
+                    work = np.tanh(work @ self.weights)
+                return {"OUTPUT": inputs["INPUT"] * 2}
+    """
+    batched = "[dynamic_batching]\npreferred_batch_size = [8]"
+    cases = [
+        ("device alone", device, "", 8),
+        ("device batch 8", device, batched, 32),
+        ("cpu alone", cpu, "", 8),
+    ]
+    best: dict[str, RunResult] = {}
+    facts: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        for case, code, batching, _ in cases:
+            for stage in ("true", "false"):
+                config = _vector_config(16, 8, batching=False) + batching
+                config += f"\n[parameters]\nstage_next_batch = {stage}\n"
+                _model(root, _staging_model(case, stage), config, code)
+        server = servers.reposerve(root)
+        try:
+            for _ in range(rounds):
+                for case, _, _, concurrency in cases:
+                    for stage in ("true", "false"):
+                        model = _staging_model(case, stage)
+                        label = f"{case}, staged {stage}"
+                        result = await closed_loop(
+                            label, HOST, server.port, _binary_payloads(model, 16),
+                            concurrency, duration,
+                        )  # fmt: skip
+                        if label not in best or result.throughput > best[label].throughput:
+                            best[label] = result
+        finally:
+            server.stop()
+    for case, _, _, _ in cases:
+        staged, unstaged = best[f"{case}, staged true"], best[f"{case}, staged false"]
+        facts[f"{case}: staged / unstaged throughput"] = staged.throughput / unstaged.throughput
+    return Report("staging", list(best.values()), facts)
+
+
+def _staging_model(case: str, stage: str) -> str:
+    return f"{case.replace(' ', '')}_{'staged' if stage == 'true' else 'unstaged'}"
+
+
 def _pure_resnet(batch: int, duration: float) -> float:
     """Images/s of ResNet-50 alone: preprocessed tensors, torch.inference_mode, no server."""
     import os
@@ -309,4 +375,5 @@ SCENARIOS = {
     "batching": batching,
     "async-sleep": async_sleep,
     "images": images,
+    "staging": staging,
 }
