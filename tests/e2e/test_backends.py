@@ -18,8 +18,7 @@ pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 
 pytestmark = pytest.mark.e2e
 
-# Tolerance against the fp32 reference, per compute precision.
-TOLERANCE = {"fp32": 1e-5, "fp16": 2e-2, "bf16": 8e-2}
+TOLERANCE = model_files.TOLERANCE
 
 DECLARED = """
     max_batch_size = 8

@@ -21,8 +21,7 @@ from reposerve.backends.torch import TorchBackend, TorchOutput  # noqa: E402 - n
 
 pytestmark = pytest.mark.unit
 
-# Against the fp32 reference, per compute precision (as in tests/e2e/test_backends.py).
-TOLERANCE = {"fp16": 2e-2, "bf16": 8e-2}
+TOLERANCE = model_files.TOLERANCE
 VALUES = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
 SCRIPT_CONFIG = """
 max_batch_size = 8
