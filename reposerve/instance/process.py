@@ -46,6 +46,7 @@ from reposerve.tensor import Tensor
 log = logging.getLogger("reposerve.instance")
 
 _PACKAGE_ROOT = str(Path(reposerve.__file__).resolve().parent.parent)
+REAP_TIMEOUT_S = 5.0  # a killed process is gone within this, even with a large CUDA context
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -320,6 +321,9 @@ class InstanceProcess:
             except TimeoutError:
                 pass
         self.kill()
+        # Reaped before this returns (off the loop, bounded), so a server that exits once
+        # its instances are stopped leaves no process behind, not even for a moment.
+        await asyncio.to_thread(self._exit_code, REAP_TIMEOUT_S)
 
     def kill(self, reason: str | None = None, cause: FailureCause = FailureCause.INSTANCE) -> None:
         """End the process now (idempotent). Its in-flight batches fail, with ``reason``
