@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.server import REPO_ROOT
-from tools.gpu_check import find_gpus
+from tools.gpu_check.node import find_gpus
 
 pytestmark = pytest.mark.e2e
 

@@ -69,25 +69,36 @@ class Launched:
         return sum(pss_mib(pid) for pid in [self.process.pid, *children_of(self.process.pid)])
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, grace_s=30)
         if self._log is not subprocess.PIPE:
             self._log.close()
+
+
+def stop_process(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``grace_s``; reaped either way."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def reposerve_command(repository: Path, port: int, *flags: str) -> list[str]:
+    """reposerve on 127.0.0.1:``port``, logging warnings, without metrics unless ``flags``
+    turn them on (the last flag wins)."""
+    return [
+        sys.executable, "-m", "reposerve", "--model-repository", str(repository),
+        "--http-host", "127.0.0.1", "--http-port", str(port), "--log-level", "warning",
+        "--allow-metrics", "false", *flags,
+    ]  # fmt: skip
 
 
 def reposerve(repository: Path, *flags: str, log_path: Path | None = None) -> Launched:
     """reposerve without metrics unless ``flags`` turn them on (the last flag wins)."""
     port = free_port()
-    command = [
-        sys.executable, "-m", "reposerve", "--model-repository", str(repository),
-        "--http-host", "127.0.0.1", "--http-port", str(port), "--log-level", "warning",
-        "--allow-metrics", "false", *flags,
-    ]  # fmt: skip
+    command = reposerve_command(repository, port, *flags)
     return Launched("reposerve", command, port, "/v2/health/ready", log_path)
 
 
