@@ -109,6 +109,7 @@ class Scheduler:
         self._isolate = config.execution.isolate_failures
         self._queues: list[deque[_Queued]] = [deque() for _ in range(self._levels)]
         self._queued = 0
+        self._queued_items = 0  # their batch sizes summed: whether a full batch could form
         # Run before the queue: parts of failed batches (rerun=True, to isolate a fault)
         # and batches handed back unstarted by an instance that died.
         self._reruns: deque[tuple[list[_Queued], bool]] = deque()
@@ -158,6 +159,7 @@ class Scheduler:
         level = (request.priority or self._default_level) - 1
         self._queues[level].append(item)
         self._queued += 1
+        self._queued_items += request.batch_size
         self._idle.clear()
         if self._queued == 1 and not self._in_flight:
             self._dispatch()  # an idle scheduler has nothing to gather: no need to wait a turn
@@ -178,7 +180,7 @@ class Scheduler:
         for queue in self._queues:
             while queue:
                 self._fail(queue.popleft(), error)
-        self._queued = 0
+        self._queued = self._queued_items = 0
         while self._reruns:
             for item in self._reruns.popleft()[0]:
                 self._fail(item, error)
@@ -216,6 +218,9 @@ class Scheduler:
             instance = self._free_instance(staged=False)
             staged = instance is None
             if staged:
+                # Cheap test first: this runs on every arrival while instances are busy.
+                if self._queued_items < self._rules.full_size:
+                    return
                 instance = self._free_instance(staged=True)
                 if instance is None:
                     return
@@ -272,7 +277,7 @@ class Scheduler:
         for queue in self._queues:
             while queue and len(taken) < count:
                 item = queue.popleft()
-                self._queued -= 1
+                self._dequeued(item)
                 if item.timer is not None:
                     item.timer.cancel()
                 if not item.future.done():
@@ -381,7 +386,7 @@ class Scheduler:
                 queue.remove(item)
             except ValueError:
                 continue
-            self._queued -= 1
+            self._dequeued(item)
             waited_us = (self._clock.now() - item.enqueued_ns) // 1000
             self._fail(
                 item,
@@ -410,9 +415,13 @@ class Scheduler:
 
     def _discard(self, item: _Queued) -> None:
         """Drop a request whose caller gave up before it was scheduled."""
-        self._queued -= 1
+        self._dequeued(item)
         if item.timer is not None:
             item.timer.cancel()
+
+    def _dequeued(self, item: _Queued) -> None:
+        self._queued -= 1
+        self._queued_items -= item.request.batch_size
 
     def _check_idle(self) -> None:
         if not self._queued and not self._in_flight and not self._reruns:

@@ -21,6 +21,13 @@ class BatchRules(msgspec.Struct, frozen=True):
     largest_preferred: int
     max_delay_ns: int
 
+    @property
+    def full_size(self) -> int:
+        """Items a batch needs before it can be full (besides a shape change ending it)."""
+        if not self.batching:
+            return 1
+        return self.largest_preferred or self.max_batch_size
+
     @classmethod
     def from_config(cls, config: ModelConfig) -> BatchRules:
         batching = config.dynamic_batching
