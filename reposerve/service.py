@@ -14,6 +14,7 @@ import msgspec
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, RepositoryError
 from reposerve.metrics import VersionMetrics, render
 from reposerve.protocol import documents
+from reposerve.protocol.classification import classify
 from reposerve.protocol.request import InferRequest, decode_request
 from reposerve.protocol.response import encode_response
 from reposerve.repository import IndexEntry, ModelState, Repository
@@ -114,8 +115,17 @@ class InferenceService:
         model = self.repository.get(name, version)
         request = decode_request(body, header_length, model.config, name)
         selected = _selected_outputs(request, model.output_names)
+        classes = request.classifications
+        batched = model.config.max_batch_size > 0
 
         def finish(outputs: dict[str, Tensor]) -> tuple[bytes, int | None]:
+            if classes:
+                outputs = {
+                    output: classify(tensor, classes[output], batched, model.labels.get(output, ()))
+                    if output in classes
+                    else tensor
+                    for output, tensor in outputs.items()
+                }
             return encode_response(
                 name,
                 model.version_text,

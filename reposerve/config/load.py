@@ -125,6 +125,8 @@ def _check(config: ModelConfig, folder_name: str | None) -> str | None:
             if tensor.name in seen:
                 return f'{section}[{index}].name: duplicate {section} "{tensor.name}"'
             seen.add(tensor.name)
+            if section == "input" and tensor.label_filename is not None:
+                return f"input[{index}].label_filename: only outputs have class labels"
     return _check_batching(config)
 
 

@@ -32,6 +32,9 @@ class TensorConfig(_Section):
     datatype: Datatype
     shape: list[Dim]
     optional: bool = False
+    # Outputs only: a file in the model folder, one class label per line, for Triton's
+    # classification extension (an output requested with parameters.classification).
+    label_filename: str | None = None
 
 
 class VersionPolicy(_Section):

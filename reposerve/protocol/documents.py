@@ -20,6 +20,7 @@ from reposerve.statistics import ModelStats
 SERVER_NAME = "reposerve"
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "model_configuration",
     "model_repository",
     "schedule_policy",

@@ -15,6 +15,7 @@ import numpy as np
 from reposerve.config import ModelConfig, TensorConfig
 from reposerve.datatypes import NUMPY_DTYPES, bytes_offsets, element_count, pack_bytes
 from reposerve.errors import ProtocolError
+from reposerve.protocol.classification import UNRANKED
 from reposerve.tensor import Tensor
 
 
@@ -40,6 +41,15 @@ class _RequestHeader(msgspec.Struct):
 
 _header_decoder = msgspec.json.Decoder(_RequestHeader)
 
+# Parameters of Triton extensions reposerve does not implement yet: refused by name, since
+# ignoring them would answer something other than what the client asked for.
+_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+_SHARED_MEMORY_PARAMETERS = (
+    "shared_memory_region",
+    "shared_memory_byte_size",
+    "shared_memory_offset",
+)
+
 
 class InferRequest(msgspec.Struct):
     """A decoded request: validated inputs and how each requested output is to be sent."""
@@ -51,6 +61,8 @@ class InferRequest(msgspec.Struct):
     binary_output: bool  # default for outputs that do not say
     priority: int
     timeout_us: int
+    # output -> K for outputs asked for as their top-K classes (classification extension)
+    classifications: dict[str, int] = {}
 
 
 def decode_request(
@@ -103,7 +115,7 @@ def decode_request(
         id=header.id,
         inputs=inputs,
         batch_size=_batch_size(inputs, config.max_batch_size, model),
-        outputs=_requested_outputs(header.outputs, config, model),
+        **_requested_outputs(header.outputs, config, model),
         **_request_parameters(header.parameters, config, model),
     )
 
@@ -133,6 +145,7 @@ def _read_tensor(
     shape = tuple(item.shape)
     count = element_count(shape)
     parameters = item.parameters or {}
+    _refuse_shared_memory(parameters, where)
     binary_size = parameters.get("binary_data_size")
     if binary_size is not None:
         if item.data is not msgspec.UNSET:
@@ -250,30 +263,58 @@ def _batch_size(inputs: dict[str, Tensor], max_batch: int, model: str) -> int:
 
 def _requested_outputs(
     outputs: list[_OutputHeader] | None, config: ModelConfig, model: str
-) -> dict[str, bool | None] | None:
+) -> dict[str, Any]:
+    """The ``outputs`` and ``classifications`` fields of the InferRequest."""
     if outputs is None:
-        return None
-    known = {tensor.name for tensor in config.output}
+        return {"outputs": None}
+    specs = {tensor.name: tensor for tensor in config.output}
     requested: dict[str, bool | None] = {}
+    classifications: dict[str, int] = {}
     for output in outputs:
-        if output.name not in known:
-            listed = ", ".join(sorted(known)) or "none"
+        spec = specs.get(output.name)
+        if spec is None:
+            listed = ", ".join(sorted(specs)) or "none"
             raise ProtocolError(
                 f"model '{model}': unknown output '{output.name}' (outputs: {listed})"
             )
-        binary = (output.parameters or {}).get("binary_data")
+        where = f"model '{model}': output '{output.name}'"
+        parameters = output.parameters or {}
+        _refuse_shared_memory(parameters, where)
+        binary = parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
-            raise ProtocolError(
-                f"model '{model}': output '{output.name}': binary_data must be a bool"
-            )
+            raise ProtocolError(f"{where}: binary_data must be a bool")
         requested[output.name] = binary
-    return requested
+        count = parameters.get("classification", 0)
+        if type(count) is not int or count < 0:
+            raise ProtocolError(f"{where}: classification must be an int >= 0 (classes to return)")
+        if count and spec.datatype in UNRANKED:
+            raise ProtocolError(
+                f"{where}: classification needs a numeric output, this one is {spec.datatype}"
+            )
+        if count:
+            classifications[output.name] = count
+    return {"outputs": requested, "classifications": classifications}
+
+
+def _refuse_shared_memory(parameters: dict[str, Any], where: str) -> None:
+    for key in _SHARED_MEMORY_PARAMETERS:
+        if key in parameters:
+            raise ProtocolError(
+                f"{where}: parameter {key} (the shared-memory extension) is not supported "
+                "by reposerve (yet); send the tensor data in the request body"
+            )
 
 
 def _request_parameters(
     parameters: dict[str, Any] | None, config: ModelConfig, model: str
 ) -> dict[str, Any]:
     parameters = parameters or {}
+    for key in _SEQUENCE_PARAMETERS:
+        if key in parameters:
+            raise ProtocolError(
+                f"model '{model}': parameter {key} (sequence batching) is not supported by "
+                "reposerve (yet)"
+            )
     binary = parameters.get("binary_data_output", False)
     if not isinstance(binary, bool):
         raise ProtocolError(f"model '{model}': parameter binary_data_output must be a bool")

@@ -68,7 +68,7 @@ class Repository:
                 raise
             model.error = ""
             fresh = [
-                ModelVersion(name, source.config, version, self._load_timeout)
+                ModelVersion(name, source.config, version, self._load_timeout, source.labels)
                 for version in source.versions
             ]
             await asyncio.gather(*(version.load() for version in fresh))

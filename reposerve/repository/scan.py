@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 
 from reposerve.config import ModelConfig, load_model_config
+from reposerve.config.labels import read_labels
 from reposerve.errors import ConfigError
 
 CONFIG_FILE = "config.toml"
@@ -33,6 +34,7 @@ class ModelSource(msgspec.Struct, frozen=True):
     path: Path
     config: ModelConfig
     versions: list[VersionSource]
+    labels: dict[str, tuple[str, ...]] = {}  # output -> its class labels (label_filename)
 
 
 def model_names(root: Path) -> list[str]:
@@ -74,7 +76,8 @@ def read_model(root: Path, name: str) -> ModelSource:
             f"{name}/{CONFIG_FILE}: python models must declare their [[input]] and "
             "[[output]] tensors"
         )
-    return ModelSource(name, path, config, versions)
+    labels = read_labels(path, config, f"{name}/{config_path.name}")
+    return ModelSource(name, path, config, versions, labels)
 
 
 def _is_version_folder(entry: Path) -> bool:

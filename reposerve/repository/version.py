@@ -47,7 +47,12 @@ _TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
 
 class ModelVersion:
     def __init__(
-        self, name: str, config: ModelConfig, source: VersionSource, load_timeout: float
+        self,
+        name: str,
+        config: ModelConfig,
+        source: VersionSource,
+        load_timeout: float,
+        labels: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.name = name
         self.version = source.number
@@ -55,6 +60,7 @@ class ModelVersion:
         self.config = config
         self.backend = source.backend
         self.source = source
+        self.labels = labels or {}  # output -> class labels, for classification requests
         self.state = ModelState.LOADING
         self.reason = ""
         self.unloaded = False  # taken out of service on purpose (not a failure)
