@@ -1,7 +1,13 @@
-"""config.toml: the schema as msgspec Structs, and loading with file/key/reason errors."""
+"""config.toml (and Triton's config.pbtxt): the schema as msgspec Structs, and loading
+with file/key/reason errors."""
 
 from reposerve.config.complete import complete_config
-from reposerve.config.load import convert_table, load_model_config, parse_model_config
+from reposerve.config.load import (
+    convert_table,
+    find_config,
+    load_model_config,
+    parse_model_config,
+)
 from reposerve.config.schema import (
     DynamicBatching,
     InstanceGroup,
@@ -21,6 +27,7 @@ __all__ = [
     "VersionPolicy",
     "complete_config",
     "convert_table",
+    "find_config",
     "Warmup",
     "load_model_config",
     "parse_model_config",

@@ -20,8 +20,17 @@ _AT_PATH = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOT
 Table = TypeVar("Table", bound=msgspec.Struct)
 
 
+CONFIG_FILES = ("config.toml", "config.pbtxt")  # native first: it wins when both exist
+
+
+def find_config(folder: Path) -> Path | None:
+    """The config file of a model folder: config.toml, else Triton's config.pbtxt."""
+    return next((folder / name for name in CONFIG_FILES if (folder / name).is_file()), None)
+
+
 def load_model_config(path: Path, label: str | None = None) -> ModelConfig:
-    """Read and validate ``path``; ``label`` is how errors name the file."""
+    """Read and validate ``path`` (config.toml, or Triton's config.pbtxt); ``label`` is how
+    errors name the file."""
     label = label or str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -29,6 +38,10 @@ def load_model_config(path: Path, label: str | None = None) -> ModelConfig:
         raise ConfigError(f"{label}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{label}: not UTF-8 text: {exc.reason}") from exc
+    if path.suffix == ".pbtxt":
+        from reposerve.config.pbtxt import parse_pbtxt  # protobuf only for Triton folders
+
+        return parse_pbtxt(text, label, folder_name=path.parent.name)
     return parse_model_config(text, label, folder_name=path.parent.name)
 
 

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import msgspec
 
-from reposerve.config import ModelConfig, load_model_config
+from reposerve.config import ModelConfig, find_config, load_model_config
 from reposerve.config.labels import read_labels
 from reposerve.errors import ConfigError
 
-CONFIG_FILE = "config.toml"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
 BACKEND_FILES: dict[str, tuple[str, ...]] = {
     "python": ("model.py",),
@@ -57,14 +56,18 @@ def check_model_folder(root: Path, name: str) -> Path:
 def read_model(root: Path, name: str) -> ModelSource:
     """Parse ``root/name``; ConfigError names the file and what to fix."""
     path = check_model_folder(root, name)
-    config_path = path / CONFIG_FILE
-    if not config_path.is_file():
-        raise ConfigError(f"{name}/{CONFIG_FILE}: missing. Hint: every model folder needs one")
-    config = load_model_config(config_path, label=f"{name}/{CONFIG_FILE}")
+    config_path = find_config(path)
+    if config_path is None:
+        raise ConfigError(
+            f"{name}/config.toml: missing. Hint: every model folder needs one "
+            "(or Triton's config.pbtxt)"
+        )
+    label = f"{name}/{config_path.name}"
+    config = load_model_config(config_path, label=label)
     numbers = sorted(int(entry.name) for entry in path.iterdir() if _is_version_folder(entry))
     if not numbers:
         raise ConfigError(f"{name}: no version folders. Hint: put the model in {name}/1/")
-    chosen = _apply_policy(config, numbers, name)
+    chosen = _apply_policy(config, numbers, label)
     versions = [
         VersionSource(number, path / str(number), _backend(config, path / str(number), name))
         for number in chosen
@@ -72,10 +75,7 @@ def read_model(root: Path, name: str) -> ModelSource:
     if any(version.backend == "python" for version in versions) and not (
         config.input and config.output
     ):
-        raise ConfigError(
-            f"{name}/{CONFIG_FILE}: python models must declare their [[input]] and "
-            "[[output]] tensors"
-        )
+        raise ConfigError(f"{label}: python models must declare their input and output tensors")
     labels = read_labels(path, config, f"{name}/{config_path.name}")
     return ModelSource(name, path, config, versions, labels)
 
@@ -84,7 +84,7 @@ def _is_version_folder(entry: Path) -> bool:
     return entry.is_dir() and entry.name.isdigit() and int(entry.name) > 0
 
 
-def _apply_policy(config: ModelConfig, numbers: list[int], name: str) -> list[int]:
+def _apply_policy(config: ModelConfig, numbers: list[int], label: str) -> list[int]:
     policy = config.version_policy
     if policy.all:
         return numbers
@@ -92,7 +92,7 @@ def _apply_policy(config: ModelConfig, numbers: list[int], name: str) -> list[in
         missing = [number for number in policy.specific if number not in numbers]
         if missing:
             raise ConfigError(
-                f"{name}/{CONFIG_FILE}: version_policy.specific: no folder for version(s) "
+                f"{label}: version_policy.specific: no folder for version(s) "
                 f"{', '.join(map(str, missing))}"
             )
         return sorted(set(policy.specific))
@@ -115,6 +115,6 @@ def _backend(config: ModelConfig, version_path: Path, name: str) -> str:
         wanted = ", ".join(file for files in BACKEND_FILES.values() for file in files)
         what = "several model files" if found else "no model file"
         raise ConfigError(
-            f"{where}: {what}; put exactly one of {wanted} there or set backend in config.toml"
+            f"{where}: {what}; put exactly one of {wanted} there or set the backend in its config"
         )
     return found[0]

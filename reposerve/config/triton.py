@@ -1,0 +1,264 @@
+"""Triton's model configuration -> reposerve's, for ``config.pbtxt`` folders.
+
+The input is the configuration as Triton's JSON shows it (field names as in the protobuf;
+64-bit integers may be strings, as protobuf's JSON writes them). The output is the same
+table a ``config.toml`` would hold, validated by the same rules. What has no equivalent in
+reposerve is an error naming the field, never dropped: a model must not silently behave
+differently from the way its author configured it for Triton.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from reposerve.errors import ConfigError
+
+_BACKENDS = {
+    "onnxruntime": "onnxruntime",
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch": "torch",
+    "pytorch_libtorch": "torch",
+    "python": "python",
+}
+_KINDS = {"KIND_AUTO": "auto", "KIND_GPU": "gpu", "KIND_CPU": "cpu"}
+_POSITIONAL = re.compile(r"^.+__(\d+)$")  # Triton's libtorch naming: INPUT__0, OUTPUT__1
+
+
+def from_triton(document: dict[str, Any], label: str) -> dict[str, Any]:
+    """The config.toml table equivalent to Triton's configuration ``document``."""
+    table: dict[str, Any] = {}
+    for key, value in document.items():
+        convert = _FIELDS.get(key)
+        if convert is None:
+            raise ConfigError(f"{label}: {key}: not supported by reposerve")
+        convert(table, value, f"{label}: {key}")
+    if table.get("backend") == "torch":
+        for section in ("input", "output"):
+            table[section] = _positional_order(table.get(section, []))
+    return table
+
+
+def _name(table: dict[str, Any], value: str, where: str) -> None:
+    table["name"] = value
+
+
+def _backend(table: dict[str, Any], value: str, where: str) -> None:
+    if not value:
+        return
+    backend = _BACKENDS.get(value)
+    if backend is None:
+        raise ConfigError(f"{where}: '{value}' is not served by reposerve (it serves: python, "
+                          "onnxruntime/onnxruntime_onnx, pytorch/pytorch_libtorch)")  # fmt: skip
+    if table.setdefault("backend", backend) != backend:
+        raise ConfigError(f"{where}: '{value}' contradicts the platform/backend given before it")
+
+
+def _max_batch_size(table: dict[str, Any], value: int, where: str) -> None:
+    table["max_batch_size"] = int(value)
+
+
+def _tensors(section: str) -> Any:
+    def convert(table: dict[str, Any], value: list[dict[str, Any]], where: str) -> None:
+        table[section] = [_tensor(item, f"{where}[{index}]") for index, item in enumerate(value)]
+
+    return convert
+
+
+def _tensor(item: dict[str, Any], where: str) -> dict[str, Any]:
+    tensor: dict[str, Any] = {}
+    for key, value in item.items():
+        if key == "name":
+            tensor["name"] = value
+        elif key == "data_type":
+            tensor["datatype"] = _datatype(value, f"{where}.data_type")
+        elif key == "dims":
+            tensor["shape"] = [int(dim) for dim in value]
+        elif key == "optional":
+            tensor["optional"] = bool(value)
+        elif key == "label_filename":
+            tensor["label_filename"] = value
+        elif key == "format" and value in ("FORMAT_NONE", "FORMAT_NCHW", "FORMAT_NHWC"):
+            continue  # describes the layout for tools; it changes nothing in the computation
+        elif key in ("is_shape_tensor", "allow_ragged_batch") and not value:
+            continue
+        else:
+            raise ConfigError(f"{where}.{key}: not supported by reposerve")
+    tensor.setdefault("shape", [])
+    return tensor
+
+
+def _datatype(value: str, where: str) -> str:
+    if value == "TYPE_STRING":
+        return "BYTES"
+    if not value.startswith("TYPE_") or value == "TYPE_INVALID":
+        raise ConfigError(f"{where}: '{value}' is not a datatype")
+    return value.removeprefix("TYPE_")
+
+
+def _positional_order(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Triton's libtorch backend binds ``NAME__i`` to position i whatever the order in
+    the file; reposerve's torch backend binds by config order, so order them by i."""
+    indices = [_POSITIONAL.match(tensor.get("name", "")) for tensor in tensors]
+    if not all(indices):
+        return tensors
+    return sorted(tensors, key=lambda tensor: int(_POSITIONAL.match(tensor["name"])[1]))
+
+
+def _version_policy(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
+    if "latest" in value:
+        table["version_policy"] = {"latest": int(value["latest"].get("num_versions", 1))}
+    elif "all" in value:
+        table["version_policy"] = {"all": True}
+    elif "specific" in value:
+        versions = [int(version) for version in value["specific"].get("versions", [])]
+        table["version_policy"] = {"specific": versions}
+
+
+def _instance_groups(table: dict[str, Any], value: list[dict[str, Any]], where: str) -> None:
+    groups = []
+    for index, item in enumerate(value):
+        group: dict[str, Any] = {}
+        for key, field in item.items():
+            here = f"{where}[{index}].{key}"
+            if key == "kind":
+                if field not in _KINDS:
+                    raise ConfigError(f"{here}: {field} is not supported by reposerve")
+                group["kind"] = _KINDS[field]
+            elif key == "count":
+                group["count"] = int(field)
+            elif key == "gpus":
+                group["gpus"] = [int(gpu) for gpu in field]
+            elif key != "name":  # a group's name only labels it
+                raise ConfigError(f"{here}: not supported by reposerve")
+        groups.append(group)
+    table["instance_group"] = groups
+
+
+def _dynamic_batching(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
+    batching: dict[str, Any] = {}
+    for key, field in value.items():
+        if key == "preferred_batch_size":
+            batching[key] = [int(size) for size in field]
+        elif key in ("max_queue_delay_microseconds", "priority_levels", "default_priority_level"):
+            batching[key] = int(field)
+        elif key == "preserve_ordering":
+            batching[key] = bool(field)
+        elif key == "default_queue_policy":
+            batching.update(_queue_policy(field, f"{where}.{key}"))
+        else:
+            raise ConfigError(f"{where}.{key}: not supported by reposerve")
+    table["dynamic_batching"] = batching
+
+
+def _queue_policy(value: dict[str, Any], where: str) -> dict[str, Any]:
+    policy: dict[str, Any] = {}
+    for key, field in value.items():
+        if key == "timeout_action" and field != "REJECT":
+            raise ConfigError(f"{where}.timeout_action: {field} is not supported (REJECT is)")
+        if key in ("max_queue_size", "default_timeout_microseconds"):
+            policy[key] = int(field)
+        elif key not in ("timeout_action", "allow_timeout_override"):
+            raise ConfigError(f"{where}.{key}: not supported by reposerve")
+    return policy
+
+
+def _parameters(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
+    """Triton's parameters are strings; reposerve's are typed, so numbers and booleans
+    written as strings become numbers and booleans."""
+    parameters = table.setdefault("parameters", {})
+    for key, field in value.items():
+        parameters[key] = _typed(field.get("string_value", ""))
+
+
+def _typed(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def _warmups(table: dict[str, Any], value: list[dict[str, Any]], where: str) -> None:
+    warmups = []
+    for index, item in enumerate(value):
+        here = f"{where}[{index}]"
+        inputs = {}
+        for name, sample in item.get("inputs", {}).items():
+            if sample.get("zero_data"):
+                inputs[name] = "zero"
+            elif sample.get("random_data"):
+                inputs[name] = "random"
+            else:
+                raise ConfigError(
+                    f"{here}.inputs.{name}: only zero_data and random_data are supported"
+                )
+        unknown = sorted(set(item) - {"name", "batch_size", "inputs", "count"})
+        if unknown:
+            raise ConfigError(f"{here}.{unknown[0]}: not supported by reposerve")
+        entry = {"batch_size": max(int(item.get("batch_size", 1)), 1), "inputs": inputs}
+        warmups += [entry] * max(int(item.get("count", 1)), 1)
+    table["warmup"] = warmups
+
+
+def _optimization(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
+    for key, field in value.items():
+        if key != "execution_accelerators":
+            raise ConfigError(f"{where}.{key}: not supported by reposerve")
+        for side, accelerators in field.items():
+            for index, accelerator in enumerate(accelerators):
+                here = f"{where}.execution_accelerators.{side}[{index}]"
+                if side != "gpu_execution_accelerator" or accelerator.get("name") != "tensorrt":
+                    raise ConfigError(f"{here}: only the GPU accelerator tensorrt is supported")
+                _tensorrt(table, accelerator.get("parameters", {}), here)
+
+
+def _tensorrt(table: dict[str, Any], parameters: dict[str, str], where: str) -> None:
+    """Triton's TensorRT accelerator for onnxruntime, as reposerve's provider options."""
+    options: dict[str, Any] = {}
+    for key, field in parameters.items():
+        if key == "precision_mode":
+            if field not in ("FP32", "FP16"):
+                raise ConfigError(f"{where}.parameters.precision_mode: {field} is not supported")
+            options["trt_fp16_enable"] = field == "FP16"
+        elif key == "max_workspace_size_bytes":
+            options["trt_max_workspace_size"] = int(field)
+        elif key == "trt_engine_cache_enable":
+            options["trt_engine_cache_enable"] = field == "true"
+        else:
+            raise ConfigError(f"{where}.parameters.{key}: not supported by reposerve")
+    onnxruntime = table.setdefault("parameters", {}).setdefault("onnxruntime", {})
+    onnxruntime["tensorrt"] = options
+
+
+def _default_model_filename(table: dict[str, Any], value: str, where: str) -> None:
+    if value and value not in ("model.onnx", "model.pt", "model.py"):
+        raise ConfigError(
+            f"{where}: '{value}': reposerve reads model.onnx, model.pt or model.py; rename the file"
+        )
+
+
+def _transaction_policy(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
+    if value.get("decoupled"):
+        raise ConfigError(f"{where}.decoupled: decoupled models are not supported yet")
+
+
+_FIELDS = {
+    "name": _name,
+    "platform": _backend,
+    "backend": _backend,
+    "max_batch_size": _max_batch_size,
+    "input": _tensors("input"),
+    "output": _tensors("output"),
+    "version_policy": _version_policy,
+    "instance_group": _instance_groups,
+    "dynamic_batching": _dynamic_batching,
+    "parameters": _parameters,
+    "model_warmup": _warmups,
+    "optimization": _optimization,
+    "default_model_filename": _default_model_filename,
+    "model_transaction_policy": _transaction_policy,
+}

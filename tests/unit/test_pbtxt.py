@@ -1,0 +1,176 @@
+"""Triton's config.pbtxt read into reposerve's config: the schema declared here agrees with
+Triton's own (as tritonclient ships it), fields map onto config.toml's, and what has no
+equivalent is an error naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from reposerve.config.pbtxt import parse_pbtxt
+from reposerve.config.triton_schema import model_config_class
+from reposerve.errors import ConfigError
+
+model_config_pb2 = pytest.importorskip(
+    "tritonclient.grpc.model_config_pb2", reason="tritonclient[grpc] is not installed"
+)
+
+pytestmark = pytest.mark.unit
+
+ADD_SUB = """
+name: "add_sub"
+backend: "python"
+max_batch_size: 8
+version_policy: { specific: { versions: [ 1 ] } }
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 4 ] },
+  { name: "INPUT1" data_type: TYPE_STRING dims: [ -1 ] optional: true }
+]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { name: "cpus" kind: KIND_CPU count: 2 } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+  preserve_ordering: true
+  default_queue_policy { max_queue_size: 5 default_timeout_microseconds: 3000 }
+}
+parameters { key: "intra_op_threads" value: { string_value: "4" } }
+parameters { key: "stage_next_batch" value: { string_value: "false" } }
+model_warmup [ {
+  name: "zeros" batch_size: 2 count: 2
+  inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } }
+} ]
+"""
+
+
+def _fields(descriptor) -> dict:
+    return {
+        field.name: (field.number, field.type, field.is_repeated, _type_name(field))
+        for field in descriptor.fields
+    }
+
+
+def _type_name(field) -> str:
+    kind = field.message_type or field.enum_type
+    return kind.full_name if kind else ""
+
+
+def _messages(descriptor):
+    yield descriptor
+    for nested in descriptor.nested_types:
+        yield from _messages(nested)
+
+
+def test_every_field_declared_here_is_tritons_field_with_its_number_and_type():
+    ours = model_config_class().DESCRIPTOR
+    theirs = model_config_pb2.ModelConfig.DESCRIPTOR
+    pool = theirs.file.pool
+    checked = 0
+    for top in ours.file.message_types_by_name.values():
+        for message in _messages(top):
+            checked += _compare(message, pool)
+    data_types = pool.FindEnumTypeByName("inference.DataType")
+    ours_types = ours.file.enum_types_by_name["DataType"]
+    assert [(v.name, v.number) for v in ours_types.values] == [
+        (v.name, v.number) for v in data_types.values
+    ]
+    assert checked > 60
+
+
+def _compare(message, pool) -> int:
+    other = pool.FindMessageTypeByName(message.full_name)
+    their_fields = _fields(other)
+    for name, spec in _fields(message).items():
+        assert their_fields[name] == spec, f"{message.full_name}.{name}"
+    for enum in message.enum_types:
+        assert [(v.name, v.number) for v in enum.values] == [
+            (v.name, v.number) for v in other.enum_types_by_name[enum.name].values
+        ]
+    return len(message.fields)
+
+
+def test_a_triton_config_maps_onto_the_config_toml_fields():
+    config = parse_pbtxt(ADD_SUB, "add_sub/config.pbtxt", folder_name="add_sub")
+    assert config.backend == "python" and config.max_batch_size == 8
+    assert config.version_policy.specific == [1]
+    assert [(t.name, t.datatype, t.shape, t.optional) for t in config.input] == [
+        ("INPUT0", "FP32", [4], False),
+        ("INPUT1", "BYTES", [-1], True),
+    ]
+    assert [(g.kind, g.count) for g in config.instance_group] == [("cpu", 2)]
+    batching = config.dynamic_batching
+    assert batching is not None
+    assert batching.preferred_batch_size == [4, 8]
+    assert batching.max_queue_delay_microseconds == 100 and batching.preserve_ordering
+    assert batching.max_queue_size == 5 and batching.default_timeout_microseconds == 3000
+    assert config.parameters == {"intra_op_threads": 4, "stage_next_batch": False}
+    assert [(w.batch_size, w.inputs) for w in config.warmup] == [(2, {"INPUT0": "random"})] * 2
+
+
+def test_libtorch_positional_names_are_ordered_by_their_index():
+    text = """
+    platform: "pytorch_libtorch"
+    max_batch_size: 4
+    input [ { name: "INPUT__1" data_type: TYPE_FP32 dims: [ 2 ] },
+            { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 3 ] } ]
+    output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    """
+    config = parse_pbtxt(text, "m/config.pbtxt")
+    assert config.backend == "torch"
+    assert [tensor.name for tensor in config.input] == ["INPUT__0", "INPUT__1"]
+
+
+def test_tensorrt_accelerator_becomes_onnxruntime_provider_options():
+    text = """
+    platform: "onnxruntime_onnx"
+    optimization { execution_accelerators { gpu_execution_accelerator : [ {
+      name : "tensorrt"
+      parameters { key: "precision_mode" value: "FP16" }
+      parameters { key: "max_workspace_size_bytes" value: "1073741824" } } ] } }
+    """
+    config = parse_pbtxt(text, "m/config.pbtxt")
+    assert config.parameters == {
+        "onnxruntime": {"tensorrt": {"trt_fp16_enable": True, "trt_max_workspace_size": 1 << 30}}
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            'name: "m"\nsequence_batching { }',
+            "m/config.pbtxt: 2:1: sequence_batching: not supported by reposerve",
+        ),
+        (
+            'platform: "tensorrt_plan"',
+            "m/config.pbtxt: platform: 'tensorrt_plan' is not served by reposerve",
+        ),
+        (
+            "instance_group [ { kind: KIND_MODEL } ]",
+            "m/config.pbtxt: instance_group[0].kind: KIND_MODEL is not supported by reposerve",
+        ),
+        (
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]',
+            "m/config.pbtxt: input[0].reshape: not supported by reposerve",
+        ),
+        (
+            'model_warmup [ { batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 '
+            'dims: [ 1 ] input_data_file: "x.bin" } } } ]',
+            "m/config.pbtxt: model_warmup[0].inputs.x: only zero_data and random_data",
+        ),
+        (
+            "model_transaction_policy { decoupled: true }",
+            "model_transaction_policy.decoupled: decoupled models are not supported yet",
+        ),
+        (
+            "dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
+            "timeout_action: DELAY is not supported (REJECT is)",
+        ),
+        ("max_batch_size: -1", "m/config.pbtxt: max_batch_size: expected int >= 0, got -1"),
+        ('name: "other"', 'name: "other" does not match the model folder "m"'),
+        ("max_batch_size: { }", "m/config.pbtxt: 1:17"),
+    ],
+)
+def test_what_has_no_equivalent_is_an_error_naming_the_field(text, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_pbtxt(text, "m/config.pbtxt", folder_name="m")
+    assert message in caught.value.message
