@@ -14,6 +14,7 @@ import msgspec
 
 import reposerve
 from reposerve.config import ModelConfig, TensorConfig
+from reposerve.config.triton_json import to_triton_parameters
 from reposerve.datatypes import TRITON_CONFIG_TYPES
 from reposerve.statistics import ModelStats
 
@@ -64,7 +65,8 @@ def model_metadata(name: str, versions: Sequence[int], backend: str, config: Mod
 
 
 def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
-    """The config in Triton's model-config JSON (what ``GET .../config`` returns)."""
+    """The config in Triton's model-config JSON (what ``GET .../config`` returns): every
+    field one of Triton's ``ModelConfig``, so its tools parse it strictly."""
     document: dict[str, Any] = {
         "name": name,
         "platform": PLATFORMS[backend] if backend != "python" else "",
@@ -108,11 +110,9 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
             }
             for index, group in enumerate(config.instance_group or ())  # resolved once loaded
         ],
-        "optimization": {"precision": config.optimization.precision},
-        "parameters": {
-            key: {"string_value": value if isinstance(value, str) else encode(value).decode()}
-            for key, value in config.parameters.items()
-        },
+        # reposerve-only settings (precision, execution limits, pinned cores) travel in
+        # Triton's free-form parameters: a strict protobuf parse rejects any other field.
+        "parameters": to_triton_parameters(config),
         "model_warmup": [
             {
                 "name": f"warmup_{index}",
