@@ -12,9 +12,9 @@ def create_backend(name: str, context: ModelContext) -> Backend:
     """Load ``context``'s model with the named backend."""
     # Imported on demand: an instance process loads only its own backend's libraries.
     if name == "python":
-        from reposerve.backends.python import PythonBackend
+        from reposerve.backends.python import create_python_backend
 
-        return PythonBackend(context)
+        return create_python_backend(context)
     if name == "onnxruntime":
         from reposerve.backends.onnxruntime import OnnxRuntimeBackend
 

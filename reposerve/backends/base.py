@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mmap
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 
 from reposerve.config import ModelConfig, TensorConfig
-from reposerve.errors import ReposerveError
+from reposerve.errors import ErrorKind, ReposerveError
 
 
 class BackendError(ReposerveError):
@@ -79,3 +79,38 @@ class StagingBackend(Protocol):
     def synchronize(self) -> None:
         """Wait until every ``DeviceOutput.copy_into`` of the batch has landed."""
         ...
+
+
+class RequestSlice(msgspec.Struct, frozen=True, array_like=True):
+    """One client request of a batch: how many items of axis 0 are its (in batch order;
+    1 for a model without a batch dimension) and the id the client gave it ("" if none)."""
+
+    items: int
+    id: str
+
+
+class RequestFailure(msgspec.Struct, frozen=True, array_like=True):
+    """One request of a batch that failed on its own; the others keep their results."""
+
+    index: int  # its position in the batch
+    message: str
+    kind: ErrorKind  # how the front reports it (INVALID_ARGUMENT: the client's fault)
+
+
+class PartialOutputs(msgspec.Struct):
+    """What ``execute_requests`` returns when some requests failed: the batch's outputs
+    (rows of failed requests hold placeholders, never sent) and which ones failed. When
+    every request failed, ``outputs`` may be empty."""
+
+    outputs: Outputs
+    failures: list[RequestFailure]
+
+
+class RequestAwareBackend(Protocol):
+    """Optional hook of a backend that needs the request boundaries inside a batch (the
+    Triton python-backend shim: one ``InferenceRequest`` per client request). The worker
+    calls it instead of ``execute``."""
+
+    def execute_requests(
+        self, inputs: Arrays, requests: Sequence[RequestSlice]
+    ) -> Outputs | PartialOutputs | Awaitable[Outputs | PartialOutputs]: ...

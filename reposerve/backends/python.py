@@ -10,6 +10,10 @@ The contract a model file follows:
    ``{output name: array}``. It may be ``async def``; then one instance runs many at once.
    Input arrays are views on shared memory, valid only until ``execute`` returns.
 4. ``unload()`` (optional) runs once when the instance stops.
+
+A file written for Triton's python backend (``class TritonPythonModel`` and no ``Model``)
+runs through the shim in ``triton_python``; ``import triton_python_backend_utils`` gives
+it ``pb_utils``.
 """
 
 from __future__ import annotations
@@ -18,34 +22,56 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Awaitable
+from types import ModuleType
 
-from reposerve.backends.base import Arrays, BackendError, ModelContext, Signature
+from reposerve.backends import pb_utils
+from reposerve.backends.base import Arrays, Backend, BackendError, ModelContext, Signature
 
 MODEL_FILE = "model.py"
+TRITON_UTILS = "triton_python_backend_utils"  # the module name Triton's models import
+
+
+def create_python_backend(context: ModelContext) -> Backend:
+    """Load ``model.py``: our ``class Model``, else Triton's ``class TritonPythonModel``."""
+    path = context.version_path / MODEL_FILE
+    module = _load_module(context)
+    model_class = getattr(module, "Model", None)
+    if inspect.isclass(model_class):
+        return PythonBackend(model_class, context, str(path))
+    triton_class = getattr(module, "TritonPythonModel", None)
+    if inspect.isclass(triton_class):
+        from reposerve.backends.triton_python import TritonPythonBackend
+
+        return TritonPythonBackend(triton_class, context, str(path))
+    raise BackendError(
+        f"{path}: defines no class Model. Hint: add `class Model:` with an "
+        "`execute(self, inputs)` method (or Triton's `class TritonPythonModel`)"
+    )
+
+
+def _load_module(context: ModelContext) -> ModuleType:
+    path = context.version_path / MODEL_FILE
+    module_name = f"reposerve_model_{context.model_name}_{context.version}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise BackendError(f"{path}: not a python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    # Before the file runs: Triton's models import this at the top. Ours wins over a copy
+    # of Triton's file in the model folder (older Triton docs said to put one there).
+    sys.modules.setdefault(TRITON_UTILS, pb_utils)
+    # The model's folder is importable, as Triton's python backend allows helper modules.
+    sys.path.insert(0, str(context.version_path))
+    spec.loader.exec_module(module)
+    return module
 
 
 class PythonBackend:
-    def __init__(self, context: ModelContext) -> None:
-        path = context.version_path / MODEL_FILE
-        module_name = f"reposerve_model_{context.model_name}_{context.version}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise BackendError(f"{path}: not a python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        # The model's folder is importable, as Triton's python backend allows helper modules.
-        sys.path.insert(0, str(context.version_path))
-        spec.loader.exec_module(module)
-        model_class = getattr(module, "Model", None)
-        if not inspect.isclass(model_class):
-            raise BackendError(
-                f"{path}: defines no class Model. Hint: add `class Model:` with an "
-                "`execute(self, inputs)` method"
-            )
+    def __init__(self, model_class: type, context: ModelContext, where: str) -> None:
         self._model = model_class()
         execute = getattr(self._model, "execute", None)
         if not callable(execute):
-            raise BackendError(f"{path}: class Model has no execute(self, inputs) method")
+            raise BackendError(f"{where}: class Model has no execute(self, inputs) method")
         self._execute = execute
         self.is_async = inspect.iscoroutinefunction(execute)
         load = getattr(self._model, "load", None)

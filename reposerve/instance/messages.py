@@ -12,6 +12,8 @@ import struct
 
 import msgspec
 
+from reposerve.backends.base import RequestFailure, RequestSlice
+
 FRAME_HEADER = struct.Struct("<I")
 
 
@@ -47,6 +49,9 @@ class Execute(msgspec.Struct, tag=True, array_like=True):
     slot: int
     slot_size: int
     inputs: list[TensorRef]
+    # The client requests the batch holds, in order; empty: one request holding it all
+    # (warmup). Only backends that answer per request read them (RequestAwareBackend).
+    requests: list[RequestSlice] = []
 
 
 class Shutdown(msgspec.Struct, tag=True, array_like=True):
@@ -69,6 +74,7 @@ class Result(msgspec.Struct, tag=True, array_like=True):
     slot_size: int
     outputs: list[TensorRef]
     compute_ns: int
+    failed: list[RequestFailure] = []  # requests that failed alone; the rest succeeded
 
 
 class Failure(msgspec.Struct, tag=True, array_like=True):

@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 
 import reposerve
+from reposerve.backends.base import RequestFailure, RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.errors import InstanceError
 from reposerve.instance.arena import Slot, align
@@ -79,10 +80,12 @@ class InstanceSpec(msgspec.Struct, frozen=True):
 
 
 class BatchOutcome(msgspec.Struct):
-    """A finished batch: outputs are views on the slot, valid only during ``on_done``."""
+    """A finished batch: outputs are views on the slot, valid only during ``on_done``.
+    ``failed`` names requests that failed on their own (their rows are placeholders)."""
 
     outputs: dict[str, Tensor]
     compute_ns: int
+    failed: list[RequestFailure] = []
 
 
 class BatchTensor(msgspec.Struct, frozen=True):
@@ -240,11 +243,16 @@ class InstanceProcess:
             raise
 
     def run(
-        self, inputs: Sequence[BatchTensor], on_done: OnDone, on_start: OnStart | None = None
+        self,
+        inputs: Sequence[BatchTensor],
+        on_done: OnDone,
+        on_start: OnStart | None = None,
+        requests: Sequence[RequestSlice] = (),
     ) -> None:
         """Assemble a batch into a free slot and send it; ``on_done`` gets the outcome.
         ``on_start`` is called when it begins to run: now, or once the batch ahead of it
-        is answered when it was staged."""
+        is answered when it was staged. ``requests``: the client requests it holds, in
+        order (none: one request holding the whole batch)."""
         if self._transport is None or self.state is not InstanceState.READY:
             raise OSError(f"{self.spec.label} is {self.state.value}")
         slot_index = self._free_slots.pop() if self._free_slots else self._add_slot()
@@ -270,7 +278,9 @@ class InstanceProcess:
         self._in_flight[batch_id] = _Running(slot_index, on_done, on_start, loop.time(), starts_now)
         if starts_now and on_start is not None:
             on_start()
-        self._transport.write(encode_frame(Execute(batch_id, slot_index, slot.size, refs)))
+        self._transport.write(
+            encode_frame(Execute(batch_id, slot_index, slot.size, refs, list(requests)))
+        )
         if self._watchdog is None and self.spec.execute_timeout_s:
             self._watchdog = loop.call_later(self.spec.execute_timeout_s, self._watch)
 
@@ -393,7 +403,7 @@ class InstanceProcess:
                     for ref in message.outputs
                 }
                 try:
-                    running.on_done(BatchOutcome(outputs, message.compute_ns))
+                    running.on_done(BatchOutcome(outputs, message.compute_ns, message.failed))
                 finally:
                     self._free_slots.append(slot_index)
             case Failure(batch_id=batch_id):

@@ -21,12 +21,13 @@ import time
 import traceback
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from reposerve.backends import Backend, ModelContext, create_backend
-from reposerve.backends.base import DeviceOutput
+from reposerve.backends.base import DeviceOutput, PartialOutputs, RequestSlice
 from reposerve.config import ModelConfig, complete_config
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput, ReposerveError
@@ -101,10 +102,13 @@ class BatchRunner:
         self.slots: dict[int, Slot] = {}
         self._config = config
         self._output_names = frozenset(spec.name for spec in config.output)
+        self._batched = config.max_batch_size > 0
         # Optional hooks of backends that copy to a device (``StagingBackend``).
         self._register = getattr(backend, "register_host_buffer", None)
         self._synchronize = getattr(backend, "synchronize", None)
         self._registered: set[int] = set()  # ids of the mappings handed to the backend
+        # Optional: a backend that answers per request (``RequestAwareBackend``).
+        self._execute_requests = getattr(backend, "execute_requests", None)
 
     def add_slot(self, message: AddSlot, fd: int) -> None:
         slot = Slot(fd, message.size)
@@ -122,12 +126,28 @@ class BatchRunner:
         }
         return slot, inputs
 
+    def execute(self, message: Execute, inputs: dict[str, np.ndarray]) -> Any:
+        """Run the backend on the batch: per request when it asks for the boundaries."""
+        if self._execute_requests is None:
+            return self.backend.execute(inputs)
+        requests = message.requests
+        if not requests:  # one request holding the whole batch (warmup)
+            items = message.inputs[0].shape[0] if self._batched and message.inputs else 1
+            requests = [RequestSlice(items, "")]
+        return self._execute_requests(inputs, requests)
+
     def finish(
         self, message: Execute, slot: Slot, outputs: object, started_ns: int
     ) -> Result | Failure:
         """Check the outputs and write each straight into the slot, after the inputs."""
         compute_ns = time.perf_counter_ns() - started_ns
         batch_size = message.inputs[0].shape[0] if message.inputs else 1
+        failed = []
+        if isinstance(outputs, PartialOutputs):
+            failed = outputs.failures
+            if len(failed) >= max(len(message.requests), 1):  # nothing left to send
+                return Result(message.batch_id, slot.size, [], compute_ns, failed)
+            outputs = outputs.outputs
         try:
             checked = self._check_outputs(outputs, batch_size)
         except OutputError as exc:  # the front names the model and version
@@ -160,7 +180,7 @@ class BatchRunner:
             # Even when a copy failed: none may land after the front took the slot back.
             if self._synchronize is not None:
                 self._synchronize()
-        return Result(message.batch_id, slot.size, [ref for ref, _ in placed], compute_ns)
+        return Result(message.batch_id, slot.size, [ref for ref, _ in placed], compute_ns, failed)
 
     def failure(self, message: Execute, exc: BaseException) -> Failure:
         if isinstance(exc, InvalidInput):  # the model's own words about the client's data
@@ -278,7 +298,7 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
             started = time.perf_counter_ns()
             try:
                 slot, inputs = runner.prepare(message)
-                outputs = runner.backend.execute(inputs)
+                outputs = runner.execute(message, inputs)
                 reply = runner.finish(message, slot, outputs, started)
             except Exception as exc:
                 reply = runner.failure(message, exc)
@@ -298,7 +318,7 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
         started = time.perf_counter_ns()
         try:
             slot, inputs = runner.prepare(message)
-            outputs = await runner.backend.execute(inputs)
+            outputs = await runner.execute(message, inputs)
             reply = runner.finish(message, slot, outputs, started)
         except Exception as exc:
             reply = runner.failure(message, exc)

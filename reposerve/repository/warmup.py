@@ -19,7 +19,13 @@ import numpy as np
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
 from reposerve.errors import InstanceError
-from reposerve.instance.process import BatchFailure, BatchOutcome, BatchTensor, InstanceProcess
+from reposerve.instance.process import (
+    BatchFailure,
+    BatchOutcome,
+    BatchTensor,
+    FailureCause,
+    InstanceProcess,
+)
 from reposerve.statistics import ModelStatistics
 
 
@@ -82,8 +88,11 @@ async def warm(
 
 
 def _keep(outcome: BatchOutcome | BatchFailure) -> BatchOutcome | BatchFailure:
-    """The outcome without its output views, which are valid only during the callback."""
+    """The outcome without its output views, which are valid only during the callback.
+    A warmup batch is one request: the model failing it alone fails the warmup."""
     if isinstance(outcome, BatchOutcome):
+        if outcome.failed:
+            return BatchFailure(outcome.failed[0].message, FailureCause.MODEL)
         return BatchOutcome({}, outcome.compute_ns)
     return outcome
 

@@ -22,8 +22,15 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
+from reposerve.backends.base import RequestFailure, RequestSlice
 from reposerve.config import ModelConfig
-from reposerve.errors import InstanceError, InvalidInput, ReposerveError, SchedulerError
+from reposerve.errors import (
+    ErrorKind,
+    InstanceError,
+    InvalidInput,
+    ReposerveError,
+    SchedulerError,
+)
 from reposerve.instance.process import (
     BatchFailure,
     BatchOutcome,
@@ -53,7 +60,11 @@ class Executor(Protocol):
         ...
 
     def run(
-        self, inputs: Sequence[BatchTensor], on_done: OnDone, on_start: OnStart | None = None
+        self,
+        inputs: Sequence[BatchTensor],
+        on_done: OnDone,
+        on_start: OnStart | None = None,
+        requests: Sequence[RequestSlice] = (),
     ) -> None: ...
 
 
@@ -303,8 +314,11 @@ class Scheduler:
         self._in_flight += 1
         self._staged += len(items)
         batch = _Batch(items, self._clock.now(), rerun)
+        requests = [RequestSlice(item.request.batch_size, item.request.id or "") for item in items]
         try:
-            instance.run(inputs, partial(self._complete, batch), partial(self._started, batch))
+            instance.run(
+                inputs, partial(self._complete, batch), partial(self._started, batch), requests
+            )
         except OSError as exc:
             self._complete(
                 batch,
@@ -338,7 +352,14 @@ class Scheduler:
             pieces = {name: split_batch(t, sizes) for name, t in outcome.outputs.items()}
         else:  # no batch dimension: the batch is one request, its outputs whole
             pieces = {name: [tensor] for name, tensor in outcome.outputs.items()}
+        # Requests the model failed on their own (a Triton model's error response): the
+        # rest of the batch succeeded, so no isolation re-run is needed.
+        failed = {failure.index: failure for failure in outcome.failed}
         for index, item in enumerate(items):
+            failure = failed.get(index)
+            if failure is not None:
+                self._fail(item, _request_error(self._label, failure))
+                continue
             try:
                 result = item.finish({name: cut[index] for name, cut in pieces.items()})
             except ReposerveError as exc:
@@ -346,14 +367,15 @@ class Scheduler:
             else:
                 self._settle(item, result, None)
         finished = self._clock.now()
+        served = [item for index, item in enumerate(items) if index not in failed]
         self._statistics.record_batch(
             items=sum(sizes),
-            requests=len(items),
+            requests=len(served),
             input_ns=batch.launched_ns - batch.started_ns,
             infer_ns=outcome.compute_ns,
             output_ns=finished - now,
-            success_ns=sum(finished - item.enqueued_ns for item in items),
-            queue_ns=sum(batch.started_ns - item.enqueued_ns for item in items),
+            success_ns=sum(finished - item.enqueued_ns for item in served),
+            queue_ns=sum(batch.started_ns - item.enqueued_ns for item in served),
         )
 
     def _failed(self, batch: _Batch, failure: BatchFailure) -> None:
@@ -426,6 +448,14 @@ class Scheduler:
     def _check_idle(self) -> None:
         if not self._queued and not self._in_flight and not self._reruns:
             self._idle.set()
+
+
+def _request_error(label: str, failure: RequestFailure) -> ReposerveError:
+    """The error of one request the model failed on its own, reported as its kind says."""
+    message = f"{label}: {failure.message}"
+    if failure.kind is ErrorKind.INVALID_ARGUMENT:
+        return InvalidInput(message)
+    return InstanceError(message, failure.kind)
 
 
 def _deliver(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

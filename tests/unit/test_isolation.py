@@ -36,7 +36,7 @@ class JudgingInstance:
     def has_capacity(self, staged: bool = False) -> bool:
         return self.running == 0
 
-    def run(self, inputs, on_done, on_start=None) -> None:
+    def run(self, inputs, on_done, on_start=None, requests=()) -> None:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
         self.batches.append(batch[:, 0].tolist())

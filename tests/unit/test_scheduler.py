@@ -70,7 +70,7 @@ class StandInInstance:
     def has_capacity(self, staged: bool = False) -> bool:
         return len(self.running) < self.capacity + (self.staging if staged else 0)
 
-    def run(self, inputs, on_done, on_start=None) -> None:
+    def run(self, inputs, on_done, on_start=None, requests=()) -> None:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
         self.running.append((batch, on_done, on_start))

@@ -1,0 +1,253 @@
+"""Models written for Triton's python backend (``class TritonPythonModel``), run unchanged.
+
+A compatibility layer over reposerve's python model contract inside the instance process,
+not a second backend path: reposerve's scheduler forms the batch as for any model, and
+this shim turns it into Triton's calls. The lifecycle, as Triton documents it:
+
+1. ``TritonPythonModel()``, then ``initialize(args)`` (optional) with Triton's args, every
+   value a string: ``model_config`` (the config as JSON, what ``GET .../config`` shows),
+   ``model_instance_kind`` (``CPU``/``GPU``), ``model_instance_name`` (``<group>_<n>``),
+   ``model_instance_device_id`` (the CUDA device as the instance process sees it: ``0``,
+   since each GPU instance sees only its own device), ``model_repository`` (the model's
+   folder), ``model_version``, ``model_name``.
+2. ``execute(requests)`` (may be ``async def``) gets one ``pb_utils.InferenceRequest`` per
+   client request of the batch, in order; each input tensor is a slice of the batch array
+   (the request's items on axis 0). It returns one ``InferenceResponse`` per request; the
+   outputs are joined back into the batch in request order.
+3. A response with ``error=pb_utils.TritonError(message, code)`` fails only its request, with
+   the status Triton gives the code (INTERNAL, the default, is a 500; INVALID_ARG a 400);
+   so does a response whose outputs do not fit its request. An exception from ``execute``,
+   or a response list of the wrong length, fails the call: the scheduler's fault isolation
+   then runs the batch again in halves, so only the requests at fault fail.
+4. ``finalize()`` (optional) when the instance stops.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Sequence
+
+import numpy as np
+
+from reposerve.backends import pb_utils
+from reposerve.backends.base import (
+    Arrays,
+    BackendError,
+    ModelContext,
+    PartialOutputs,
+    RequestFailure,
+    RequestSlice,
+    Signature,
+)
+from reposerve.errors import ErrorKind
+from reposerve.protocol.documents import model_config
+
+# Triton's error codes -> how the front reports them (Triton's HTTP statuses; it answers
+# UNSUPPORTED with 501, which reposerve has no kind for: 500).
+_ERROR_KINDS = {
+    pb_utils.TritonError.UNKNOWN: ErrorKind.INVALID_ARGUMENT,
+    pb_utils.TritonError.INTERNAL: ErrorKind.INTERNAL,
+    pb_utils.TritonError.NOT_FOUND: ErrorKind.NOT_FOUND,
+    pb_utils.TritonError.INVALID_ARG: ErrorKind.INVALID_ARGUMENT,
+    pb_utils.TritonError.UNAVAILABLE: ErrorKind.UNAVAILABLE,
+    pb_utils.TritonError.UNSUPPORTED: ErrorKind.INTERNAL,
+    pb_utils.TritonError.ALREADY_EXISTS: ErrorKind.INVALID_ARGUMENT,
+    pb_utils.TritonError.CANCELLED: ErrorKind.INVALID_ARGUMENT,
+}
+
+
+class TritonResponseError(BackendError):
+    """``execute`` answered the call in a way that fails every request of it."""
+
+
+class TritonPythonBackend:
+    def __init__(self, model_class: type, context: ModelContext, where: str) -> None:
+        config = context.config
+        self._where = where
+        self._batched = config.max_batch_size > 0
+        self._output_names = [spec.name for spec in config.output]
+        pb_utils._start_logging(context.model_name)
+        self._model = model_class()
+        execute = getattr(self._model, "execute", None)
+        if not callable(execute):
+            raise BackendError(
+                f"{where}: class TritonPythonModel has no execute(self, requests) method"
+            )
+        self._execute = execute
+        self.is_async = inspect.iscoroutinefunction(execute)
+        initialize = getattr(self._model, "initialize", None)
+        if callable(initialize):
+            initialize(triton_args(context))
+
+    def signature(self) -> Signature | None:
+        return None  # the config declares the tensors
+
+    def execute(self, inputs: Arrays) -> Arrays | PartialOutputs | Awaitable:
+        """The whole batch as one request (the worker calls ``execute_requests``)."""
+        items = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
+        return self.execute_requests(inputs, [RequestSlice(items, "")])
+
+    def execute_requests(
+        self, inputs: Arrays, requests: Sequence[RequestSlice]
+    ) -> Arrays | PartialOutputs | Awaitable:
+        triton_requests = self._split(inputs, requests)
+        if self.is_async:
+            return self._execute_async(triton_requests, requests)
+        return self._join(self._execute(triton_requests), requests)
+
+    def unload(self) -> None:
+        finalize = getattr(self._model, "finalize", None)
+        if callable(finalize):
+            finalize()
+
+    async def _execute_async(
+        self, triton_requests: list[pb_utils.InferenceRequest], requests: Sequence[RequestSlice]
+    ) -> Arrays | PartialOutputs:
+        return self._join(await self._execute(triton_requests), requests)
+
+    def _split(
+        self, inputs: Arrays, requests: Sequence[RequestSlice]
+    ) -> list[pb_utils.InferenceRequest]:
+        """One InferenceRequest per client request, its tensors views of the batch."""
+        triton_requests = []
+        start = 0
+        for request in requests:
+            stop = start + request.items
+            tensors = [
+                pb_utils.Tensor(name, array[start:stop] if self._batched else array)
+                for name, array in inputs.items()
+            ]
+            triton_requests.append(
+                pb_utils.InferenceRequest(tensors, request.id, list(self._output_names))
+            )
+            start = stop
+        return triton_requests
+
+    def _join(self, responses: object, requests: Sequence[RequestSlice]) -> Arrays | PartialOutputs:
+        """The responses as the batch's outputs, with the requests that failed alone."""
+        count = len(requests)
+        if not isinstance(responses, list | tuple) or len(responses) != count:
+            got = (
+                f"{len(responses)} responses"
+                if isinstance(responses, list | tuple)
+                else type(responses).__name__
+            )
+            raise TritonResponseError(
+                f"{self._where}: TritonPythonModel.execute returned {got} for {count} "
+                "request(s). Hint: return a list with one pb_utils.InferenceResponse per "
+                "request, in the order of the requests"
+            )
+        failures: list[RequestFailure] = []
+        answers: list[dict[str, np.ndarray] | None] = []
+        for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise TritonResponseError(
+                    f"{self._where}: execute returned {type(response).__name__} as response "
+                    f"{index}. Hint: every element must be a pb_utils.InferenceResponse"
+                )
+            error = response.error()
+            if error is None:
+                arrays, problem = self._outputs_of(response, request.items)
+                if problem is None:
+                    answers.append(arrays)
+                    continue
+                failures.append(RequestFailure(index, problem, ErrorKind.INTERNAL))
+            else:
+                failures.append(_failure(index, error))
+            answers.append(None)
+        served = [arrays for arrays in answers if arrays is not None]
+        if not served:
+            return PartialOutputs({}, failures)
+        if not self._batched:  # one request: its outputs are the batch's
+            return served[0]
+        outputs = {name: self._concatenate(name, answers, requests) for name in self._output_names}
+        return PartialOutputs(outputs, failures) if failures else outputs
+
+    def _outputs_of(
+        self, response: pb_utils.InferenceResponse, items: int
+    ) -> tuple[dict[str, np.ndarray], str | None]:
+        """A response's outputs by name, or what is wrong with them."""
+        arrays = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
+        for name in arrays:
+            if name not in self._output_names:
+                return arrays, (
+                    f"the response holds output '{name}', which the config does not declare. "
+                    "Hint: declare it, or leave it out of the response"
+                )
+        for name in self._output_names:
+            if name not in arrays:
+                return arrays, (
+                    f"the response holds no output '{name}' (reposerve asks every request "
+                    "for every declared output: see requested_output_names())"
+                )
+            shape = arrays[name].shape
+            if self._batched and (not shape or shape[0] != items):
+                return arrays, (
+                    f"output '{name}': expected the request's {items} item(s) on axis 0, "
+                    f"got shape {list(shape)}"
+                )
+        return arrays, None
+
+    def _concatenate(
+        self,
+        name: str,
+        answers: list[dict[str, np.ndarray] | None],
+        requests: Sequence[RequestSlice],
+    ) -> np.ndarray:
+        """One output over the batch: each request's rows in order, placeholders (never
+        sent) for the requests that failed."""
+        template = next(arrays[name] for arrays in answers if arrays is not None)
+        pieces = [
+            arrays[name] if arrays is not None else _placeholder(template, request.items)
+            for arrays, request in zip(answers, requests, strict=True)
+        ]
+        try:
+            return np.concatenate(pieces)
+        except ValueError:
+            shapes = sorted({str(list(piece.shape[1:])) for piece in pieces})
+            raise TritonResponseError(
+                f"{self._where}: output '{name}' has different item shapes across the "
+                f"responses of one batch ({', '.join(shapes)}); reposerve returns a batch's "
+                "output as one array. Hint: pad to one shape, or run without dynamic batching"
+            ) from None
+
+
+def _placeholder(template: np.ndarray, items: int) -> np.ndarray:
+    shape = (items, *template.shape[1:])
+    if template.dtype == object:
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=template.dtype)
+
+
+def _failure(index: int, error: object) -> RequestFailure:
+    if isinstance(error, pb_utils.TritonError):
+        kind = _ERROR_KINDS.get(error.code(), ErrorKind.INTERNAL)
+        return RequestFailure(index, error.message(), kind)
+    return RequestFailure(index, str(error), ErrorKind.INTERNAL)
+
+
+def triton_args(context: ModelContext) -> dict[str, str]:
+    """The ``args`` Triton passes to ``initialize``: every key and value a string."""
+    kind, _, device = context.device.partition(":")
+    return {
+        "model_config": model_config(context.model_name, "python", context.config).decode(),
+        "model_instance_kind": "GPU" if kind == "cuda" else "CPU",
+        "model_instance_name": _instance_name(context),
+        "model_instance_device_id": device or "0",
+        "model_repository": str(context.version_path.parent),
+        "model_version": str(context.version),
+        "model_name": context.model_name,
+    }
+
+
+def _instance_name(context: ModelContext) -> str:
+    """Triton's name for the instance: its group's name (``<model>_<group index>``, as the
+    config document names groups) and its number within the group's count."""
+    index = context.instance_index
+    for number, group in enumerate(context.config.instance_group or ()):
+        devices = len(group.gpus or ()) if group.kind == "gpu" else 1
+        size = max(devices, 1) * group.count
+        if index < size:
+            return f"{context.model_name}_{number}_{index % group.count}"
+        index -= size
+    return f"{context.model_name}_0_{context.instance_index}"
