@@ -264,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["check"]:
         return check(argv[1:])
+    if argv[:1] == ["convert"]:
+        from reposerve.convert import convert
+
+        return convert(argv[1:])
     args = serve_parser().parse_args(argv)
     settings = settings_from(args)
     if bool(settings.ssl_certfile) != bool(settings.ssl_keyfile):

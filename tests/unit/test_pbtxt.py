@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from reposerve.config import parse_model_config
 from reposerve.config.pbtxt import parse_pbtxt
+from reposerve.config.toml_writer import to_toml
 from reposerve.config.triton_schema import model_config_class
 from reposerve.errors import ConfigError
 
@@ -174,3 +176,18 @@ def test_what_has_no_equivalent_is_an_error_naming_the_field(text, message):
     with pytest.raises(ConfigError) as caught:
         parse_pbtxt(text, "m/config.pbtxt", folder_name="m")
     assert message in caught.value.message
+
+
+def test_convert_writes_a_config_toml_that_loads_as_the_same_config():
+    text = (
+        ADD_SUB
+        + """
+    optimization { execution_accelerators { gpu_execution_accelerator : [ {
+      name : "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ] } }
+    """
+    )
+    config = parse_pbtxt(text, "add_sub/config.pbtxt", folder_name="add_sub")
+    written = to_toml(config)
+    assert "[parameters.onnxruntime.tensorrt]\ntrt_fp16_enable = true" in written
+    assert "priority_levels" not in written  # defaults are left out
+    assert parse_model_config(written, "add_sub/config.toml", "add_sub") == config
