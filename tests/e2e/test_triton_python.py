@@ -117,10 +117,10 @@ ASYNC_ADD_SUB = """
 """
 
 
-def _add_sub_config(extra: str = "") -> str:
+def _add_sub_config(extra: str = "", max_batch: int = 8) -> str:
     return f"""
         backend = "python"
-        max_batch_size = 8
+        max_batch_size = {max_batch}
         [[input]]
         name = "INPUT0"
         datatype = "FP32"
@@ -159,6 +159,8 @@ def server(tmp_path_factory, records):
     )
     write_model(root, "checked", _add_sub_config(checked), CHECKED)
     write_model(root, "add_sub_async", _add_sub_config(batching), ASYNC_ADD_SUB)
+    # As Triton's example ships: no batch dimension, each request executed alone.
+    write_model(root, "add_sub_unbatched", _add_sub_config(max_batch=0), ADD_SUB)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
     assert server.stop() == 0, server.log()
@@ -205,12 +207,15 @@ def test_add_sub_results_equal_direct_computation_and_requests_share_batches(ser
     assert stats["execution_count"] < len(pairs)
 
 
-def test_async_execute_serves_results(server):
-    a = np.arange(8, dtype=np.float32).reshape(2, 4)
-    b = np.full((2, 4), 0.5, dtype=np.float32)
+@pytest.mark.parametrize(
+    ("model", "shape"), [("add_sub_async", (2, 4)), ("add_sub_unbatched", (4,))]
+)
+def test_async_execute_and_a_model_without_batch_dimension(server, model, shape):
+    a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    b = np.full(shape, 0.5, dtype=np.float32)
     client = httpclient.InferenceServerClient(server.address)
     try:
-        result = client.infer("add_sub_async", _inputs(a, b))
+        result = client.infer(model, _inputs(a, b))
     finally:
         client.close()
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)

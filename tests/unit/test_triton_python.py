@@ -1,0 +1,176 @@
+"""The Triton python-backend shim, run in this process on a real model file: how a batch
+becomes one InferenceRequest per client request, how the responses become the batch's
+outputs, which problems fail one request and which fail the call; and pb_utils' helpers."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reposerve.backends import ModelContext, create_backend, pb_utils
+from reposerve.backends.base import PartialOutputs, RequestFailure, RequestSlice
+from reposerve.backends.triton_python import TritonResponseError, triton_args
+from reposerve.config.load import parse_model_config
+from reposerve.errors import ErrorKind
+
+pytestmark = pytest.mark.unit
+
+# The request id steers each answer, so one batch can hold every case.
+MODEL = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                rid = request.request_id()
+                if rid == "short":
+                    return responses
+                if rid == "refuse":
+                    error = pb_utils.TritonError(f"refused {rid}", pb_utils.TritonError.NOT_FOUND)
+                    responses.append(pb_utils.InferenceResponse(error=error))
+                    continue
+                rows = len(x)
+                out0 = x + rows if rid != "wide" else np.zeros((rows, 7), np.float32)
+                tensors = [pb_utils.Tensor("OUTPUT0", out0)]
+                if rid != "missing":
+                    tensors.append(pb_utils.Tensor("OUTPUT1", np.full_like(x, len(requests))))
+                responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            return responses
+"""
+
+CONFIG = """
+    max_batch_size = 8
+    [[input]]
+    name = "INPUT0"
+    datatype = "FP32"
+    shape = [-1]
+    [[output]]
+    name = "OUTPUT0"
+    datatype = "FP32"
+    shape = [-1]
+    [[output]]
+    name = "OUTPUT1"
+    datatype = "FP32"
+    shape = [-1]
+    [[instance_group]]
+    count = 2
+    [[instance_group]]
+    count = 1
+"""
+
+
+def _context(tmp_path: Path, instance_index: int = 0) -> ModelContext:
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / "model.py").write_text(textwrap.dedent(MODEL))
+    return ModelContext(
+        model_name="m",
+        config=parse_model_config(textwrap.dedent(CONFIG), "m/config.toml"),
+        version=1,
+        version_path=version,
+        device="cpu",
+        instance_index=instance_index,
+        threads=1,
+    )
+
+
+@pytest.fixture
+def backend(tmp_path):
+    return create_backend("python", _context(tmp_path))
+
+
+def _batch(*ids_and_rows: tuple[str, int]) -> tuple[dict, list[RequestSlice]]:
+    total = sum(rows for _, rows in ids_and_rows)
+    inputs = {"INPUT0": np.arange(total * 2, dtype=np.float32).reshape(total, 2)}
+    return inputs, [RequestSlice(rows, rid) for rid, rows in ids_and_rows]
+
+
+def test_each_request_gets_its_own_rows_and_outputs_join_in_order(backend):
+    inputs, requests = _batch(("a", 1), ("b", 3), ("c", 2))
+    outputs = backend.execute_requests(inputs, requests)
+    rows = np.repeat([1, 3, 2], [1, 3, 2]).astype(np.float32)[:, None]  # its request's rows
+    np.testing.assert_array_equal(outputs["OUTPUT0"], inputs["INPUT0"] + rows)
+    np.testing.assert_array_equal(outputs["OUTPUT1"], np.full((6, 2), 3, np.float32))
+
+
+def test_an_error_response_fails_its_request_and_leaves_placeholder_rows(backend):
+    inputs, requests = _batch(("a", 1), ("refuse", 2), ("missing", 1))
+    outputs = backend.execute_requests(inputs, requests)
+    assert isinstance(outputs, PartialOutputs)
+    assert outputs.failures == [
+        RequestFailure(1, "refused refuse", ErrorKind.NOT_FOUND),
+        RequestFailure(
+            2,
+            "the response holds no output 'OUTPUT1' (reposerve asks every request for every "
+            "declared output: see requested_output_names())",
+            ErrorKind.INTERNAL,
+        ),
+    ]
+    x = inputs["INPUT0"]
+    np.testing.assert_array_equal(outputs.outputs["OUTPUT0"][:1], x[:1] + 1)
+    np.testing.assert_array_equal(outputs.outputs["OUTPUT0"][1:], np.zeros((3, 2), np.float32))
+
+
+def test_every_request_failing_leaves_no_outputs(backend):
+    inputs, requests = _batch(("refuse", 1), ("refuse", 1))
+    outputs = backend.execute_requests(inputs, requests)
+    assert outputs == PartialOutputs({}, [
+        RequestFailure(0, "refused refuse", ErrorKind.NOT_FOUND),
+        RequestFailure(1, "refused refuse", ErrorKind.NOT_FOUND),
+    ])  # fmt: skip
+
+
+def test_a_response_list_of_the_wrong_length_fails_the_call(backend, tmp_path):
+    inputs, requests = _batch(("a", 1), ("short", 1))
+    with pytest.raises(TritonResponseError) as caught:
+        backend.execute_requests(inputs, requests)
+    assert caught.value.message == (
+        f"{tmp_path}/m/1/model.py: TritonPythonModel.execute returned 1 responses for 2 "
+        "request(s). Hint: return a list with one pb_utils.InferenceResponse per request, in "
+        "the order of the requests"
+    )
+
+
+def test_item_shapes_that_differ_across_responses_fail_the_call(backend, tmp_path):
+    inputs, requests = _batch(("a", 1), ("wide", 1))
+    with pytest.raises(TritonResponseError) as caught:
+        backend.execute_requests(inputs, requests)
+    assert caught.value.message == (
+        f"{tmp_path}/m/1/model.py: output 'OUTPUT0' has different item shapes across the "
+        "responses of one batch ([2], [7]); reposerve returns a batch's output as one array. "
+        "Hint: pad to one shape, or run without dynamic batching"
+    )
+
+
+def test_initialize_args_name_the_instance_in_its_group(tmp_path):
+    args = triton_args(_context(tmp_path, instance_index=2))
+    assert args["model_instance_name"] == "m_1_0"
+    assert triton_args(_context(tmp_path, instance_index=1))["model_instance_name"] == "m_0_1"
+    assert args["model_repository"] == str(tmp_path / "m")
+    assert (args["model_instance_kind"], args["model_instance_device_id"]) == ("CPU", "0")
+
+
+def test_pb_utils_helpers():
+    config = {"output": [{"name": "OUT", "data_type": "TYPE_FP16", "dims": [3]}]}
+    spec = pb_utils.get_output_config_by_name(config, "OUT")
+    assert pb_utils.triton_string_to_numpy(spec["data_type"]) is np.float16
+    assert pb_utils.get_input_config_by_name(config, "OUT") is None
+    assert pb_utils.numpy_to_triton_type(np.float32) == 11
+    assert pb_utils.numpy_to_triton_type(np.dtype(object)) == 13
+    assert pb_utils.triton_to_numpy_type(8) is np.int32
+    tensor = pb_utils.Tensor("T", np.zeros((2, 3), np.int64))
+    assert (tensor.name(), tensor.shape(), tensor.triton_dtype()) == ("T", [2, 3], 9)
+    response = pb_utils.InferenceResponse(output_tensors=[tensor])
+    assert pb_utils.get_output_tensor_by_name(response, "T") is tensor
+    assert not response.has_error()
+    with pytest.raises(pb_utils.TritonModelException, match="use np.object_ arrays of bytes"):
+        pb_utils.Tensor("S", np.array(["text"]))
+    error = pb_utils.TritonError("gone", pb_utils.TritonError.UNAVAILABLE)
+    assert (error.message(), error.code()) == ("gone", 4)
