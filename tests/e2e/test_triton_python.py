@@ -1,11 +1,13 @@
 """Models written for Triton's python backend (``TritonPythonModel`` + ``pb_utils``) served
-unchanged by a real server: their results, batching by reposerve's scheduler, a response
-carrying a TritonError failing only its request, initialize's args and finalize."""
+unchanged by a real server, the add_sub example in its config.pbtxt folder: their results,
+batching by reposerve's scheduler, a response carrying a TritonError failing only its
+request, initialize's args and finalize."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -117,10 +119,35 @@ ASYNC_ADD_SUB = """
 """
 
 
-def _add_sub_config(extra: str = "", max_batch: int = 8) -> str:
+# Triton's config.pbtxt for its add_sub example; with batching added where {batching} stands.
+ADD_SUB_PBTXT = """
+    name: "{name}"
+    backend: "python"
+    {batching}
+    input [
+      {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }},
+      {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }}
+    ]
+    output [
+      {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }},
+      {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }}
+    ]
+    instance_group [ {{ kind: KIND_CPU }} ]
+"""
+
+
+def _write_triton_model(root: Path, name: str, code: str, batching: str = "") -> None:
+    """A model folder as Triton lays it out: config.pbtxt and 1/model.py."""
+    (root / name / "1").mkdir(parents=True)
+    pbtxt = ADD_SUB_PBTXT.format(name=name, batching=batching)
+    (root / name / "config.pbtxt").write_text(textwrap.dedent(pbtxt))
+    (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
+
+
+def _add_sub_config(extra: str = "") -> str:
     return f"""
         backend = "python"
-        max_batch_size = {max_batch}
+        max_batch_size = 8
         [[input]]
         name = "INPUT0"
         datatype = "FP32"
@@ -149,8 +176,14 @@ def records(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, records):
     root = tmp_path_factory.mktemp("repository")
-    batching = "[dynamic_batching]\nmax_queue_delay_microseconds = 20000"
-    write_model(root, "add_sub", _add_sub_config(batching), ADD_SUB)
+    _write_triton_model(
+        root,
+        "add_sub",
+        ADD_SUB,
+        "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 20000 }",
+    )
+    # As Triton's example ships: no batch dimension, each request executed alone.
+    _write_triton_model(root, "add_sub_unbatched", ADD_SUB)
     # Four requests leave as one batch the moment they are all queued.
     checked = (
         "[dynamic_batching]\npreferred_batch_size = [4]\n"
@@ -158,9 +191,8 @@ def server(tmp_path_factory, records):
         f'[parameters]\nrecord_to = "{records}"'
     )
     write_model(root, "checked", _add_sub_config(checked), CHECKED)
+    batching = "[dynamic_batching]\nmax_queue_delay_microseconds = 20000"
     write_model(root, "add_sub_async", _add_sub_config(batching), ASYNC_ADD_SUB)
-    # As Triton's example ships: no batch dimension, each request executed alone.
-    write_model(root, "add_sub_unbatched", _add_sub_config(max_batch=0), ADD_SUB)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
     assert server.stop() == 0, server.log()
