@@ -191,7 +191,11 @@ def server(tmp_path_factory, records):
         f'[parameters]\nrecord_to = "{records}"'
     )
     write_model(root, "checked", _add_sub_config(checked), CHECKED)
-    batching = "[dynamic_batching]\nmax_queue_delay_microseconds = 20000"
+    # Warmup batches reach execute as one request holding the batch.
+    batching = (
+        "[dynamic_batching]\nmax_queue_delay_microseconds = 20000\n"
+        '[[warmup]]\nbatch_size = 3\ninputs = { INPUT0 = "random" }'
+    )
     write_model(root, "add_sub_async", _add_sub_config(batching), ASYNC_ADD_SUB)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
@@ -252,6 +256,9 @@ def test_async_execute_and_a_model_without_batch_dimension(server, model, shape)
         client.close()
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    if model == "add_sub_async":  # its warmup batch of 3 ran before it served
+        sizes = [entry["batch_size"] for entry in _stats(server, model)["batch_stats"]]
+        assert sizes == [2, 3]
 
 
 def test_an_error_response_fails_only_its_request_in_the_same_batch(server):
