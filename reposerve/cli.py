@@ -86,6 +86,16 @@ def serve_parser() -> argparse.ArgumentParser:
         "every --repository-poll-secs; none: the repository is fixed",
     )
     add(
+        "--allow-model-file-override",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="accept file: parameters on load requests (Triton's model files override): "
+        "they write code the server then runs, so only with this flag (false)",
+    )
+    add(
         "--repository-poll-secs",
         type=float,
         default=15.0,
@@ -207,6 +217,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         exit_timeout_secs=args.exit_timeout_secs,
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
+        allow_model_file_override=args.allow_model_file_override,
         load_timeout_secs=args.load_timeout_secs,
         log_level=args.log_level,
         log_format=args.log_format,

@@ -11,22 +11,21 @@ import contextlib
 
 import msgspec
 
+from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, RepositoryError
 from reposerve.metrics import VersionMetrics, render
 from reposerve.protocol import documents
 from reposerve.protocol.classification import classify
+from reposerve.protocol.load import decode_load_request
 from reposerve.protocol.request import InferRequest, decode_request
 from reposerve.protocol.response import encode_response
 from reposerve.repository import IndexEntry, ModelState, Repository
+from reposerve.repository.scan import ConfigOverride
 from reposerve.tensor import Tensor
 
 
 class _IndexRequest(msgspec.Struct):
     ready: bool = False
-
-
-class _LoadRequest(msgspec.Struct):
-    parameters: dict[str, object] | None = None
 
 
 class InferenceService:
@@ -35,8 +34,11 @@ class InferenceService:
         repository: Repository,
         model_control_mode: str = "explicit",
         strict_readiness: bool = True,
+        allow_file_override: bool = False,
     ) -> None:
         self.repository = repository
+        # Whether a load may bring its own model files (code the instances will run).
+        self.allow_file_override = allow_file_override
         self.model_control_mode = model_control_mode
         self._strict = strict_readiness
         self._started = False
@@ -146,17 +148,23 @@ class InferenceService:
         return documents.encode(entries)
 
     async def load_model(self, name: str, body: bytes) -> None:
+        """Triton's load, with its overrides: ``parameters.config`` (Triton's JSON config,
+        used instead of the folder's) and ``file:`` parameters (the model folder's files,
+        only with --allow-model-file-override)."""
         self._check_control()
-        try:
-            request = msgspec.json.decode(body or b"{}", type=_LoadRequest)
-        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
-            raise ProtocolError(f"load '{name}': malformed request JSON: {exc}") from exc
-        if request.parameters:
+        request = decode_load_request(name, body)
+        if request.files and not self.allow_file_override:
             raise ProtocolError(
-                f"load '{name}': parameters ({', '.join(request.parameters)}) are not supported; "
-                "edit the files in the repository and load again"
+                f"load '{name}': file: parameters would write model code onto this server, "
+                "which it refuses. Hint: start it with --allow-model-file-override true to "
+                "accept them",
+                kind=ErrorKind.FORBIDDEN,
             )
-        attempted = await self.repository.load(name)
+        override = None
+        if request.config is not None:
+            label = f"load '{name}': parameters.config"
+            override = ConfigOverride(parse_triton_config(request.config, label, name), label)
+        attempted = await self.repository.load(name, override, request.files)
         failed = [v for v in attempted if v.state is not ModelState.READY]
         if failed:
             kept = {

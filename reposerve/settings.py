@@ -36,6 +36,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     exit_timeout_secs: float = 30.0  # one budget for a whole shutdown or unload
     strict_readiness: bool = True  # server ready only while every loaded model is
     exit_on_error: bool = True  # start-up fails when a model fails to load
+    allow_model_file_override: bool = False  # load requests may bring model files (code)
     load_timeout_secs: float = 120.0
     log_level: str = "info"
     log_format: str = "text"

@@ -20,11 +20,14 @@ JSON-quoted, so reading back what ``/config`` wrote always gives the value it ha
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
 
+from reposerve.config.load import validate_model_config
 from reposerve.config.schema import ModelConfig
+from reposerve.config.triton import from_triton
 from reposerve.errors import ConfigError
 
 PREFIX = "reposerve."
@@ -110,3 +113,56 @@ def _group_cpus(table: dict[str, Any], key: str, value: Any, label: str) -> None
             f"({len(groups)} group(s) given)"
         )
     groups[index]["cpus"] = value
+
+
+def parse_triton_config(text: str, label: str, folder_name: str | None = None) -> ModelConfig:
+    """A configuration in Triton's model-config JSON (a load's ``config`` parameter) as a
+    ModelConfig, checked like a config.toml. Field names may be the protobuf's or their
+    lowerCamelCase JSON names, 64-bit integers strings, as protobuf's JSON mapping allows.
+    A field at its default value counts as absent (proto3: the two are the same message),
+    so ``/config``'s full documents read back; a field set to anything reposerve has no
+    equivalent for is an error naming it."""
+    try:
+        document = _decoder.decode(text)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{label}: not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ConfigError(f"{label}: expected a JSON object (Triton's ModelConfig)")
+    document = _snake_keys(document)
+    parameters = document.pop("parameters", None) or {}
+    if not isinstance(parameters, dict):
+        raise ConfigError(f"{label}: parameters: expected an object of {{key: string_value}}")
+    table = from_triton(_without_defaults(document), label)
+    apply_triton_parameters(table, parameters, label)
+    return validate_model_config(table, label, folder_name)
+
+
+# Fields whose value is a map: their keys are names (tensors, parameters), never renamed.
+_MAPS = frozenset({"parameters", "inputs", "cc_model_filenames", "metric_tags"})
+_CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
+
+
+def _snake_keys(node: Any, is_map: bool = False) -> Any:
+    if isinstance(node, list):
+        return [_snake_keys(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    renamed = {}
+    for key, value in node.items():
+        field = key if is_map else _CAMEL.sub(r"_\1", key).lower()
+        renamed[field] = _snake_keys(value, is_map=not is_map and field in _MAPS)
+    return renamed
+
+
+def _without_defaults(node: Any) -> Any:
+    """``node`` without the fields at proto3 defaults (false, 0, "", []); empty messages
+    stay, since a message's presence means something (``dynamic_batching {}`` is on)."""
+    if isinstance(node, list):
+        return [_without_defaults(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {key: _without_defaults(value) for key, value in node.items() if not _is_default(value)}
+
+
+def _is_default(value: Any) -> bool:
+    return not isinstance(value, dict) and value in (None, False, 0, "", [])

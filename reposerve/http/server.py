@@ -118,7 +118,10 @@ def build(settings: Settings) -> tuple[App, Lifecycle]:
         unload_timeout=settings.exit_timeout_secs,
     )
     service = InferenceService(
-        repository, settings.model_control_mode, strict_readiness=settings.strict_readiness
+        repository,
+        settings.model_control_mode,
+        strict_readiness=settings.strict_readiness,
+        allow_file_override=settings.allow_model_file_override,
     )
     lifecycle = Lifecycle(service, settings)
 

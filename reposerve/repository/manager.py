@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
 
 from reposerve.errors import ConfigError, ErrorKind, RepositoryError
-from reposerve.repository.scan import check_model_folder, model_names, read_model
+from reposerve.repository.override import OverrideFolder
+from reposerve.repository.scan import ConfigOverride, check_model_folder, model_names, read_model
 from reposerve.repository.version import ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
@@ -37,6 +39,15 @@ class _Model:
         self.versions: dict[int, ModelVersion] = {}
         self.error = ""  # why the last load could not even start (config, layout)
         self.lock = asyncio.Lock()
+        # Folders written from load requests' files, until no version runs from them.
+        self.overrides: list[OverrideFolder] = []
+
+    def drop_unused_overrides(self) -> None:
+        running = [v.source.path for v in self.versions.values() if not v.unloaded]
+        for folder in list(self.overrides):
+            if not any(folder.holds(path) for path in running):
+                self.overrides.remove(folder)
+                folder.remove()
 
 
 class Repository:
@@ -50,23 +61,36 @@ class Repository:
     def names(self) -> list[str]:
         return model_names(self.root)
 
-    async def load(self, name: str) -> list[ModelVersion]:
+    async def load(
+        self,
+        name: str,
+        config: ConfigOverride | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> list[ModelVersion]:
         """Load or reload ``name`` from disk; returns the versions this load built (a
         failed one may have left its predecessor serving). Raises ConfigError when the
-        model cannot even be read."""
+        model cannot even be read. ``config`` replaces the folder's config for this load;
+        ``files`` (paths in the model folder -> content) replace the folder itself."""
         self._refuse_if_closing(name)
         if name not in self._models:
             # Only real model folders get an entry: a bogus name leaves no trace behind.
             check_model_folder(self.root, name)
         model = self._models.setdefault(name, _Model())
         async with model.lock:
+            # Written off the event loop: the files may be large.
+            override = await asyncio.to_thread(OverrideFolder, name, files) if files else None
             try:
-                source = read_model(self.root, name)
+                root = override.root if override else self.root
+                source = read_model(root, name, config)
             except ConfigError as exc:
+                if override:
+                    override.remove()
                 model.error = exc.message
                 log.error("%s", exc.message)
                 raise
             model.error = ""
+            if override:
+                model.overrides.append(override)
             fresh = [
                 ModelVersion(name, source.config, version, self._load_timeout, source.labels)
                 for version in source.versions
@@ -96,6 +120,7 @@ class Repository:
             ]
             deadline = time.monotonic() + self._unload_timeout
             await asyncio.gather(*(version.unload(deadline) for version in retired))
+            model.drop_unused_overrides()
             return fresh
 
     async def unload(self, name: str, deadline: float | None = None) -> None:
@@ -127,6 +152,7 @@ class Repository:
     async def _unload_versions(model: _Model, deadline: float) -> None:
         versions = [v for v in model.versions.values() if not v.unloaded]
         await asyncio.gather(*(version.unload(deadline) for version in versions))
+        model.drop_unused_overrides()
 
     def _refuse_if_closing(self, name: str) -> None:
         if self._closing:

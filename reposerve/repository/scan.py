@@ -36,6 +36,13 @@ class ModelSource(msgspec.Struct, frozen=True):
     labels: dict[str, tuple[str, ...]] = {}  # output -> its class labels (label_filename)
 
 
+class ConfigOverride(msgspec.Struct, frozen=True):
+    """A config that replaces the folder's for one load; ``label`` names it in errors."""
+
+    config: ModelConfig
+    label: str
+
+
 def model_names(root: Path) -> list[str]:
     """Folders of ``root`` that name models, sorted."""
     return sorted(
@@ -53,17 +60,21 @@ def check_model_folder(root: Path, name: str) -> Path:
     return path
 
 
-def read_model(root: Path, name: str) -> ModelSource:
-    """Parse ``root/name``; ConfigError names the file and what to fix."""
+def read_model(root: Path, name: str, override: ConfigOverride | None = None) -> ModelSource:
+    """Parse ``root/name``; ConfigError names the file and what to fix. ``override`` is a
+    config given with a load request, used instead of the folder's (Triton's rule)."""
     path = check_model_folder(root, name)
-    config_path = find_config(path)
-    if config_path is None:
-        raise ConfigError(
-            f"{name}/config.toml: missing. Hint: every model folder needs one "
-            "(or Triton's config.pbtxt)"
-        )
-    label = f"{name}/{config_path.name}"
-    config = load_model_config(config_path, label=label)
+    if override is not None:
+        config, label = override.config, override.label
+    else:
+        config_path = find_config(path)
+        if config_path is None:
+            raise ConfigError(
+                f"{name}/config.toml: missing. Hint: every model folder needs one "
+                "(or Triton's config.pbtxt)"
+            )
+        label = f"{name}/{config_path.name}"
+        config = load_model_config(config_path, label=label)
     numbers = sorted(int(entry.name) for entry in path.iterdir() if _is_version_folder(entry))
     if not numbers:
         raise ConfigError(f"{name}: no version folders. Hint: put the model in {name}/1/")
@@ -76,7 +87,7 @@ def read_model(root: Path, name: str) -> ModelSource:
         config.input and config.output
     ):
         raise ConfigError(f"{label}: python models must declare their input and output tensors")
-    labels = read_labels(path, config, f"{name}/{config_path.name}")
+    labels = read_labels(path, config, label)
     return ModelSource(name, path, config, versions, labels)
 
 
