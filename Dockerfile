@@ -3,10 +3,11 @@
 #   docker build -t reposerve:cuda \
 #     --build-arg BASE=nvidia/cuda:13.0.0-cudnn-runtime-ubuntu24.04 .   # CUDA variant
 #   docker run -p 8000:8000 reposerve
-# EXTRAS picks the backends (default: onnx and torch, which the ResNet examples need).
+# EXTRAS picks the backends (default: onnx and torch, which the ResNet examples need) and
+# gpu (nvidia-ml-py, for the nv_gpu_* metrics; harmless without a GPU).
 ARG BASE=python:3.11-slim
 FROM ${BASE}
-ARG EXTRAS=onnx,torch
+ARG EXTRAS=onnx,torch,gpu
 RUN if ! command -v python3 >/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
       && rm -rf /var/lib/apt/lists/*; \

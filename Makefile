@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,onnx,torch]'
+	$(BIN)/python -m pip install -q -e '.[test,onnx,torch,gpu]'
 	bash tools/install_perf_analyzer.sh $(VENV)
 	touch $(STAMP)
 

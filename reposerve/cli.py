@@ -13,6 +13,7 @@ import msgspec
 
 from reposerve.errors import ConfigError
 from reposerve.http.access import API_CATEGORIES
+from reposerve.metrics import MetricsOptions, parse_metrics_setting
 from reposerve.repository.scan import model_names, read_model
 from reposerve.settings import RestrictedApi, Settings
 
@@ -39,6 +40,23 @@ def _non_negative(kind: type[int] | type[float]) -> Callable[[str], int | float]
 
     parse.__name__ = kind.__name__  # what argparse names in its messages
     return parse
+
+
+def _metrics_setting(value: str) -> tuple[str, object]:
+    try:
+        return parse_metrics_setting(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_ms(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {value!r}")
+    return number
 
 
 def _restricted(value: str) -> RestrictedApi:
@@ -78,6 +96,36 @@ def serve_parser() -> argparse.ArgumentParser:
         metavar="BOOL",
         help="serve Prometheus metrics on --metrics-port (true)",
     )
+    add(
+        "--metrics-address",
+        metavar="H",
+        help="address the metrics port listens on (default: --http-host's)",
+    )
+    add(
+        "--metrics-interval-ms",
+        type=_positive_ms,
+        default=2000.0,
+        metavar="MS",
+        help="how often CPU and GPU usage is sampled for the metrics (2000)",
+    )
+    add(
+        "--metrics-config",
+        type=_metrics_setting,
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="Triton's metrics settings: counter_latencies=true|false (true), "
+        "summary_latencies=true|false (false), summary_quantiles=Q:E,... "
+        "(0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001); repeatable",
+    )
+    for kind in ("cpu", "gpu"):
+        add(
+            f"--allow-{kind}-metrics",
+            type=_boolean,
+            default=True,
+            metavar="BOOL",
+            help=f"sample {kind.upper()} utilisation and memory for nv_{kind}_* (true)",
+        )
     add(
         "--model-control-mode",
         choices=("explicit", "poll", "none"),
@@ -202,6 +250,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_host=args.http_host,
         http_port=args.http_port,
         metrics_port=args.metrics_port if args.allow_metrics else None,
+        metrics=MetricsOptions(
+            address=args.metrics_address,
+            interval_ms=args.metrics_interval_ms,
+            cpu=args.allow_cpu_metrics,
+            gpu=args.allow_gpu_metrics,
+            **dict(args.metrics_config),  # later settings win, as in Triton
+        ),
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         load_models=names,

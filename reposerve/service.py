@@ -13,7 +13,7 @@ import msgspec
 
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, RepositoryError
-from reposerve.metrics import VersionMetrics, render
+from reposerve.metrics import MetricsOptions, VersionMetrics, render
 from reposerve.protocol import documents
 from reposerve.protocol.classification import classify
 from reposerve.protocol.load import decode_load_request
@@ -22,6 +22,7 @@ from reposerve.protocol.response import encode_response
 from reposerve.repository import IndexEntry, ModelState, Repository
 from reposerve.repository.scan import ConfigOverride
 from reposerve.tensor import Tensor
+from reposerve.utilization import Usage
 
 
 class _IndexRequest(msgspec.Struct):
@@ -102,10 +103,22 @@ class InferenceService:
             versions = self.repository.versions(name)
         return documents.model_statistics([v.statistics.snapshot() for v in versions])
 
-    def metrics(self) -> bytes:
+    def metrics(self, options: MetricsOptions, usage: Usage | None = None) -> bytes:
+        """The Prometheus exposition; ``usage`` is the last CPU/GPU sample, if any."""
         return render(
-            VersionMetrics(v.statistics.snapshot(), v.scheduler.pending, v.ready, v.restarts)
-            for v in self.repository.loaded()
+            (
+                VersionMetrics(
+                    v.statistics.snapshot(),
+                    v.scheduler.pending,
+                    v.ready,
+                    v.restarts,
+                    v.statistics.failures,
+                    v.statistics.latencies,
+                )
+                for v in self.repository.loaded()
+            ),
+            options,
+            usage,
         )
 
     # -- inference -----------------------------------------------------------------------

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import msgspec
 
+from reposerve.metrics import MetricsOptions
+
 
 class RestrictedApi(msgspec.Struct, frozen=True):
     """``--http-restricted-api API[,API]:KEY=VALUE``: these APIs need header KEY: VALUE."""
@@ -20,6 +22,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     http_host: str = "0.0.0.0"
     http_port: int = 8000
     metrics_port: int | None = 8002  # None: no metrics endpoint
+    metrics: MetricsOptions = MetricsOptions()  # address, interval, --metrics-config
     model_control_mode: str = "explicit"  # "explicit" | "poll" | "none"
     repository_poll_secs: float = 15.0
     load_models: list[str] | None = None  # None: every model in the repository

@@ -1,14 +1,19 @@
 """Per model version inference statistics, in the shape of Triton's statistics extension.
 
 Recorded once per batch (never per request on the hot path beyond a few additions) and
-read by ``GET /v2/models/.../stats`` and the Prometheus metrics.
+read by ``GET /v2/models/.../stats`` and the Prometheus metrics. Failure reasons and the
+latency quantiles are kept beside Triton's document, for the metrics only.
 """
 
 from __future__ import annotations
 
+import enum
 import time
+from collections.abc import Sequence
 
 import msgspec
+
+from reposerve.quantiles import WindowedQuantiles
 
 
 class Duration(msgspec.Struct):
@@ -61,12 +66,66 @@ class ModelStats(msgspec.Struct):
     isolation_stats: IsolationStats = msgspec.field(default_factory=IsolationStats)
 
 
+class FailureReason(enum.Enum):
+    """Triton's ``reason`` label of ``nv_inference_request_failure``."""
+
+    REJECTED = "REJECTED"  # refused or timed out by the scheduler (queue full, queue timeout)
+    CANCELED = "CANCELED"  # its caller went away while it waited
+    BACKEND = "BACKEND"  # the model (or its instance process) failed running it
+    OTHER = "OTHER"  # anything else: the version unloading or without a live instance
+
+
+class LatencySummaries:
+    """Per request latencies (success only, warmup excluded) for the ``*_summary_us``
+    metrics, in microseconds. Compute times are the batch's, counted for each request."""
+
+    def __init__(self) -> None:
+        now = time.monotonic_ns()
+        self.request = WindowedQuantiles(now)
+        self.queue = WindowedQuantiles(now)
+        self.compute_input = WindowedQuantiles(now)
+        self.compute_infer = WindowedQuantiles(now)
+        self.compute_output = WindowedQuantiles(now)
+
+    def record(
+        self,
+        request_ns: Sequence[int],
+        queue_ns: Sequence[int],
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        now_ns = time.monotonic_ns()  # the window's own clock, the one scrapes read it by
+        for part in self.parts():
+            part.advance(now_ns)
+        self.request.add_all(request_ns, 0.001)
+        self.queue.add_all(queue_ns, 0.001)
+        requests = len(request_ns)
+        self.compute_input.add(input_ns / 1000, requests)
+        self.compute_infer.add(infer_ns / 1000, requests)
+        self.compute_output.add(output_ns / 1000, requests)
+
+    def parts(self) -> tuple[WindowedQuantiles, ...]:
+        """In the order of ``SUMMARIES`` in reposerve.metrics."""
+        return (
+            self.request,
+            self.queue,
+            self.compute_input,
+            self.compute_infer,
+            self.compute_output,
+        )
+
+
 class ModelStatistics:
     """Accumulates one model version's numbers; ``snapshot`` gives Triton's JSON shape."""
 
     def __init__(self, name: str, version: int) -> None:
         self._stats = ModelStats(name=name, version=str(version))
         self._by_batch_size: dict[int, BatchStats] = {}
+        self.failures: dict[FailureReason, int] = dict.fromkeys(FailureReason, 0)
+        # Always recorded (a few microseconds a batch) so that turning the summaries on
+        # is a scrape-time choice, with no model plumbing; rendered only when asked for.
+        self.latencies = LatencySummaries()
 
     def record_batch(
         self,
@@ -97,8 +156,22 @@ class ModelStatistics:
         by_size.compute_infer.add(1, infer_ns)
         by_size.compute_output.add(1, output_ns)
 
-    def record_failure(self, requests: int, ns: int, isolated: bool = False) -> None:
+    def record_latencies(
+        self,
+        request_ns: Sequence[int],
+        queue_ns: Sequence[int],
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        """Each served request's latencies, for the quantile summaries."""
+        self.latencies.record(request_ns, queue_ns, input_ns, infer_ns, output_ns)
+
+    def record_failure(
+        self, requests: int, ns: int, reason: FailureReason, isolated: bool = False
+    ) -> None:
         self._stats.inference_stats.fail.add(requests, ns)
+        self.failures[reason] += requests
         if isolated:
             self._stats.isolation_stats.failed_requests += requests
 

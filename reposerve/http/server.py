@@ -129,7 +129,9 @@ def build(settings: Settings) -> tuple[App, Lifecycle]:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         metrics = None
         if settings.metrics_port is not None:
-            metrics = MetricsServer(service, settings.http_host, settings.metrics_port)
+            metrics = MetricsServer(
+                service, settings.http_host, settings.metrics_port, settings.metrics
+            )
             await metrics.start()
         lifecycle.start_loading()
         try:

@@ -42,7 +42,7 @@ from reposerve.instance.process import (
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
-from reposerve.statistics import ModelStatistics
+from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor, split_batch
 
 Finish = Callable[[dict[str, Tensor]], Any]
@@ -151,12 +151,15 @@ class Scheduler:
     def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future:
         """Queue ``request``; the future resolves to ``finish``'s result or an error."""
         if self._closed:
+            self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
         if not self._instances:
+            self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(
                 f"{self._label} has no running instance (it is being restarted); retry shortly"
             )
         if self._max_queue and self._queued >= self._max_queue:
+            self._statistics.record_failure(1, 0, FailureReason.REJECTED)
             raise SchedulerError(
                 f"{self._label}: queue full ({self._queued} requests waiting, "
                 "dynamic_batching.max_queue_size); retry later"
@@ -190,11 +193,11 @@ class Scheduler:
         self._aborted = error
         for queue in self._queues:
             while queue:
-                self._fail(queue.popleft(), error)
+                self._fail(queue.popleft(), error, FailureReason.OTHER)
         self._queued = self._queued_items = 0
         while self._reruns:
             for item in self._reruns.popleft()[0]:
-                self._fail(item, error)
+                self._fail(item, error, FailureReason.OTHER)
         self._check_idle()
 
     def add_instance(self, instance: Executor) -> None:
@@ -291,11 +294,13 @@ class Scheduler:
                 self._dequeued(item)
                 if item.timer is not None:
                     item.timer.cancel()
-                if not item.future.done():
-                    if self._ordered:
-                        item.sequence = self._dispatched
-                        self._dispatched += 1
-                    taken.append(item)
+                if item.future.done():
+                    self._record_cancel(item)
+                    continue
+                if self._ordered:
+                    item.sequence = self._dispatched
+                    self._dispatched += 1
+                taken.append(item)
         return taken
 
     def _launch(self, instance: Executor, items: list[_Queued], rerun: bool) -> None:
@@ -358,7 +363,7 @@ class Scheduler:
         for index, item in enumerate(items):
             failure = failed.get(index)
             if failure is not None:
-                self._fail(item, _request_error(self._label, failure))
+                self._fail(item, _request_error(self._label, failure), FailureReason.BACKEND)
                 continue
             try:
                 result = item.finish({name: cut[index] for name, cut in pieces.items()})
@@ -368,14 +373,20 @@ class Scheduler:
                 self._settle(item, result, None)
         finished = self._clock.now()
         served = [item for index, item in enumerate(items) if index not in failed]
+        request_ns = [finished - item.enqueued_ns for item in served]
+        queue_ns = [batch.started_ns - item.enqueued_ns for item in served]
+        input_ns = batch.launched_ns - batch.started_ns
         self._statistics.record_batch(
             items=sum(sizes),
             requests=len(served),
-            input_ns=batch.launched_ns - batch.started_ns,
+            input_ns=input_ns,
             infer_ns=outcome.compute_ns,
             output_ns=finished - now,
-            success_ns=sum(finished - item.enqueued_ns for item in served),
-            queue_ns=sum(batch.started_ns - item.enqueued_ns for item in served),
+            success_ns=sum(request_ns),
+            queue_ns=sum(queue_ns),
+        )
+        self._statistics.record_latencies(
+            request_ns, queue_ns, input_ns, outcome.compute_ns, finished - now
         )
 
     def _failed(self, batch: _Batch, failure: BatchFailure) -> None:
@@ -391,14 +402,18 @@ class Scheduler:
                 start += size
             return
         error: ReposerveError
+        reason = FailureReason.BACKEND  # the model raised, or its process died running it
         if failure.cause is FailureCause.INVALID_INPUT:
             error = InvalidInput(f"{self._label}: {failure.message}")
         elif failure.cause is FailureCause.STOPPED:  # the message names the version already
             error = SchedulerError(failure.message)
+            reason = FailureReason.OTHER
         else:
             error = InstanceError(f"{self._label}: {failure.message}")
+            if failure.cause is FailureCause.NOT_STARTED:  # handed back while aborting
+                reason = FailureReason.OTHER
         for item in batch.items:
-            self._fail(item, error, isolated=batch.rerun)
+            self._fail(item, error, reason, isolated=batch.rerun)
 
     # -- endings -----------------------------------------------------------------------
 
@@ -415,14 +430,24 @@ class Scheduler:
                 SchedulerError(
                     f"{self._label}: request timed out in the queue after {waited_us} us"
                 ),
+                FailureReason.REJECTED,
             )
             self._check_idle()
             return
 
-    def _fail(self, item: _Queued, error: ReposerveError, isolated: bool = False) -> None:
+    def _fail(
+        self,
+        item: _Queued,
+        error: ReposerveError,
+        reason: FailureReason,
+        isolated: bool = False,
+    ) -> None:
         if item.timer is not None:
             item.timer.cancel()
-        self._statistics.record_failure(1, self._clock.now() - item.enqueued_ns, isolated)
+        if item.future.cancelled():  # its caller went first, whatever ended it here
+            reason = FailureReason.CANCELED
+        waited = self._clock.now() - item.enqueued_ns
+        self._statistics.record_failure(1, waited, reason, isolated)
         self._settle(item, None, error)
 
     def _settle(self, item: _Queued, result: Any, error: BaseException | None) -> None:
@@ -440,6 +465,12 @@ class Scheduler:
         self._dequeued(item)
         if item.timer is not None:
             item.timer.cancel()
+        self._record_cancel(item)
+
+    def _record_cancel(self, item: _Queued) -> None:
+        # Only a cancelled caller completes a future still queued.
+        waited = self._clock.now() - item.enqueued_ns
+        self._statistics.record_failure(1, waited, FailureReason.CANCELED)
 
     def _dequeued(self, item: _Queued) -> None:
         self._queued -= 1

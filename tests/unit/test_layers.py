@@ -1,7 +1,8 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
 cli -> http -> service -> repository -> scheduler -> instance -> backends, and every
-layer may use the leaves (protocol, config, errors, datatypes, tensor, statistics, settings).
+layer may use the leaves (protocol, config, errors, datatypes, tensor, statistics, settings,
+metrics, quantiles, utilization).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ LEAVES = {
     "datatypes",
     "tensor",
     "statistics",
+    "quantiles",
+    "utilization",
     "settings",
     "__init__",
 }
@@ -32,9 +35,11 @@ LEAF_RULES = {
     "datatypes": set(),
     "tensor": {"datatypes"},
     "config": {"errors"},
-    "statistics": set(),
-    "metrics": {"statistics"},
-    "settings": set(),
+    "statistics": {"quantiles"},
+    "quantiles": set(),
+    "utilization": set(),
+    "metrics": {"statistics", "utilization"},
+    "settings": {"metrics"},  # MetricsOptions, the metrics flags as one value
     "__init__": {"errors"},  # the package exports InvalidInput for model authors
     "protocol": {"config", "datatypes", "errors", "tensor", "statistics", "__init__"},
 }
