@@ -193,6 +193,8 @@ class UsageSampler:
         if self._cpu and cpu is None:
             log.info("no CPU metrics: /proc is not available on this system")
         gpu = open_gpu_reader() if self._gpu else None
+        if cpu is None and gpu is None:
+            return  # nothing to sample: scrapes show no CPU or GPU gauges
         try:
             while True:
                 try:

@@ -170,6 +170,22 @@ def test_cpu_gauges_are_sampled(repository, tmp_path):
         assert server.stop() == 0, server.log()
 
 
+def test_metrics_address_and_cpu_metrics_off(repository, tmp_path):
+    write_model(repository, "plus", vector_config(size=1), PLUS_ONE)
+    server = start_server(
+        repository, tmp_path, "--metrics-address", "127.0.0.2", "--allow-cpu-metrics", "false"
+    )
+    try:
+        with pytest.raises(httpx.ConnectError):  # not on --http-host's 127.0.0.1
+            httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics")
+        response = httpx.get(f"http://127.0.0.2:{server.metrics_port}/metrics")
+        families = Exposition(response.text).families
+        assert "nv_inference_count" in families
+        assert not any(name.startswith("nv_cpu_") for name in families)
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_gpu_gauges_per_gpu(repository, tmp_path):
     reader = open_gpu_reader()
     if reader is None:
