@@ -1,6 +1,6 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli -> http -> service -> repository -> scheduler -> instance -> backends, and every
+cli (convert) -> http -> service -> repository -> scheduler -> instance -> backends, and every
 layer may use the leaves (protocol, config, errors, datatypes, tensor, statistics, settings,
 metrics, quantiles, utilization).
 """
@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parents[2] / "reposerve"
-ORDER = ["cli", "http", "service", "repository", "scheduler", "instance", "backends"]
+ORDER = ["cli", "convert", "http", "service", "repository", "scheduler", "instance", "backends"]
 LEAVES = {
     "metrics",
     "protocol",
