@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-
-import msgspec
 
 from reposerve.errors import ConfigError
 from reposerve.http.access import API_CATEGORIES
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
-from reposerve.repository.scan import model_names, read_model
+from reposerve.repository.roots import all_model_names, find_root
+from reposerve.repository.scan import read_model
 from reposerve.settings import RestrictedApi, Settings
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -82,9 +80,30 @@ def serve_parser() -> argparse.ArgumentParser:
     add(
         "--model-repository",
         type=Path,
-        default=Path("model_repository"),
+        action="append",
         metavar="PATH",
-        help="folder of model folders (default: ./model_repository)",
+        help="folder of model folders (default: ./model_repository); repeat it to serve "
+        "several as one (a model name in two of them does not load)",
+    )
+    add(
+        "--strict-model-config",
+        type=_boolean,
+        default=False,
+        metavar="BOOL",
+        help="Triton's older flag: true = --disable-auto-complete-config (false)",
+    )
+    add(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="read nothing from model files into configs: onnxruntime and torch models "
+        "must declare their inputs and outputs",
+    )
+    add(
+        "--model-load-thread-count",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="how many models load at once, at start-up and after (4)",
     )
     add("--http-host", default="0.0.0.0", metavar="H", help="address to listen on (0.0.0.0)")
     add("--http-port", type=int, default=8000, metavar="PORT", help="HTTP port (8000)")
@@ -236,9 +255,65 @@ def serve_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="how long an instance may take to load its model",
     )
-    add("--log-level", choices=LOG_LEVELS, default="info")
-    add("--log-format", choices=("text", "json"), default="text", help="json: one object a line")
+    add(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="the lowest level logged (info); Triton's --log-* flags below refine it",
+    )
+    add(
+        "--log-verbose",
+        type=_non_negative(int),
+        metavar="N",
+        help="verbose messages up to level N (0 = none; default 1 with --log-level debug)",
+    )
+    for level in ("info", "warning", "error"):
+        add(
+            f"--log-{level}",
+            type=_boolean,
+            metavar="BOOL",
+            help=f"log {level.upper()} messages (default: as --log-level says)",
+        )
+    add(
+        "--log-file",
+        default="",
+        metavar="PATH",
+        help="append the log (and everything the server and its instances write) to PATH "
+        "instead of the console",
+    )
+    add(
+        "--log-format",
+        choices=("default", "ISO8601", "json", "text"),
+        default="default",
+        help="default (text is the same), ISO8601 (UTC times), json (one object a line)",
+    )
     return parser
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _log_flags(args: argparse.Namespace) -> dict[str, object]:
+    """--log-level sets the defaults; Triton's own flags, when given, win."""
+    rank = LOG_LEVELS.index(args.log_level)
+    chosen = {
+        "log_verbose": 1 if args.log_level == "debug" else 0,
+        "log_info": rank <= LOG_LEVELS.index("info"),
+        "log_warning": rank <= LOG_LEVELS.index("warning"),
+        "log_error": True,
+    }
+    given = {
+        "log_verbose": args.log_verbose,
+        "log_info": args.log_info,
+        "log_warning": args.log_warning,
+        "log_error": args.log_error,
+    }
+    chosen.update({key: value for key, value in given.items() if value is not None})
+    style = "default" if args.log_format == "text" else args.log_format
+    return {**chosen, "log_file": args.log_file, "log_format": style}
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -246,7 +321,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if names is None or "*" in names:
         names = None
     return Settings(
-        model_repository=args.model_repository,
+        model_repositories=tuple(args.model_repository or [Path("model_repository")]),
+        auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
+        model_load_thread_count=args.model_load_thread_count,
         http_host=args.http_host,
         http_port=args.http_port,
         metrics_port=args.metrics_port if args.allow_metrics else None,
@@ -274,55 +351,29 @@ def settings_from(args: argparse.Namespace) -> Settings:
         exit_on_error=args.exit_on_error,
         allow_model_file_override=args.allow_model_file_override,
         load_timeout_secs=args.load_timeout_secs,
-        log_level=args.log_level,
-        log_format=args.log_format,
+        **_log_flags(args),
     )
 
 
-class _JsonFormatter(logging.Formatter):
-    _encoder = msgspec.json.Encoder()
-
-    def format(self, record: logging.LogRecord) -> str:
-        document = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            document["exception"] = self.formatException(record.exc_info)
-        return self._encoder.encode(document).decode()
-
-
-def configure_logging(level: str, style: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if style == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
-
 def check(paths: list[str]) -> int:
-    """Validate repositories: one line per model, exit 1 if any model is broken."""
-    broken = 0
-    for path in map(Path, paths or ["model_repository"]):
-        if not path.is_dir():
-            print(f"{path}: not a folder")
+    """Validate repositories (served together, as several --model-repository would be):
+    one line per model, exit 1 if any model is broken."""
+    roots = [Path(path) for path in paths or ["model_repository"]]
+    for root in roots:
+        if not root.is_dir():
+            print(f"{root}: not a folder")
             return 2
-        for name in model_names(path):
-            try:
-                source = read_model(path, name)
-            except ConfigError as exc:
-                broken += 1
-                print(f"FAIL {exc.message}")
-                continue
-            versions = ",".join(str(v.number) for v in source.versions)
-            backends = ",".join(sorted({v.backend for v in source.versions}))
-            print(f"ok   {name} (versions {versions}; {backends})")
+    broken = 0
+    for name in all_model_names(roots):
+        try:
+            source = read_model(find_root(roots, name), name)
+        except ConfigError as exc:
+            broken += 1
+            print(f"FAIL {exc.message}")
+            continue
+        versions = ",".join(str(v.number) for v in source.versions)
+        backends = ",".join(sorted({v.backend for v in source.versions}))
+        print(f"ok   {name} (versions {versions}; {backends})")
     return 1 if broken else 0
 
 
@@ -339,12 +390,18 @@ def main(argv: list[str] | None = None) -> int:
     if bool(settings.ssl_certfile) != bool(settings.ssl_keyfile):
         print("reposerve: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
-    if not settings.model_repository.is_dir():
-        print(
-            f"reposerve: model repository {settings.model_repository} is not a folder",
-            file=sys.stderr,
-        )
+    for root in settings.model_repositories:
+        if not root.is_dir():
+            print(f"reposerve: model repository {root} is not a folder", file=sys.stderr)
+            return 2
+    if len({root.resolve() for root in settings.model_repositories}) < len(
+        settings.model_repositories
+    ):
+        print("reposerve: a --model-repository is given twice", file=sys.stderr)
+        return 2
+    folder = os.path.dirname(os.path.abspath(settings.log_file))
+    if settings.log_file and not os.access(folder, os.W_OK):
+        print(f"reposerve: --log-file: cannot write in {folder}", file=sys.stderr)
         return 2
     from reposerve.http.server import serve
 

@@ -13,6 +13,7 @@ import msgspec
 
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, RepositoryError
+from reposerve.logs import LogControl
 from reposerve.metrics import MetricsOptions, VersionMetrics, render
 from reposerve.protocol import documents
 from reposerve.protocol.classification import classify
@@ -36,10 +37,12 @@ class InferenceService:
         model_control_mode: str = "explicit",
         strict_readiness: bool = True,
         allow_file_override: bool = False,
+        logs: LogControl | None = None,
     ) -> None:
         self.repository = repository
         # Whether a load may bring its own model files (code the instances will run).
         self.allow_file_override = allow_file_override
+        self._logs = logs  # None: logging is not ours to change (an embedding process)
         self.model_control_mode = model_control_mode
         self._strict = strict_readiness
         self._started = False
@@ -78,6 +81,19 @@ class InferenceService:
 
     def server_metadata(self) -> bytes:
         return documents.server_metadata()
+
+    # -- logging (Triton's logging extension) ----------------------------------------------
+
+    def log_settings(self) -> bytes:
+        return self._log_control().document()
+
+    def update_log_settings(self, body: bytes) -> bytes:
+        return self._log_control().update(body)
+
+    def _log_control(self) -> LogControl:
+        if self._logs is None:
+            raise RepositoryError("log settings: this server does not manage its logging")
+        return self._logs
 
     def model_metadata(self, name: str, version: str | None) -> bytes:
         model = self.repository.get(name, version)

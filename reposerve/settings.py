@@ -18,7 +18,8 @@ class RestrictedApi(msgspec.Struct, frozen=True):
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
-    model_repository: Path = Path("model_repository")
+    # --model-repository, once or more: served as one (a name in two is an error)
+    model_repositories: tuple[Path, ...] = (Path("model_repository"),)
     http_host: str = "0.0.0.0"
     http_port: int = 8000
     metrics_port: int | None = 8002  # None: no metrics endpoint
@@ -41,5 +42,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     exit_on_error: bool = True  # start-up fails when a model fails to load
     allow_model_file_override: bool = False  # load requests may bring model files (code)
     load_timeout_secs: float = 120.0
-    log_level: str = "info"
-    log_format: str = "text"
+    # Triton's auto-complete (off: --disable-auto-complete-config / --strict-model-config)
+    auto_complete: bool = True
+    model_load_thread_count: int = 4  # models building their instances at once
+    # Logging (reposerve.logs): levels and format change at run time via /v2/logging.
+    log_file: str = ""  # "": stderr
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_verbose: int = 0
+    log_format: str = "default"  # "default" | "ISO8601" | "json"

@@ -73,3 +73,16 @@ def _compatible(declared: list[int], model: list[int]) -> bool:
     return len(declared) == len(model) and all(
         a == b or -1 in (a, b) for a, b in zip(declared, model, strict=True)
     )
+
+
+def require_declared(config: ModelConfig, backends: set[str], label: str) -> None:
+    """With auto-complete off (Triton's --disable-auto-complete-config) nothing is read
+    from the model file into the config: it must declare the inputs and outputs itself."""
+    missing = [section for section in ("input", "output") if not getattr(config, section)]
+    if missing and backends & {"onnxruntime", "torch"}:
+        sections = " and ".join(f"[[{section}]]" for section in missing)
+        raise ConfigError(
+            f"{label}: the config declares no {sections}, and auto-complete is off "
+            "(--disable-auto-complete-config / --strict-model-config true). Hint: declare "
+            "them, or let reposerve read them from the model file"
+        )

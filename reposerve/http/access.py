@@ -1,8 +1,8 @@
 """Who may call which API: Triton's --http-restricted-api, and loopback-only control.
 
-With no restriction on ``model-repository``, its endpoints (load, unload, index) answer
-only clients on this machine, so a server bound to 0.0.0.0 cannot be reconfigured from
-the network by default.
+With no restriction on a control API (``model-repository``: load, unload, index;
+``logging``: the log settings), its endpoints answer only clients on this machine, so a
+server bound to 0.0.0.0 cannot be reconfigured from the network by default.
 """
 
 from __future__ import annotations
@@ -14,10 +14,19 @@ from starlette.requests import Request
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.settings import RestrictedApi
 
+# Triton's restricted-API categories that reposerve serves.
 API_CATEGORIES = frozenset(
-    {"health", "metadata", "inference", "model-config", "model-repository", "statistics"}
+    {
+        "health",
+        "metadata",
+        "inference",
+        "model-config",
+        "model-repository",
+        "statistics",
+        "logging",
+    }
 )
-CONTROL_API = "model-repository"
+CONTROL_APIS = frozenset({"model-repository", "logging"})
 
 
 class AccessError(ReposerveError):
@@ -30,7 +39,7 @@ class AccessPolicy:
 
     def guards(self, api: str) -> bool:
         """Whether calls to ``api`` need checking at all (lets the hot path skip it)."""
-        return api in self._rules or api == CONTROL_API
+        return api in self._rules or api in CONTROL_APIS
 
     def check(self, api: str, request: Request) -> None:
         rule = self._rules.get(api)
@@ -38,10 +47,10 @@ class AccessPolicy:
             if request.headers.get(rule.header) != rule.value:
                 raise AccessError(f"This API is restricted, expecting header '{rule.header}'")
             return
-        if api == CONTROL_API and not _is_loopback(request):
+        if api in CONTROL_APIS and not _is_loopback(request):
             raise AccessError(
-                "model repository control answers only local clients; start the server "
-                "with --http-restricted-api model-repository:HEADER=VALUE to allow others"
+                f"the {api} API answers only local clients; start the server "
+                f"with --http-restricted-api {api}:HEADER=VALUE to allow others"
             )
 
 

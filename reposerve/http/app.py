@@ -76,6 +76,12 @@ class Handlers:
         await self.service.unload_model(request.path_params["model"])
         return _json(b"{}")
 
+    async def log_settings(self, request: Request) -> Response:
+        return _json(self.service.log_settings())
+
+    async def update_log_settings(self, request: Request) -> Response:
+        return _json(self.service.update_log_settings(await request.body()))
+
 
 def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
     async def endpoint(request: Request) -> Response:
@@ -111,6 +117,8 @@ def routes(
         ("/v2/repository/index", handlers.repository_index, "model-repository", ["POST"]),
         ("/v2/repository/models/{model}/load", handlers.load, "model-repository", ["POST"]),
         ("/v2/repository/models/{model}/unload", handlers.unload, "model-repository", ["POST"]),
+        ("/v2/logging", handlers.log_settings, "logging", ["GET"]),
+        ("/v2/logging", handlers.update_log_settings, "logging", ["POST"]),
     ]
     for prefix in (model, versioned):
         table += [

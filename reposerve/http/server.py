@@ -14,6 +14,7 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -23,6 +24,7 @@ from reposerve.http.access import AccessPolicy
 from reposerve.http.app import App, create_app
 from reposerve.http.connections import app_body_timeout, apply_hypercorn_limits, uvicorn_protocol
 from reposerve.http.metrics import MetricsServer
+from reposerve.logs import LogControl, LogSettings, redirect_output
 from reposerve.repository import Repository
 from reposerve.repository.watch import RepositoryWatcher, snapshot
 from reposerve.service import InferenceService
@@ -82,8 +84,8 @@ class Lifecycle:
         settings = self._settings
         service = self.service
         polling = settings.model_control_mode == "poll"
-        root = service.repository.root
-        baseline = await asyncio.to_thread(snapshot, root) if polling else {}
+        roots = service.repository.roots
+        baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
         failed = await service.start(settings.load_models)
         log.info("models:\n%s", startup_table(service))
         if failed and settings.exit_on_error:
@@ -103,7 +105,7 @@ class Lifecycle:
         gc.freeze()
         log.info(
             "ready: serving %s on http://%s:%d",
-            settings.model_repository,
+            ", ".join(map(str, settings.model_repositories)),
             settings.http_host,
             settings.http_port,
         )
@@ -111,17 +113,20 @@ class Lifecycle:
             await RepositoryWatcher(service.repository, settings.repository_poll_secs).run(baseline)
 
 
-def build(settings: Settings) -> tuple[App, Lifecycle]:
+def build(settings: Settings, logs: LogControl | None = None) -> tuple[App, Lifecycle]:
     repository = Repository(
-        settings.model_repository.resolve(),
+        [root.resolve() for root in settings.model_repositories],
         load_timeout=settings.load_timeout_secs,
         unload_timeout=settings.exit_timeout_secs,
+        auto_complete=settings.auto_complete,
+        load_threads=settings.model_load_thread_count,
     )
     service = InferenceService(
         repository,
         settings.model_control_mode,
         strict_readiness=settings.strict_readiness,
         allow_file_override=settings.allow_model_file_override,
+        logs=logs,
     )
     lifecycle = Lifecycle(service, settings)
 
@@ -145,6 +150,23 @@ def build(settings: Settings) -> tuple[App, Lifecycle]:
     return create_app(
         service, policy, settings.http_max_input_size, lifespan, app_body_timeout(settings)
     ), lifecycle
+
+
+def start_logging(settings: Settings) -> LogControl:
+    """Route this process's output (and its instances') as the --log-* flags say."""
+    if settings.log_file:
+        redirect_output(settings.log_file)
+    return LogControl(
+        LogSettings(
+            log_file=settings.log_file,
+            log_info=settings.log_info,
+            log_warning=settings.log_warning,
+            log_error=settings.log_error,
+            log_verbose_level=settings.log_verbose,
+            log_format=settings.log_format,  # type: ignore[arg-type]  # checked by the CLI
+        ),
+        sys.stderr,
+    )
 
 
 def startup_table(service: InferenceService) -> str:
@@ -175,7 +197,7 @@ def startup_table(service: InferenceService) -> str:
 
 def serve(settings: Settings) -> int:
     """Serve until a signal (exit status 0) or a failed start-up (1)."""
-    app, lifecycle = build(settings)
+    app, lifecycle = build(settings, start_logging(settings))
     server = settings.http_server
     if server == "auto":
         server = "hypercorn" if settings.http2 else "uvicorn"

@@ -22,6 +22,7 @@ SERVER_NAME = "reposerve"
 EXTENSIONS = (
     "binary_tensor_data",
     "classification",
+    "logging",
     "model_configuration",
     "model_repository",
     "schedule_policy",

@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 
+from reposerve.config.complete import require_declared
 from reposerve.errors import ConfigError, ErrorKind, RepositoryError
 from reposerve.repository.override import OverrideFolder
-from reposerve.repository.scan import ConfigOverride, check_model_folder, model_names, read_model
+from reposerve.repository.roots import all_model_names, check_exists, find_root
+from reposerve.repository.scan import ConfigOverride, read_model
 from reposerve.repository.version import ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
@@ -51,15 +53,29 @@ class _Model:
 
 
 class Repository:
-    def __init__(self, root: Path, load_timeout: float, unload_timeout: float) -> None:
-        self.root = root
+    """``roots``: the repositories served as one (see ``reposerve.repository.roots``).
+    ``auto_complete``: whether onnxruntime and torch models may leave their inputs and
+    outputs to the model file. ``load_threads``: how many models build their instances
+    at once (Triton's --model-load-thread-count); the others wait their turn."""
+
+    def __init__(
+        self,
+        roots: Sequence[Path],
+        load_timeout: float,
+        unload_timeout: float,
+        auto_complete: bool = True,
+        load_threads: int = 4,
+    ) -> None:
+        self.roots = tuple(roots)
         self._load_timeout = load_timeout
         self._unload_timeout = unload_timeout
+        self._auto_complete = auto_complete
+        self._loading = asyncio.Semaphore(load_threads)
         self._models: dict[str, _Model] = {}
         self._closing = False
 
     def names(self) -> list[str]:
-        return model_names(self.root)
+        return all_model_names(self.roots)
 
     async def load(
         self,
@@ -73,15 +89,18 @@ class Repository:
         ``files`` (paths in the model folder -> content) replace the folder itself."""
         self._refuse_if_closing(name)
         if name not in self._models:
-            # Only real model folders get an entry: a bogus name leaves no trace behind.
-            check_model_folder(self.root, name)
+            # Only real model folders get an entry: a bogus name leaves no trace behind
+            # (a name in two repositories does: it is a model, with a problem to report).
+            check_exists(self.roots, name)
         model = self._models.setdefault(name, _Model())
         async with model.lock:
             # Written off the event loop: the files may be large.
             override = await asyncio.to_thread(OverrideFolder, name, files) if files else None
             try:
-                root = override.root if override else self.root
+                root = override.root if override else find_root(self.roots, name)
                 source = read_model(root, name, config)
+                if not self._auto_complete:
+                    require_declared(source.config, {v.backend for v in source.versions}, name)
             except ConfigError as exc:
                 if override:
                     override.remove()
@@ -95,7 +114,9 @@ class Repository:
                 ModelVersion(name, source.config, version, self._load_timeout, source.labels)
                 for version in source.versions
             ]
-            await asyncio.gather(*(version.load() for version in fresh))
+            async with self._loading:
+                log.debug("loading %s (versions %s)", name, [v.number for v in source.versions])
+                await asyncio.gather(*(version.load() for version in fresh))
             if self._closing:  # the shutdown came while this load ran: nothing swaps in
                 await asyncio.gather(*(version.unload(time.monotonic()) for version in fresh))
                 self._refuse_if_closing(name)

@@ -1,9 +1,10 @@
 """Poll mode (``--model-control-mode poll``): keep the served models in step with the disk.
 
-Every ``--repository-poll-secs`` the repository folder is fingerprinted (each model
+Every ``--repository-poll-secs`` the repository folders are fingerprinted (each model
 folder's file names, sizes and modification times); a model whose fingerprint changed is
 reloaded (the new version swaps in only once READY), a new folder is loaded, and a folder
-that went away is unloaded.
+that went away is unloaded. A name in two repositories has both folders in its
+fingerprint: it fails to load (naming both) until one goes, and then loads from the other.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from reposerve.errors import ConfigError, RepositoryError
 from reposerve.repository.manager import Repository
-from reposerve.repository.scan import model_names
+from reposerve.repository.roots import all_model_names
 
 log = logging.getLogger("reposerve.repository")
 
@@ -36,8 +38,11 @@ def fingerprint(folder: Path) -> Fingerprint:
     return tuple(sorted(entries))
 
 
-def snapshot(root: Path) -> dict[str, Fingerprint]:
-    return {name: fingerprint(root / name) for name in model_names(root)}
+def snapshot(roots: Sequence[Path]) -> dict[str, tuple[Fingerprint, ...]]:
+    return {
+        name: tuple(fingerprint(root / name) for root in roots if (root / name).is_dir())
+        for name in all_model_names(roots)
+    }
 
 
 class RepositoryWatcher:
@@ -45,12 +50,12 @@ class RepositoryWatcher:
         self._repository = repository
         self._interval = interval
 
-    async def run(self, baseline: dict[str, Fingerprint]) -> None:
+    async def run(self, baseline: dict[str, tuple[Fingerprint, ...]]) -> None:
         """Poll until cancelled; ``baseline`` is what the start-up load saw."""
         known = baseline
         while True:
             await asyncio.sleep(self._interval)
-            current = await asyncio.to_thread(snapshot, self._repository.root)
+            current = await asyncio.to_thread(snapshot, self._repository.roots)
             changed = [name for name, print_ in current.items() if known.get(name) != print_]
             removed = [name for name in known if name not in current]
             for name in changed:

@@ -27,6 +27,7 @@ LEAVES = {
     "quantiles",
     "utilization",
     "settings",
+    "logs",
     "__init__",
 }
 # What each leaf may import besides the standard library and numpy/msgspec.
@@ -40,6 +41,7 @@ LEAF_RULES = {
     "utilization": set(),
     "metrics": {"statistics", "utilization"},
     "settings": {"metrics"},  # MetricsOptions, the metrics flags as one value
+    "logs": {"errors"},
     "__init__": {"errors"},  # the package exports InvalidInput for model authors
     "protocol": {"config", "datatypes", "errors", "tensor", "statistics", "__init__"},
 }

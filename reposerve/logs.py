@@ -1,0 +1,159 @@
+"""Server logging: where log lines go, which levels pass, and how a line looks.
+
+Triton's settings, as one value: ``log_info``, ``log_warning`` and ``log_error`` switch
+each level on or off, and ``log_verbose_level`` N > 0 lets verbose lines of levels 1..N
+through (level 1 is ``logging.DEBUG``, level 2 one below it, and so on: use
+``verbose(n)`` to log at level n). The CLI sets them at start-up (``--log-*``); Triton's
+logging extension (``GET``/``POST /v2/logging``) reads and changes them while the server
+runs. ``log_file`` is fixed at start-up, as in Triton: a network client may not choose
+where the server writes files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Annotated, Literal, TextIO, get_args
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from reposerve.errors import ProtocolError
+
+LogFormat = Literal["default", "ISO8601", "json"]
+
+
+def verbose(level: int) -> int:
+    """The ``logging`` level of verbose level ``level`` (1 = DEBUG, 2 = DEBUG - 1, ...)."""
+    return logging.DEBUG + 1 - level
+
+
+class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The logging extension's settings document (what ``GET /v2/logging`` returns)."""
+
+    log_file: str = ""  # "": the console (stderr)
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_verbose_level: int = 0
+    log_format: LogFormat = "default"
+
+
+class _Update(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A ``POST /v2/logging`` body: only the settings it names change."""
+
+    log_file: str | UnsetType = UNSET
+    log_info: bool | UnsetType = UNSET
+    log_warning: bool | UnsetType = UNSET
+    log_error: bool | UnsetType = UNSET
+    log_verbose_level: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+    log_format: LogFormat | UnsetType = UNSET
+
+
+_encoder = msgspec.json.Encoder()
+_update_decoder = msgspec.json.Decoder(_Update)
+_TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class LogControl:
+    """Owns the root logger's one handler, and the settings that filter and format it."""
+
+    def __init__(self, settings: LogSettings, stream: TextIO) -> None:
+        self._handler = logging.StreamHandler(stream)
+        self._handler.addFilter(self._passes)
+        logging.getLogger().handlers[:] = [self._handler]
+        self.settings = settings
+        self._apply(settings)
+
+    def document(self) -> bytes:
+        return _encoder.encode(self.settings)
+
+    def update(self, body: bytes) -> bytes:
+        """Apply a ``POST /v2/logging`` body; returns the whole settings document."""
+        try:
+            update = _update_decoder.decode(body or b"{}")
+        except msgspec.ValidationError as exc:
+            message = str(exc)
+            if message.startswith("Invalid enum value"):  # say what would be valid
+                message += f" (expected one of {', '.join(get_args(LogFormat))})"
+            raise ProtocolError(f"log settings: {message}") from exc
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise ProtocolError(f"log settings: malformed request JSON: {exc}") from exc
+        if update.log_file is not UNSET and update.log_file != self.settings.log_file:
+            raise ProtocolError(
+                "log settings: log_file can not be updated through the network protocol; "
+                "restart the server with --log-file"
+            )
+        changes = {
+            field: value
+            for field in update.__struct_fields__
+            if (value := getattr(update, field)) is not UNSET
+        }
+        settings = msgspec.structs.replace(self.settings, **changes)
+        self._apply(settings)
+        logging.getLogger("reposerve").info(
+            "log settings changed: %s", ", ".join(f"{k}={v}" for k, v in changes.items())
+        )
+        return self.document()
+
+    def _apply(self, settings: LogSettings) -> None:
+        self.settings = settings
+        self._handler.setFormatter(_formatter(settings.log_format))
+        # Records below the root's level are never built: keep it at the lowest that passes.
+        lowest = verbose(settings.log_verbose_level) if settings.log_verbose_level else logging.INFO
+        logging.getLogger().setLevel(lowest)
+
+    def _passes(self, record: logging.LogRecord) -> bool:
+        settings = self.settings
+        if record.levelno >= logging.ERROR:
+            return settings.log_error
+        if record.levelno >= logging.WARNING:
+            return settings.log_warning
+        if record.levelno >= logging.INFO:
+            return settings.log_info
+        return settings.log_verbose_level >= max(1, logging.DEBUG + 1 - record.levelno)
+
+
+def redirect_output(path: str) -> None:
+    """Send everything this process and its children write to stdout and stderr (log
+    lines, instance processes' tracebacks) to the end of ``path``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+
+
+class _JsonFormatter(logging.Formatter):
+    _encoder = msgspec.json.Encoder()
+
+    def format(self, record: logging.LogRecord) -> str:
+        document = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return self._encoder.encode(document).decode()
+
+
+class _IsoFormatter(logging.Formatter):
+    """Triton's ISO8601 format: UTC time with a Z."""
+
+    converter = time.gmtime
+
+    def __init__(self) -> None:
+        super().__init__(_TEXT, datefmt="%Y-%m-%dT%H:%M:%SZ")
+
+
+def _formatter(style: LogFormat) -> logging.Formatter:
+    if style == "json":
+        return _JsonFormatter()
+    if style == "ISO8601":
+        return _IsoFormatter()
+    return logging.Formatter(_TEXT)

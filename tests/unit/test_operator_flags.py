@@ -1,0 +1,71 @@
+"""Triton's operator flags: how they reach Settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reposerve.cli import serve_parser, settings_from
+
+pytestmark = pytest.mark.unit
+
+
+def _settings(*argv: str):
+    return settings_from(serve_parser().parse_args(list(argv)))
+
+
+def test_defaults():
+    settings = _settings()
+    assert settings.model_repositories == (Path("model_repository"),)
+    assert settings.auto_complete and settings.model_load_thread_count == 4
+    assert (settings.log_info, settings.log_warning, settings.log_error) == (True, True, True)
+    assert (settings.log_verbose, settings.log_file, settings.log_format) == (0, "", "default")
+
+
+def test_repositories_accumulate():
+    settings = _settings("--model-repository", "a", "--model-repository", "b")
+    assert settings.model_repositories == (Path("a"), Path("b"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "auto_complete"),
+    [
+        ((), True),
+        (("--disable-auto-complete-config",), False),
+        (("--strict-model-config", "true"), False),
+        (("--strict-model-config", "false"), True),
+    ],
+)
+def test_auto_complete_flags(argv, auto_complete):
+    assert _settings(*argv).auto_complete is auto_complete
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (("--log-level", "debug"), (1, True, True, True)),
+        (("--log-level", "warning"), (0, False, True, True)),
+        (("--log-level", "error"), (0, False, False, True)),
+        # Triton's own flags win over --log-level.
+        (
+            ("--log-level", "error", "--log-info", "true", "--log-verbose", "3"),
+            (3, True, False, True),
+        ),
+        (("--log-error", "false"), (0, True, True, False)),
+    ],
+)
+def test_log_level_and_tritons_log_flags(argv, expected):
+    settings = _settings(*argv)
+    got = (settings.log_verbose, settings.log_info, settings.log_warning, settings.log_error)
+    assert got == expected
+
+
+def test_text_format_is_tritons_default():
+    assert _settings("--log-format", "text").log_format == "default"
+
+
+@pytest.mark.parametrize("argv", [("--model-load-thread-count", "0"), ("--log-verbose", "-1")])
+def test_bad_values_are_refused(argv):
+    with pytest.raises(SystemExit):
+        serve_parser().parse_args(list(argv))
