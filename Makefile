@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,onnx,torch,gpu]'
 	bash tools/install_perf_analyzer.sh $(VENV)
+	bash tools/install_model_analyzer.sh $(PYTHON) .venv-analyzer
 	touch $(STAMP)
 
 install: $(STAMP)
