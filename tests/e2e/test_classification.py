@@ -200,3 +200,42 @@ def test_bad_classification_counts_are_400(server, count, error):
 
 def test_server_metadata_lists_classification(client):
     assert "classification" in client.get_server_metadata()["extensions"]
+
+
+TRITON_FOLDER = """
+    platform: "onnxruntime_onnx"
+    max_batch_size: 4
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "y_labels.txt" } ]
+"""
+
+
+def test_a_triton_folder_classifies_with_its_label_file(tmp_path):
+    """config.pbtxt's label_filename feeds the same classification as config.toml's."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+    model_files = pytest.importorskip("tests.model_files")
+    folder = tmp_path / "repository" / "tiny"
+    model_files.export_onnx(folder / "1" / "model.onnx")
+    (folder / "config.pbtxt").write_text(TRITON_FOLDER)
+    (folder / "y_labels.txt").write_text("red\ngreen\nblue\n")
+    server = start_server(folder.parent, tmp_path)
+    try:
+        values = np.random.default_rng(3).random((2, 4), dtype=np.float32)
+        with triton.InferenceServerClient(server.address) as client:
+            data = triton.InferInput("x", [2, 4], "FP32")
+            data.set_data_from_numpy(values)
+            wanted = triton.InferRequestedOutput("y", class_count=2)
+            result = client.infer("tiny", [data], outputs=[wanted])
+        direct = model_files.reference(values)
+        got = [[text.split(":") for text in row] for row in _strings(result.as_numpy("y"))]
+        wanted_rows = _expected(direct, 2, ["red", "green", "blue"], floats=True)
+        # onnxruntime and torch may differ in the last bits: classes exactly, values closely.
+        for row, wanted_row in zip(got, wanted_rows, strict=True):
+            assert [parts[1:] for parts in row] == [w.split(":")[1:] for w in wanted_row]
+            np.testing.assert_allclose(
+                [float(parts[0]) for parts in row],
+                [float(w.split(":")[0]) for w in wanted_row],
+                atol=model_files.TOLERANCE["fp32"],
+            )
+    finally:
+        assert server.stop() == 0, server.log()
