@@ -85,6 +85,9 @@ class Handlers:
 
 def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
     async def endpoint(request: Request) -> Response:
+        # Verbose level 1 (Triton's --log-verbose): every request but inference, which
+        # carries the load and is counted in the statistics instead.
+        log.debug("%s %s from %s", request.method, request.url.path, request.client)
         try:
             policy.check(api, request)
             return await handler(request)

@@ -52,6 +52,7 @@ def test_log_settings_change_at_run_time(models, tmp_path):
             assert changed == dict(DEFAULTS, log_verbose_level=1)
             client.load_model("plus_one")
             _wait_for(server.log, "DEBUG reposerve.repository: loading plus_one (versions [1])")
+            _wait_for(server.log, "DEBUG reposerve.http: POST /v2/repository/models/plus_one/load")
             # Errors off: a failed load no longer logs its error.
             client.update_log_settings({"log_error": False, "log_verbose_level": 0})
             size = len(server.log())

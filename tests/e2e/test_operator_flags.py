@@ -85,6 +85,21 @@ def test_a_model_in_two_repositories_is_a_load_error_naming_both(tmp_path):
         assert server.stop() == 0, server.log()
 
 
+def test_check_reads_several_repositories_as_one(tmp_path, capsys):
+    from reposerve.cli import check
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_model(first, "alpha", vector_config(size=1), PLUS_ONE)
+    for root in (first, second):
+        write_model(root, "twice", vector_config(size=1), PLUS_ONE)
+    assert check([str(first), str(second)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "ok   alpha (versions 1; python)",
+        f"FAIL twice: the model is in more than one repository ({first / 'twice'} and "
+        f"{second / 'twice'}). Hint: rename or remove all but one; until then it does not load",
+    ]
+
+
 def test_a_repository_given_twice_is_refused(tmp_path):
     from reposerve.cli import main
 
