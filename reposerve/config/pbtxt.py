@@ -7,9 +7,8 @@ import re
 
 from google.protobuf import json_format, text_format
 
-from reposerve.config.load import validate_model_config
 from reposerve.config.schema import ModelConfig
-from reposerve.config.triton import from_triton
+from reposerve.config.triton_json import config_from_triton
 from reposerve.config.triton_schema import model_config_class
 from reposerve.errors import ConfigError
 
@@ -29,4 +28,4 @@ def parse_pbtxt(text: str, label: str, folder_name: str | None = None) -> ModelC
             ) from exc
         raise ConfigError(f"{label}: {exc}") from exc
     document = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    return validate_model_config(from_triton(document, label), label, folder_name)
+    return config_from_triton(document, label, folder_name)

@@ -26,7 +26,9 @@ _POSITIONAL = re.compile(r"^.+__(\d+)$")  # Triton's libtorch naming: INPUT__0, 
 
 
 def from_triton(document: dict[str, Any], label: str) -> dict[str, Any]:
-    """The config.toml table equivalent to Triton's configuration ``document``."""
+    """The config.toml table equivalent to Triton's configuration ``document``, but for its
+    ``parameters`` map, which ``triton_json.config_from_triton`` reads (it also carries
+    reposerve's own settings)."""
     table: dict[str, Any] = {}
     for key, value in document.items():
         convert = _FIELDS.get(key)
@@ -163,25 +165,6 @@ def _queue_policy(value: dict[str, Any], where: str) -> dict[str, Any]:
     return policy
 
 
-def _parameters(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
-    """Triton's parameters are strings; reposerve's are typed, so numbers and booleans
-    written as strings become numbers and booleans."""
-    parameters = table.setdefault("parameters", {})
-    for key, field in value.items():
-        parameters[key] = _typed(field.get("string_value", ""))
-
-
-def _typed(text: str) -> Any:
-    if text in ("true", "false"):
-        return text == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return text
-
-
 def _warmups(table: dict[str, Any], value: list[dict[str, Any]], where: str) -> None:
     warmups = []
     for index, item in enumerate(value):
@@ -256,7 +239,6 @@ _FIELDS = {
     "version_policy": _version_policy,
     "instance_group": _instance_groups,
     "dynamic_batching": _dynamic_batching,
-    "parameters": _parameters,
     "model_warmup": _warmups,
     "optimization": _optimization,
     "default_model_filename": _default_model_filename,

@@ -92,8 +92,8 @@ def apply_triton_parameters(
             table.setdefault("execution", {})[key.rsplit(".", 1)[1]] = value
         else:
             _group_cpus(table, key, value, label)
-    if own:
-        table["parameters"] = own
+    if own:  # beside what other fields put there (the TensorRT accelerator's options)
+        table.setdefault("parameters", {}).update(own)
     return table
 
 
@@ -128,11 +128,19 @@ def parse_triton_config(text: str, label: str, folder_name: str | None = None) -
         raise ConfigError(f"{label}: not valid JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise ConfigError(f"{label}: expected a JSON object (Triton's ModelConfig)")
-    document = _snake_keys(document)
+    return config_from_triton(_without_defaults(_snake_keys(document)), label, folder_name)
+
+
+def config_from_triton(
+    document: dict[str, Any], label: str, folder_name: str | None = None
+) -> ModelConfig:
+    """Triton's configuration (protobuf field names) as a ModelConfig, checked like a
+    config.toml: the fields by ``from_triton``, the parameters map as above."""
+    document = dict(document)
     parameters = document.pop("parameters", None) or {}
     if not isinstance(parameters, dict):
         raise ConfigError(f"{label}: parameters: expected an object of {{key: string_value}}")
-    table = from_triton(_without_defaults(document), label)
+    table = from_triton(document, label)
     apply_triton_parameters(table, parameters, label)
     return validate_model_config(table, label, folder_name)
 
