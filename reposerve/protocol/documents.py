@@ -91,7 +91,7 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
                 "name": spec.name,
                 "data_type": TRITON_CONFIG_TYPES[spec.datatype],
                 "dims": spec.shape,
-                "label_filename": "",
+                "label_filename": spec.label_filename or "",
                 "is_shape_tensor": False,
             }
             for spec in config.output

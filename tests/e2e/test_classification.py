@@ -202,6 +202,11 @@ def test_server_metadata_lists_classification(client):
     assert "classification" in client.get_server_metadata()["extensions"]
 
 
+def test_the_config_document_names_the_label_file(client):
+    outputs = client.get_model_config("scores")["output"]
+    assert [output["label_filename"] for output in outputs] == ["labels.txt", ""]
+
+
 TRITON_FOLDER = """
     platform: "onnxruntime_onnx"
     max_batch_size: 4

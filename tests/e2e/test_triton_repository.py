@@ -1,6 +1,6 @@
 """A repository laid out for Triton (config.pbtxt, platform names, libtorch's INPUT__0
-naming) served as it is: results equal direct runs of the same weights, requests are
-batched, and `reposerve convert` turns a config.pbtxt into the equivalent config.toml."""
+naming, a python-backend TritonPythonModel) served as it is: results equal direct runs,
+requests are batched, and `reposerve convert` turns a config.pbtxt into config.toml."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.e2e.test_triton_python import ADD_SUB, _write_triton_model
 from tests.server import REPO_ROOT, start_server
 
 model_files = pytest.importorskip("tests.model_files", reason="the torch extra is not installed")
@@ -50,6 +51,9 @@ def server(tmp_path_factory):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
         export(root / name / "1" / file)
+    # Triton's python-backend add_sub example, its TritonPythonModel as Triton documents it.
+    batching = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 20000 }"
+    _write_triton_model(root, "add_sub", ADD_SUB, batching)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     server.root = root
     yield server
@@ -80,6 +84,27 @@ def test_results_equal_a_direct_run_and_requests_are_batched(
     stats = httpx.get(f"{server.url}/v2/models/{model}/stats").json()["model_stats"][0]
     assert stats["inference_count"] == 16
     assert stats["execution_count"] < 16  # requests shared batches
+
+
+def test_the_python_backend_model_adds_and_subtracts_in_shared_batches(server):
+    pairs = np.random.default_rng(8).standard_normal((12, 2, 1, 4)).astype(np.float32)
+
+    def infer(pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        client = httpclient.InferenceServerClient(server.address)
+        tensors = [httpclient.InferInput(f"INPUT{i}", [1, 4], "FP32") for i in (0, 1)]
+        for tensor, values in zip(tensors, pair, strict=True):
+            tensor.set_data_from_numpy(values)
+        result = client.infer("add_sub", tensors)
+        client.close()
+        return result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(infer, pairs))
+    for (first, second), (total, difference) in zip(pairs, results, strict=True):
+        np.testing.assert_allclose(total, first + second, rtol=1e-6)
+        np.testing.assert_allclose(difference, first - second, rtol=1e-6)
+    stats = httpx.get(f"{server.url}/v2/models/add_sub/stats").json()["model_stats"][0]
+    assert stats["inference_count"] == 12 and stats["execution_count"] < 12
 
 
 def test_the_config_document_shows_the_pbtxt_settings(server):
