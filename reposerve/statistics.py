@@ -119,13 +119,14 @@ class LatencySummaries:
 class ModelStatistics:
     """Accumulates one model version's numbers; ``snapshot`` gives Triton's JSON shape."""
 
-    def __init__(self, name: str, version: int) -> None:
+    def __init__(self, name: str, version: int, latency_summaries: bool = False) -> None:
         self._stats = ModelStats(name=name, version=str(version))
         self._by_batch_size: dict[int, BatchStats] = {}
         self.failures: dict[FailureReason, int] = dict.fromkeys(FailureReason, 0)
-        # Always recorded (a few microseconds a batch) so that turning the summaries on
-        # is a scrape-time choice, with no model plumbing; rendered only when asked for.
+        # Recorded only when the summaries are shown: a few microseconds a batch, and a
+        # couple per request, that nobody else reads.
         self.latencies = LatencySummaries()
+        self._summaries = latency_summaries
 
     def record_batch(
         self,
@@ -165,7 +166,8 @@ class ModelStatistics:
         output_ns: int,
     ) -> None:
         """Each served request's latencies, for the quantile summaries."""
-        self.latencies.record(request_ns, queue_ns, input_ns, infer_ns, output_ns)
+        if self._summaries:
+            self.latencies.record(request_ns, queue_ns, input_ns, infer_ns, output_ns)
 
     def record_failure(
         self, requests: int, ns: int, reason: FailureReason, isolated: bool = False

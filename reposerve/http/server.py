@@ -120,6 +120,7 @@ def build(settings: Settings, logs: LogControl | None = None) -> tuple[App, Life
         unload_timeout=settings.exit_timeout_secs,
         auto_complete=settings.auto_complete,
         load_threads=settings.model_load_thread_count,
+        latency_summaries=settings.metrics.summary_latencies,
     )
     service = InferenceService(
         repository,

@@ -65,12 +65,14 @@ class Repository:
         unload_timeout: float,
         auto_complete: bool = True,
         load_threads: int = 4,
+        latency_summaries: bool = False,
     ) -> None:
         self.roots = tuple(roots)
         self._load_timeout = load_timeout
         self._unload_timeout = unload_timeout
         self._auto_complete = auto_complete
         self._loading = asyncio.Semaphore(load_threads)
+        self._latency_summaries = latency_summaries
         self._models: dict[str, _Model] = {}
         self._closing = False
 
@@ -111,7 +113,14 @@ class Repository:
             if override:
                 model.overrides.append(override)
             fresh = [
-                ModelVersion(name, source.config, version, self._load_timeout, source.labels)
+                ModelVersion(
+                    name,
+                    source.config,
+                    version,
+                    self._load_timeout,
+                    source.labels,
+                    latency_summaries=self._latency_summaries,
+                )
                 for version in source.versions
             ]
             async with self._loading:

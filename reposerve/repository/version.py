@@ -53,6 +53,7 @@ class ModelVersion:
         source: VersionSource,
         load_timeout: float,
         labels: dict[str, tuple[str, ...]] | None = None,
+        latency_summaries: bool = False,
     ) -> None:
         self.name = name
         self.version = source.number
@@ -64,7 +65,7 @@ class ModelVersion:
         self.state = ModelState.LOADING
         self.reason = ""
         self.unloaded = False  # taken out of service on purpose (not a failure)
-        self.statistics = ModelStatistics(name, source.number)
+        self.statistics = ModelStatistics(name, source.number, latency_summaries)
         self.instances: list[InstanceProcess] = []
         self.output_names: tuple[str, ...] = ()
         # Instances join the scheduler as they load; until READY nobody else submits.

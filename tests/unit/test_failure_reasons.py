@@ -20,10 +20,10 @@ REJECTED, CANCELED = FailureReason.REJECTED, FailureReason.CANCELED
 BACKEND, OTHER = FailureReason.BACKEND, FailureReason.OTHER
 
 
-def _scenario(batching: str | None, capacity: int = 1):
+def _scenario(batching: str | None, capacity: int = 1, summaries: bool = False):
     clock = FakeClock()
     instance = StandInInstance(capacity)
-    statistics = ModelStatistics("m", 1)
+    statistics = ModelStatistics("m", 1, latency_summaries=summaries)
     scheduler = Scheduler("model 'm' version 1", _config(batching), [instance], statistics, clock)
     return scheduler, instance, clock, statistics
 
@@ -103,9 +103,24 @@ def test_a_caller_gone_while_queued_is_canceled_and_unloading_is_other():
     asyncio.run(body())
 
 
+def test_latencies_are_recorded_only_when_the_summaries_are_shown():
+    async def body():
+        scheduler, instance, _, statistics = _scenario("max_queue_delay_microseconds = 0")
+        scheduler.submit(_request([[0, 0]]), _finish)
+        await _turn()
+        instance.finish()
+        await _turn()
+        assert statistics.snapshot().inference_count == 1
+        assert statistics.latencies.request.count == 0
+
+    asyncio.run(body())
+
+
 def test_latencies_are_recorded_per_request_with_the_batch_compute_time():
     async def body():
-        scheduler, instance, clock, statistics = _scenario("max_queue_delay_microseconds = 0")
+        scheduler, instance, clock, statistics = _scenario(
+            "max_queue_delay_microseconds = 0", summaries=True
+        )
         scheduler.submit(_request([[0, 0]]), _finish)
         await _turn()
         clock.advance(100 * US)

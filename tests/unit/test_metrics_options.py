@@ -72,7 +72,7 @@ def test_bad_settings_are_refused_saying_what_is_expected(argv, message, capsys)
 
 
 def _version() -> VersionMetrics:
-    statistics = ModelStatistics("m", 1)
+    statistics = ModelStatistics("m", 1, latency_summaries=True)
     statistics.record_latencies([2000, 4000], [0, 1000], 10_000, 500_000, 20_000)
     statistics.record_failure(1, 0, FailureReason.BACKEND)
     return VersionMetrics(
