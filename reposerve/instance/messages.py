@@ -63,6 +63,7 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     max_inflight: int  # batches it runs at once
     staging: int  # further batches it accepts to start the moment one finishes
     config: bytes  # the ModelConfig completed from the model file, JSON-encoded
+    per_request: bool = False  # its backend answers per request: send it the boundaries
 
 
 class LoadFailed(msgspec.Struct, tag=True, array_like=True):

@@ -413,7 +413,8 @@ def main(argv: list[str]) -> int:
         channel.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
         return 1
     runner = BatchRunner(backend, config)
-    channel.send(Ready(inflight, staging, msgspec.json.encode(config)))
+    per_request = hasattr(backend, "execute_requests")
+    channel.send(Ready(inflight, staging, msgspec.json.encode(config), per_request))
     try:
         (_run_async if backend.is_async else _run_sync)(channel, runner)
     finally:
