@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from reposerve.access import API_CATEGORIES
 from reposerve.errors import ConfigError
-from reposerve.http.access import API_CATEGORIES
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
 from reposerve.repository.roots import all_model_names, find_root
 from reposerve.repository.scan import read_model
@@ -218,6 +218,39 @@ def serve_parser() -> argparse.ArgumentParser:
         "uvicorn only)",
     )
     add(
+        "--allow-grpc",
+        type=_boolean,
+        default=True,
+        metavar="BOOL",
+        help="serve Triton's gRPC protocol (GRPCInferenceService and grpc.health.v1; true)",
+    )
+    add("--grpc-port", type=int, default=8001, metavar="PORT", help="gRPC port (8001)")
+    add(
+        "--grpc-address",
+        default=None,
+        metavar="H",
+        help="address the gRPC port listens on (default: --http-host's)",
+    )
+    add("--grpc-use-ssl", type=_boolean, default=False, metavar="BOOL", help="TLS on gRPC")
+    add(
+        "--grpc-use-ssl-mutual",
+        type=_boolean,
+        default=False,
+        metavar="BOOL",
+        help="mutual TLS on gRPC: clients need a certificate signed by --grpc-root-cert",
+    )
+    add("--grpc-server-cert", metavar="PEM", help="gRPC TLS certificate (chain)")
+    add("--grpc-server-key", metavar="PEM", help="gRPC TLS private key")
+    add("--grpc-root-cert", metavar="PEM", help="CA certificate(s) client certificates chain to")
+    add(
+        "--grpc-restricted-protocol",
+        type=_restricted,
+        action="append",
+        default=[],
+        metavar="API:KEY=VALUE",
+        help="require metadata KEY: VALUE on these gRPC APIs (as --http-restricted-api)",
+    )
+    add(
         "--http-restricted-api",
         type=_restricted,
         action="append",
@@ -346,6 +379,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
         restricted=args.http_restricted_api,
+        grpc_port=args.grpc_port if args.allow_grpc else None,
+        grpc_address=args.grpc_address,
+        grpc_use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
+        grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,
+        grpc_server_cert=args.grpc_server_cert,
+        grpc_server_key=args.grpc_server_key,
+        grpc_root_cert=args.grpc_root_cert,
+        grpc_restricted=args.grpc_restricted_protocol,
         exit_timeout_secs=args.exit_timeout_secs,
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,

@@ -37,6 +37,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ssl_certfile: str | None = None  # TLS: PEM certificate (chain)
     ssl_keyfile: str | None = None
     restricted: list[RestrictedApi] = []
+    # The gRPC front (reposerve.grpc): None turns it off (--allow-grpc false).
+    grpc_port: int | None = 8001
+    grpc_address: str | None = None  # None: --http-host's
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False  # clients must present a certificate --grpc-root-cert signed
+    grpc_server_cert: str | None = None
+    grpc_server_key: str | None = None
+    grpc_root_cert: str | None = None
+    grpc_restricted: list[RestrictedApi] = []  # --grpc-restricted-protocol
     exit_timeout_secs: float = 30.0  # one budget for a whole shutdown or unload
     strict_readiness: bool = True  # server ready only while every loaded model is
     exit_on_error: bool = True  # start-up fails when a model fails to load

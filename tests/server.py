@@ -24,6 +24,7 @@ class Server:
     def __init__(self, repository: Path, *args: str, log_path: Path) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
+        self.grpc_port = free_port()  # each server its own: tests run side by side
         scheme = "https" if "--ssl-certfile" in args else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -35,6 +36,7 @@ class Server:
                 "--http-host", "127.0.0.1",
                 "--http-port", str(self.port),
                 "--metrics-port", str(self.metrics_port),
+                "--grpc-port", str(self.grpc_port),
                 *args,
             ],
             stdout=self._log,
@@ -45,6 +47,10 @@ class Server:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

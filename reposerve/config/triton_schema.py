@@ -26,6 +26,9 @@ _SCALARS = {
     "uint32": _F.TYPE_UINT32,
     "int64": _F.TYPE_INT64,
     "uint64": _F.TYPE_UINT64,
+    "float": _F.TYPE_FLOAT,
+    "double": _F.TYPE_DOUBLE,
+    "bytes": _F.TYPE_BYTES,
 }
 
 
@@ -237,9 +240,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         nested=(_map_entry("ParametersEntry", ".ModelParameter"),),
         oneofs=("scheduling_choice",),
     )
-    schema = descriptor_pb2.FileDescriptorProto(
-        name="reposerve/triton_model_config.proto", package=PACKAGE, syntax="proto3"
-    )
+    schema = descriptor_pb2.FileDescriptorProto(name=FILE_NAME, package=PACKAGE, syntax="proto3")
     schema.enum_type.append(_enum("DataType", *DATA_TYPES))
     schema.message_type.extend(
         [
@@ -248,6 +249,14 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         ]
     )  # fmt: skip
     return schema
+
+
+FILE_NAME = "reposerve/triton_model_config.proto"
+
+
+def file_proto() -> descriptor_pb2.FileDescriptorProto:
+    """The declaration, for a pool that builds other messages on ModelConfig (gRPC)."""
+    return _file()
 
 
 @functools.cache

@@ -139,11 +139,21 @@ def build(settings: Settings, logs: LogControl | None = None) -> tuple[App, Life
                 service, settings.http_host, settings.metrics_port, settings.metrics
             )
             await metrics.start()
+        grpc_front = None
+        if settings.grpc_port is not None:
+            from reposerve.grpc.server import GrpcFront  # grpcio loads only when served
+
+            grpc_front = GrpcFront(service, settings)
+            await grpc_front.start()  # same event loop: no second process, no thread hop
         lifecycle.start_loading()
         try:
             yield
         finally:
-            await lifecycle.begin_shutdown()
+            stopping = lifecycle.begin_shutdown()
+            if grpc_front is not None:
+                # Refuse new RPCs; running ones finish or get their error within the budget.
+                await grpc_front.stop(settings.exit_timeout_secs + _SEND_MARGIN_S)
+            await stopping
             if metrics is not None:
                 await metrics.close()
 

@@ -401,7 +401,8 @@ def test_exit_on_error_and_strict_readiness_follow_triton(repository, tmp_path):
     # Triton's defaults: a model that fails at start-up fails the start.
     exiting = subprocess.run(
         [sys.executable, "-m", "reposerve", "--model-repository", str(repository),
-         "--http-port", "0", "--metrics-port", "0", "--http-host", "127.0.0.1"],
+         "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0",
+         "--http-host", "127.0.0.1"],
         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
     )  # fmt: skip
     assert exiting.returncode == 1, exiting.stderr

@@ -1,8 +1,9 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert) -> http -> service -> repository -> scheduler -> instance -> backends, and every
-layer may use the leaves (protocol, config, errors, datatypes, tensor, statistics, settings,
-metrics, quantiles, utilization).
+cli (convert) -> http -> grpc -> service -> repository -> scheduler -> instance -> backends
+(the HTTP server's runner starts the gRPC front beside it), and every layer may use the
+leaves (protocol, config, errors, datatypes, tensor, statistics, settings, metrics,
+quantiles, utilization, access).
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ import pytest
 pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parents[2] / "reposerve"
-ORDER = ["cli", "convert", "http", "service", "repository", "scheduler", "instance", "backends"]
+ORDER = [
+    "cli",
+    "convert",
+    "http",
+    "grpc",
+    "service",
+    "repository",
+    "scheduler",
+    "instance",
+    "backends",
+]
 LEAVES = {
     "metrics",
     "protocol",
@@ -28,6 +39,7 @@ LEAVES = {
     "utilization",
     "settings",
     "logs",
+    "access",
     "__init__",
 }
 # What each leaf may import besides the standard library and numpy/msgspec.
@@ -42,6 +54,7 @@ LEAF_RULES = {
     "metrics": {"statistics", "utilization"},
     "settings": {"metrics"},  # MetricsOptions, the metrics flags as one value
     "logs": {"errors"},
+    "access": {"errors", "settings"},  # who may call which API, for every front
     "__init__": {"errors"},  # the package exports InvalidInput for model authors
     "protocol": {"config", "datatypes", "errors", "tensor", "statistics", "__init__"},
 }

@@ -191,3 +191,26 @@ def test_convert_writes_a_config_toml_that_loads_as_the_same_config():
     assert "[parameters.onnxruntime.tensorrt]\ntrt_fp16_enable = true" in written
     assert "priority_levels" not in written  # defaults are left out
     assert parse_model_config(written, "add_sub/config.toml", "add_sub") == config
+
+
+def test_grpc_messages_and_methods_are_tritons():
+    """The gRPC service's messages (and ModelConfig inside them) agree with the published
+    schema tritonclient ships, so the wire format is Triton's."""
+    from reposerve.grpc import schema
+
+    service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+    theirs = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    ours = schema.pool().FindServiceByName(schema.SERVICE)
+    for method in ours.methods:
+        other = theirs.methods_by_name[method.name]
+        assert (method.input_type.full_name, method.output_type.full_name) == (
+            other.input_type.full_name,
+            other.output_type.full_name,
+        )
+    checked = 0
+    ours_file = schema.pool().FindFileByName("reposerve/triton_grpc_service.proto")
+    for top in ours_file.message_types_by_name.values():
+        for message in _messages(top):
+            checked += _compare(message, service_pb2.DESCRIPTOR.pool)
+    assert len(ours.methods) == 11
+    assert checked > 80

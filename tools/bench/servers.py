@@ -87,11 +87,12 @@ def stop_process(process: subprocess.Popen, grace_s: float) -> None:
 
 def reposerve_command(repository: Path, port: int, *flags: str) -> list[str]:
     """reposerve on 127.0.0.1:``port``, logging warnings, without metrics unless ``flags``
-    turn them on (the last flag wins)."""
+    turn them on (the last flag wins); gRPC on a port of the system's choosing, so that
+    servers side by side do not contend for 8001."""
     return [
         sys.executable, "-m", "reposerve", "--model-repository", str(repository),
         "--http-host", "127.0.0.1", "--http-port", str(port), "--log-level", "warning",
-        "--allow-metrics", "false", *flags,
+        "--allow-metrics", "false", "--grpc-port", "0", *flags,
     ]  # fmt: skip
 
 

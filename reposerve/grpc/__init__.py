@@ -1,0 +1,1 @@
+"""The gRPC front: Triton's GRPCInferenceService over ``reposerve.service``."""

@@ -1,0 +1,266 @@
+"""The gRPC front: ``inference.GRPCInferenceService`` (unary RPCs) and ``grpc.health.v1``
+on a ``grpc.aio`` server that shares the HTTP front's event loop.
+
+Each handler decodes its request message, calls ``InferenceService`` (the operations the
+HTTP front calls) and encodes the answer; errors become the gRPC status codes Triton
+returns. Handlers are registered generically with the run-time message classes of
+``reposerve.grpc.schema``: no generated stubs.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgspec
+from google.protobuf import json_format
+
+from reposerve.access import Policy
+from reposerve.errors import ErrorKind, ReposerveError
+from reposerve.grpc import schema
+from reposerve.grpc.infer import fill_response, parameter_value, request_body
+from reposerve.service import InferenceService
+from reposerve.settings import Settings
+
+log = logging.getLogger("reposerve.grpc")
+
+# Triton's mapping of its error codes onto gRPC's. A restricted protocol answers
+# UNAVAILABLE in Triton ("This protocol is restricted..."), so FORBIDDEN does too.
+STATUS = {
+    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorKind.FORBIDDEN: grpc.StatusCode.UNAVAILABLE,
+}
+# Each RPC's category for --grpc-restricted-protocol (Triton's names, as for HTTP).
+_CATEGORIES = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+}
+_RESTRICTED_FLAG = "--grpc-restricted-protocol"
+# Triton lifts gRPC's 4 MiB default: messages up to 2 GiB - 1 either way.
+_MAX_MESSAGE = 2**31 - 1
+
+
+def _version(request: Any) -> str | None:
+    return request.version or None
+
+
+def _parsed(document: bytes, message: Any) -> Any:
+    """A V2 JSON document into ``message``; fields gRPC has no place for are dropped."""
+    return json_format.Parse(document, message, ignore_unknown_fields=True)
+
+
+class Handlers:
+    """One coroutine per RPC: (request message) -> response message."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    def _new(self, method: str, **fields: Any) -> Any:
+        return schema.message(f"{schema.PACKAGE}.{method}Response")(**fields)
+
+    async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
+        return self._new("ServerLive", live=True)
+
+    async def ServerReady(self, request: Any) -> Any:  # noqa: N802
+        return self._new("ServerReady", ready=self.service.ready())
+
+    async def ModelReady(self, request: Any) -> Any:  # noqa: N802
+        ready = self.service.model_ready(request.name, _version(request))
+        return self._new("ModelReady", ready=ready)
+
+    async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
+        return _parsed(self.service.server_metadata(), self._new("ServerMetadata"))
+
+    async def ModelMetadata(self, request: Any) -> Any:  # noqa: N802
+        document = self.service.model_metadata(request.name, _version(request))
+        return _parsed(document, self._new("ModelMetadata"))
+
+    async def ModelConfig(self, request: Any) -> Any:  # noqa: N802
+        document = self.service.model_config(request.name, _version(request))
+        response = self._new("ModelConfig")
+        _parsed(document, response.config)
+        return response
+
+    async def ModelStatistics(self, request: Any) -> Any:  # noqa: N802
+        document = self.service.model_statistics(request.name or None, _version(request))
+        return _parsed(document, self._new("ModelStatistics"))
+
+    async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
+        body, header_length = request_body(request)
+        content, json_length = await self.service.infer(
+            request.model_name, request.model_version or None, body, header_length
+        )
+        response = self._new("ModelInfer")
+        fill_response(response, content, json_length)
+        return response
+
+    async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
+        document = self.service.repository_index(msgspec.json.encode({"ready": request.ready}))
+        return _parsed(b'{"models": %s}' % document, self._new("RepositoryIndex"))
+
+    async def RepositoryModelLoad(self, request: Any) -> Any:  # noqa: N802
+        parameters = {}
+        for key, value in request.parameters.items():
+            plain = parameter_value(value)
+            # The HTTP form carries file contents as base64 strings: give it the same.
+            parameters[key] = (
+                base64.b64encode(plain).decode() if isinstance(plain, bytes) else plain
+            )
+        await self.service.load_model(
+            request.model_name, msgspec.json.encode({"parameters": parameters})
+        )
+        return self._new("RepositoryModelLoad")
+
+    async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
+        await self.service.unload_model(request.model_name)
+        return self._new("RepositoryModelUnload")
+
+    async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
+        """Serving while the server is ready (the whole server: ``service`` is ignored,
+        as in Triton)."""
+        response = schema.message(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
+        return response(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
+
+
+def _client_host(context: grpc.aio.ServicerContext) -> str | None:
+    """The peer's address from ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5``; None otherwise."""
+    kind, _, rest = context.peer().partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return None
+
+
+def _unary(
+    method: str,
+    call: Callable[[Any], Awaitable[Any]],
+    request_class: Any,
+    policy: Policy,
+) -> grpc.RpcMethodHandler:
+    category = _CATEGORIES.get(method)
+    checked = category is not None and policy.guards(category)
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            if checked:
+                metadata = dict(context.invocation_metadata() or ())
+                policy.check_call(category, metadata.get, _client_host(context), _RESTRICTED_FLAG)
+            return await call(request)
+        except ReposerveError as exc:
+            await context.abort(STATUS[exc.kind], exc.message)
+        except (json_format.ParseError, msgspec.DecodeError) as exc:
+            log.exception("could not encode the %s response", method)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # the client gets a status, the log the traceback
+            log.exception("unhandled error on %s", method)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+            )
+
+    return grpc.unary_unary_rpc_method_handler(
+        handle,
+        request_deserializer=request_class.FromString,
+        response_serializer=lambda message: message.SerializeToString(),
+    )
+
+
+def generic_handlers(service: InferenceService, policy: Policy) -> list[grpc.GenericRpcHandler]:
+    handlers = Handlers(service)
+    inference = {
+        method: _unary(
+            method,
+            getattr(handlers, method),
+            schema.message(f"{schema.PACKAGE}.{request}"),
+            policy,
+        )
+        for method, request, _ in schema.METHODS
+    }
+    health = {
+        "Check": _unary(
+            "Check",
+            handlers.Check,
+            schema.message(f"{schema.HEALTH_PACKAGE}.HealthCheckRequest"),
+            policy,
+        )
+    }
+    return [
+        grpc.method_handlers_generic_handler(schema.SERVICE, inference),
+        grpc.method_handlers_generic_handler(schema.HEALTH_SERVICE, health),
+    ]
+
+
+class GrpcFront:
+    """The gRPC server's start and stop, called from the HTTP server's lifespan."""
+
+    def __init__(self, service: InferenceService, settings: Settings) -> None:
+        self._service = service
+        self._settings = settings
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        host = self._settings.grpc_address or self._settings.http_host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"{host}:{self._settings.grpc_port}"
+
+    async def start(self) -> None:
+        settings = self._settings
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ]
+        )
+        policy = Policy(settings.grpc_restricted)
+        server.add_generic_rpc_handlers(generic_handlers(self._service, policy))
+        if settings.grpc_use_ssl:
+            port = server.add_secure_port(self.address, _credentials(settings))
+        else:
+            port = server.add_insecure_port(self.address)
+        if port == 0:  # grpc reports a failed bind this way, not by raising
+            raise OSError(f"gRPC: could not listen on {self.address} (--grpc-port in use?)")
+        await server.start()
+        self._server = server
+        scheme = "grpcs" if settings.grpc_use_ssl else "grpc"
+        log.info("gRPC front listening on %s://%s", scheme, self.address)
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new RPCs and give running ones ``grace`` seconds."""
+        if self._server is not None:
+            await self._server.stop(grace)
+
+
+def _credentials(settings: Settings) -> grpc.ServerCredentials:
+    def read(path: str | None, flag: str) -> bytes:
+        if not path:
+            raise SystemExit(f"reposerve: --grpc-use-ssl needs {flag}")
+        return Path(path).read_bytes()
+
+    key = read(settings.grpc_server_key, "--grpc-server-key")
+    cert = read(settings.grpc_server_cert, "--grpc-server-cert")
+    root = None
+    if settings.grpc_use_ssl_mutual or settings.grpc_root_cert:
+        root = read(settings.grpc_root_cert, "--grpc-root-cert")
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root, require_client_auth=settings.grpc_use_ssl_mutual
+    )

@@ -1,0 +1,218 @@
+"""The gRPC front through NVIDIA's own client (tritonclient.grpc), as the HTTP tests do
+through tritonclient.http: same models, same answers, Triton's status codes."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from reposerve.grpc import schema
+from tests.server import start_server
+from tests.toy_models import PICKY, PLUS_ONE, vector_config, write_model
+
+grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+
+pytestmark = pytest.mark.e2e
+
+ECHO_BYTES = """
+    class Model:
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"]}
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
+    write_model(root, "plus_one_int", vector_config("INT32", size=4), PLUS_ONE)
+    write_model(root, "echo_bytes", vector_config("BYTES", size=-1), ECHO_BYTES)
+    write_model(root, "picky", vector_config(size=2), PICKY)
+    write_model(root, "spare", vector_config(size=4), PLUS_ONE)
+    server = start_server(root, tmp_path_factory.mktemp("log"))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture
+def client(server):
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    yield client
+    client.close()
+
+
+def _input(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _status(call) -> tuple[str, str]:
+    """(tritonclient's "StatusCode.X" text, message) of the error ``call`` raises."""
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    return caught.value.status(), caught.value.message()
+
+
+def test_health_and_metadata(client):
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    metadata = client.get_server_metadata(as_json=True)
+    assert metadata["name"] == "reposerve"
+    assert "binary_tensor_data" in metadata["extensions"]
+    assert client.is_model_ready("plus_one")
+    assert client.is_model_ready("plus_one", "1")
+    assert not client.is_model_ready("no_such_model")
+    model = client.get_model_metadata("plus_one_int", as_json=True)
+    assert model["versions"] == ["1"]
+    assert model["inputs"] == [{"name": "INPUT", "datatype": "INT32", "shape": ["-1", "4"]}]
+
+
+def test_model_config_matches_the_http_document(client, server):
+    import httpx
+
+    config = client.get_model_config("plus_one", as_json=True)["config"]
+    http = httpx.get(f"{server.url}/v2/models/plus_one/config").json()
+    assert config["name"] == "plus_one"
+    assert config["max_batch_size"] == http["max_batch_size"] == 8
+    assert config["input"][0]["data_type"] == "TYPE_FP32"
+    assert config["input"][0]["dims"] == ["4"]  # int64 as JSON strings, as protobuf writes
+    assert config["output"][0]["name"] == "OUTPUT"
+    assert config["backend"] == http["backend"]
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_infer_fp32_and_int32(server, raw):
+    # tritonclient sends raw_input_contents; typed contents are built by hand below.
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    floats = np.arange(8, dtype=np.float32).reshape(2, 4) / 4
+    ints = np.arange(-4, 4, dtype=np.int32).reshape(2, 4)
+    if raw:
+        result = client.infer("plus_one", [_input("INPUT", floats, "FP32")], request_id="r-1")
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT"), floats + 1)
+        assert result.get_response().id == "r-1"
+        result = client.infer("plus_one_int", [_input("INPUT", ints, "INT32")])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT"), ints + 1)
+    else:
+        for model, array, field, datatype in (
+            ("plus_one", floats, "fp32_contents", "FP32"),
+            ("plus_one_int", ints, "int_contents", "INT32"),
+        ):
+            response = _typed_call(server, model, "INPUT", datatype, array.shape, field, array)
+            output = response.outputs[0]
+            assert (output.name, output.datatype, list(output.shape)) == (
+                "OUTPUT",
+                datatype,
+                [2, 4],
+            )
+            answer = np.frombuffer(response.raw_output_contents[0], array.dtype).reshape(2, 4)
+            np.testing.assert_array_equal(answer, array + 1)
+    client.close()
+
+
+def _typed_call(server, model, name, datatype, shape, field, values):
+    """A ModelInfer with typed ``contents``, over a plain channel with our schema."""
+    request = schema.message("inference.ModelInferRequest")(model_name=model)
+    tensor = request.inputs.add(name=name, datatype=datatype, shape=list(shape))
+    items = values if field == "bytes_contents" else np.asarray(values).ravel().tolist()
+    getattr(tensor.contents, field).extend(items)
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        call = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=schema.message("inference.ModelInferResponse").FromString,
+        )
+        return call(request, timeout=30)
+
+
+def test_infer_bytes_raw_and_typed(client, server):
+    words = np.array([[b"alpha", b"", b"\x00\xffbin"]], dtype=np.object_)
+    result = client.infer("echo_bytes", [_input("INPUT", words, "BYTES")])
+    assert result.as_numpy("OUTPUT").tolist() == words.tolist()
+    typed = [b"typed", b"\x01"]
+    response = _typed_call(server, "echo_bytes", "INPUT", "BYTES", (1, 2), "bytes_contents", typed)
+    raw = response.raw_output_contents[0]  # framed: 4-byte little-endian length, then bytes
+    assert raw == b"".join(len(item).to_bytes(4, "little") + item for item in typed)
+
+
+def test_statistics_count_grpc_requests(client):
+    before = client.get_inference_statistics("plus_one", as_json=True)["model_stats"][0]
+    client.infer("plus_one", [_input("INPUT", np.zeros((1, 4), np.float32), "FP32")])
+    after = client.get_inference_statistics("plus_one", as_json=True)["model_stats"][0]
+    assert int(after.get("inference_count", 0)) == int(before.get("inference_count", 0)) + 1
+    assert after["name"] == "plus_one" and after["version"] == "1"
+
+
+def test_repository_index_load_and_unload(client):
+    names = {model["name"] for model in client.get_model_repository_index(as_json=True)["models"]}
+    assert {"plus_one", "spare", "echo_bytes"} <= names
+    client.unload_model("spare")
+    assert not client.is_model_ready("spare")
+    client.load_model("spare")
+    assert client.is_model_ready("spare")
+
+
+def test_errors_carry_tritons_status_codes(client):
+    good = _input("INPUT", np.zeros((1, 4), np.float32), "FP32")
+    status, message = _status(lambda: client.infer("no_such_model", [good]))
+    assert status == "StatusCode.NOT_FOUND", message
+    wrong = _input("INPUT", np.zeros((1, 3), np.float32), "FP32")
+    status, message = _status(lambda: client.infer("plus_one", [wrong]))
+    assert status == "StatusCode.INVALID_ARGUMENT" and "INPUT" in message
+    status, message = _status(
+        lambda: client.infer("picky", [_input("INPUT", np.array([[-2, 0]], np.float32), "FP32")])
+    )
+    assert status == "StatusCode.INTERNAL", message
+    status, message = _status(
+        lambda: client.infer("picky", [_input("INPUT", np.array([[-1, 0]], np.float32), "FP32")])
+    )
+    assert status == "StatusCode.INVALID_ARGUMENT", message
+    status, message = _status(lambda: client.get_model_metadata("no_such_model"))
+    assert status == "StatusCode.NOT_FOUND", message
+
+
+def test_health_check_service(server):
+    request = schema.message("grpc.health.v1.HealthCheckRequest")()
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=schema.message("grpc.health.v1.HealthCheckResponse").FromString,
+        )
+        assert check(request, timeout=10).status == 1  # SERVING
+
+
+def test_restricted_protocol_needs_its_metadata_key(tmp_path):
+    root = tmp_path / "repository"
+    write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
+    server = start_server(
+        root, tmp_path, "--grpc-restricted-protocol", "model-repository,statistics:admin-key=s3cret"
+    )
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_address)
+        status, message = _status(lambda: client.unload_model("plus_one"))
+        assert status == "StatusCode.UNAVAILABLE"
+        assert "This API is restricted, expecting header 'admin-key'" in message
+        status, _ = _status(lambda: client.get_inference_statistics("plus_one"))
+        assert status == "StatusCode.UNAVAILABLE"
+        assert client.is_model_ready("plus_one")  # health is not restricted
+        client.unload_model("plus_one", headers={"admin-key": "s3cret"})
+        assert not client.is_model_ready("plus_one")
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_allow_grpc_false_serves_http_only(tmp_path):
+    root = tmp_path / "repository"
+    write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
+    server = start_server(root, tmp_path, "--allow-grpc", "false")
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_address)
+        status, _ = _status(lambda: client.is_server_live(client_timeout=2))
+        assert status == "StatusCode.UNAVAILABLE"  # nothing listens there
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log()
