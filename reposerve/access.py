@@ -35,8 +35,11 @@ class AccessError(ReposerveError):
 
 
 class Policy:
-    def __init__(self, restricted: list[RestrictedApi]) -> None:
+    def __init__(self, restricted: list[RestrictedApi], noun: str = "API") -> None:
+        """``noun``: what the refusal calls the call (Triton: "API" on HTTP, "protocol"
+        on gRPC)."""
         self._rules = {api: rule for rule in restricted for api in rule.apis}
+        self._noun = noun
 
     def guards(self, api: str) -> bool:
         """Whether calls to ``api`` need checking at all (lets the hot path skip it)."""
@@ -50,7 +53,9 @@ class Policy:
         rule = self._rules.get(api)
         if rule is not None:
             if header(rule.header) != rule.value:
-                raise AccessError(f"This API is restricted, expecting header '{rule.header}'")
+                raise AccessError(
+                    f"This {self._noun} is restricted, expecting header '{rule.header}'"
+                )
             return
         if api in CONTROL_APIS and not _is_loopback(host):
             raise AccessError(

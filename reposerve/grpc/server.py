@@ -52,6 +52,9 @@ _CATEGORIES = {
     "RepositoryModelUnload": "model-repository",
 }
 _RESTRICTED_FLAG = "--grpc-restricted-protocol"
+# Triton looks for a restricted protocol's KEY under this prefix in the call's metadata
+# (--grpc-restricted-protocol inference:infer-key=v needs triton-grpc-protocol-infer-key: v).
+RESTRICTED_PREFIX = "triton-grpc-protocol-"
 # Triton lifts gRPC's 4 MiB default: messages up to 2 GiB - 1 either way.
 _MAX_MESSAGE = 2**31 - 1
 
@@ -231,7 +234,13 @@ class GrpcFront:
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
             ]
         )
-        policy = Policy(settings.grpc_restricted)
+        policy = Policy(
+            [
+                msgspec.structs.replace(rule, header=RESTRICTED_PREFIX + rule.header)
+                for rule in settings.grpc_restricted
+            ],
+            noun="protocol",
+        )
         server.add_generic_rpc_handlers(generic_handlers(self._service, policy))
         if settings.grpc_use_ssl:
             port = server.add_secure_port(self.address, _credentials(settings))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
+from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
 from reposerve.grpc import schema
@@ -13,6 +14,8 @@ from tests.server import start_server
 from tests.toy_models import PICKY, PLUS_ONE, vector_config, write_model
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+
+model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +29,8 @@ ECHO_BYTES = """
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("repository")
-    write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
+    batching = "[dynamic_batching]\npreferred_batch_size = [2, 4]\nmax_queue_size = 9"
+    write_model(root, "plus_one", vector_config(size=4, extra=batching), PLUS_ONE)
     write_model(root, "plus_one_int", vector_config("INT32", size=4), PLUS_ONE)
     write_model(root, "echo_bytes", vector_config("BYTES", size=-1), ECHO_BYTES)
     write_model(root, "picky", vector_config(size=2), PICKY)
@@ -81,6 +85,10 @@ def test_model_config_matches_the_http_document(client, server):
     assert config["input"][0]["dims"] == ["4"]  # int64 as JSON strings, as protobuf writes
     assert config["output"][0]["name"] == "OUTPUT"
     assert config["backend"] == http["backend"]
+    # Nothing lost: the HTTP document read with Triton's own full schema says the same.
+    theirs = json_format.ParseDict(http, model_config_pb2.ModelConfig())
+    assert config == json_format.MessageToDict(theirs, preserving_proto_field_name=True)
+    assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 9
 
 
 @pytest.mark.parametrize("raw", [True, False])
@@ -194,11 +202,17 @@ def test_restricted_protocol_needs_its_metadata_key(tmp_path):
         client = grpcclient.InferenceServerClient(server.grpc_address)
         status, message = _status(lambda: client.unload_model("plus_one"))
         assert status == "StatusCode.UNAVAILABLE"
-        assert "This API is restricted, expecting header 'admin-key'" in message
+        # Triton's rule: the key travels as metadata under its triton-grpc-protocol- prefix.
+        expected = "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
+        assert expected in message
         status, _ = _status(lambda: client.get_inference_statistics("plus_one"))
         assert status == "StatusCode.UNAVAILABLE"
         assert client.is_model_ready("plus_one")  # health is not restricted
-        client.unload_model("plus_one", headers={"admin-key": "s3cret"})
+        status, _ = _status(
+            lambda: client.unload_model("plus_one", headers={"admin-key": "s3cret"})
+        )
+        assert status == "StatusCode.UNAVAILABLE"
+        client.unload_model("plus_one", headers={"triton-grpc-protocol-admin-key": "s3cret"})
         assert not client.is_model_ready("plus_one")
         client.close()
     finally:
