@@ -3,6 +3,9 @@ through tritonclient.http: same models, same answers, Triton's status codes."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import grpc
 import numpy as np
 import pytest
@@ -228,5 +231,34 @@ def test_allow_grpc_false_serves_http_only(tmp_path):
         status, _ = _status(lambda: client.is_server_live(client_timeout=2))
         assert status == "StatusCode.UNAVAILABLE"  # nothing listens there
         client.close()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_tls(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: no certificate to test TLS with")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    root = tmp_path / "repository"
+    write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
+    flags = ("--grpc-use-ssl", "true", "--grpc-server-cert", str(cert))
+    server = start_server(root, tmp_path, *flags, "--grpc-server-key", str(key))
+    try:
+        secure = grpcclient.InferenceServerClient(
+            server.grpc_address, ssl=True, root_certificates=str(cert)
+        )
+        result = secure.infer("plus_one", [_input("INPUT", np.ones((1, 4), np.float32), "FP32")])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT"), np.full((1, 4), 2, np.float32))
+        secure.close()
+        plain = grpcclient.InferenceServerClient(server.grpc_address)
+        status, _ = _status(lambda: plain.is_server_live(client_timeout=2))
+        assert status == "StatusCode.UNAVAILABLE"  # a plaintext client cannot talk to it
+        plain.close()
     finally:
         assert server.stop() == 0, server.log()
