@@ -120,7 +120,8 @@ def _version_policy(table: dict[str, Any], value: dict[str, Any], where: str) ->
 def _instance_groups(table: dict[str, Any], value: list[dict[str, Any]], where: str) -> None:
     groups = []
     for index, item in enumerate(value):
-        group: dict[str, Any] = {}
+        # Triton's default kind is KIND_AUTO (protobuf's JSON leaves it out when it is that).
+        group: dict[str, Any] = {"kind": "auto"}
         for key, field in item.items():
             here = f"{where}[{index}].{key}"
             if key == "kind":
@@ -171,6 +172,7 @@ def _warmups(table: dict[str, Any], value: list[dict[str, Any]], where: str) -> 
         here = f"{where}[{index}]"
         inputs = {}
         for name, sample in item.get("inputs", {}).items():
+            _check_warmup_shape(table, sample, f"{here}.inputs.{name}", name)
             if sample.get("zero_data"):
                 inputs[name] = "zero"
             elif sample.get("random_data"):
@@ -185,6 +187,26 @@ def _warmups(table: dict[str, Any], value: list[dict[str, Any]], where: str) -> 
         entry = {"batch_size": max(int(item.get("batch_size", 1)), 1), "inputs": inputs}
         warmups += [entry] * max(int(item.get("count", 1)), 1)
     table["warmup"] = warmups
+
+
+def _check_warmup_shape(
+    table: dict[str, Any], sample: dict[str, Any], where: str, name: str
+) -> None:
+    """reposerve warms each input up in its declared datatype and shape (-1 as 1): a Triton
+    warmup asking for another is refused rather than run differently."""
+    spec = next((t for t in table.get("input", []) if t.get("name") == name), None)
+    if spec is None:
+        raise ConfigError(f"{where}: the model has no input '{name}'")
+    datatype = sample.get("data_type")
+    if datatype is not None and _datatype(datatype, f"{where}.data_type") != spec["datatype"]:
+        raise ConfigError(f"{where}.data_type: {datatype}, but the input is {spec['datatype']}")
+    expected = [1 if dim < 0 else dim for dim in spec["shape"]]
+    dims = [int(dim) for dim in sample.get("dims", [])]
+    if dims != expected:
+        raise ConfigError(
+            f"{where}.dims: {dims}: reposerve warms inputs up at their shape with -1 as 1 "
+            f"({expected})"
+        )
 
 
 def _optimization(table: dict[str, Any], value: dict[str, Any], where: str) -> None:

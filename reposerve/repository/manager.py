@@ -97,7 +97,12 @@ class Repository:
         model = self._models.setdefault(name, _Model())
         async with model.lock:
             # Written off the event loop: the files may be large.
-            override = await asyncio.to_thread(OverrideFolder, name, files) if files else None
+            try:
+                override = await asyncio.to_thread(OverrideFolder, name, files) if files else None
+            except (OSError, ValueError) as exc:  # e.g. "1" given as a file and as a folder
+                raise ConfigError(
+                    f"load '{name}': the override files do not form a model folder: {exc}"
+                ) from exc
             try:
                 root = override.root if override else find_root(self.roots, name)
                 source = read_model(root, name, config)
@@ -166,7 +171,9 @@ class Repository:
             await asyncio.wait_for(model.lock.acquire(), max(deadline - time.monotonic(), 0))
         except TimeoutError:
             log.warning("unload %s: a load still runs at the deadline; stopping what serves", name)
-            await self._unload_versions(model, deadline)
+            # Without the lock: the running load may be reading an override folder that
+            # no version holds yet, so none is removed here (the load's end drops them).
+            await self._unload_versions(model, deadline, drop_overrides=False)
             return
         try:
             await self._unload_versions(model, deadline)
@@ -179,10 +186,11 @@ class Repository:
         await asyncio.gather(*(self.unload(name, deadline) for name in list(self._models)))
 
     @staticmethod
-    async def _unload_versions(model: _Model, deadline: float) -> None:
+    async def _unload_versions(model: _Model, deadline: float, drop_overrides: bool = True) -> None:
         versions = [v for v in model.versions.values() if not v.unloaded]
         await asyncio.gather(*(version.unload(deadline) for version in versions))
-        model.drop_unused_overrides()
+        if drop_overrides:
+            model.drop_unused_overrides()
 
     def _refuse_if_closing(self, name: str) -> None:
         if self._closing:

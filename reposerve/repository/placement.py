@@ -89,6 +89,11 @@ def _resolve(
             f"{where}.cpus: core(s) {unknown} not available (this server may use "
             f"{_ranges(cores)}). Hint: see `nproc` and the container's cpuset"
         )
+    if group.kind == "cpu" and group.gpus:
+        raise ConfigError(
+            f'{where}.gpus: a kind = "cpu" group runs on no GPU. Hint: remove gpus, or use '
+            'kind = "gpu" (or "auto")'
+        )
     kind = group.kind
     if kind == "auto":
         kind = "gpu" if gpus.visible else "cpu"

@@ -116,6 +116,10 @@ def test_file_override_loads_the_files_with_the_flag(
     for parameters, message in (
         ({"file:1/model.py": "cHJpbnQoKQ=="}, "need a config parameter too"),
         ({"config": "{}", "file:../evil.py": "cHJpbnQoKQ=="}, "parameters.file:../evil.py"),
+        (
+            {"config": "{}", "file:1": "cHJpbnQoKQ==", "file:1/model.py": "cHJpbnQoKQ=="},
+            "load 'plus': the override files do not form a model folder",
+        ),
     ):
         reply = httpx.post(
             f"{server.url}/v2/repository/models/plus/load", json={"parameters": parameters}

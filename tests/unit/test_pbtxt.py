@@ -108,6 +108,15 @@ def test_a_triton_config_maps_onto_the_config_toml_fields():
     assert [(w.batch_size, w.inputs) for w in config.warmup] == [(2, {"INPUT0": "random"})] * 2
 
 
+def test_an_instance_group_without_kind_is_tritons_kind_auto():
+    text = "instance_group [ { count: 2 gpus: [ 0 ] }, { kind: KIND_AUTO } ]"
+    config = parse_pbtxt(text, "m/config.pbtxt")
+    assert [(g.kind, g.count, g.gpus) for g in config.instance_group] == [
+        ("auto", 2, [0]),
+        ("auto", 1, None),
+    ]
+
+
 def test_libtorch_positional_names_are_ordered_by_their_index():
     text = """
     platform: "pytorch_libtorch"
@@ -155,9 +164,23 @@ def test_tensorrt_accelerator_becomes_onnxruntime_provider_options():
             "m/config.pbtxt: input[0].reshape: not supported by reposerve",
         ),
         (
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
             'model_warmup [ { batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 '
             'dims: [ 1 ] input_data_file: "x.bin" } } } ]',
             "m/config.pbtxt: model_warmup[0].inputs.x: only zero_data and random_data",
+        ),
+        (
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]\nmodel_warmup [ { '
+            'batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 224 ] '
+            "zero_data: true } } } ]",
+            "model_warmup[0].inputs.x.dims: [224]: reposerve warms inputs up at their shape "
+            "with -1 as 1 ([1])",
+        ),
+        (
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\nmodel_warmup [ { '
+            'batch_size: 1 inputs { key: "x" value: { data_type: TYPE_INT32 dims: [ 4 ] '
+            "zero_data: true } } } ]",
+            "model_warmup[0].inputs.x.data_type: TYPE_INT32, but the input is FP32",
         ),
         (
             "model_transaction_policy { decoupled: true }",

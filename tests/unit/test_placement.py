@@ -133,6 +133,12 @@ def test_gpu_numbers_follow_the_servers_own_cuda_visible_devices(monkeypatch):
             "unset)",
         ),
         (
+            "[[instance_group]]\ngpus = [0]\n",
+            _node(2),
+            "model 'm': instance_group[0].gpus: a kind = \"cpu\" group runs on no GPU. "
+            'Hint: remove gpus, or use kind = "gpu" (or "auto")',
+        ),
+        (
             "[[instance_group]]\n[[instance_group]]\ncpus = [2, 9, 4]\n",
             _node(0),
             "model 'm': instance_group[1].cpus: core(s) [4, 9] not available (this server may "
