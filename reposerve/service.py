@@ -11,6 +11,7 @@ import contextlib
 
 import msgspec
 
+from reposerve.backends.onnx_options import file_options
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, RepositoryError
 from reposerve.logs import LogControl
@@ -192,7 +193,16 @@ class InferenceService:
         override = None
         if request.config is not None:
             label = f"load '{name}': parameters.config"
-            override = ConfigOverride(parse_triton_config(request.config, label, name), label)
+            config = parse_triton_config(request.config, label, name)
+            paths = file_options(config.parameters)
+            if paths and not self.allow_file_override:  # they make the server write there
+                raise ProtocolError(
+                    f"{label}: {', '.join(paths)} would make this server write where a load "
+                    "request says, which it refuses. Hint: start it with "
+                    "--allow-model-file-override true to accept them",
+                    kind=ErrorKind.FORBIDDEN,
+                )
+            override = ConfigOverride(config, label)
         attempted = await self.repository.load(name, override, request.files)
         failed = [v for v in attempted if v.state is not ModelState.READY]
         if failed:

@@ -113,6 +113,26 @@ class OnnxParameters(_Options):
 PROFILE_KEYS = ("trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes")
 
 
+# TensorRT options that name files or folders the server writes (engines, caches) or reads.
+FILE_OPTIONS = frozenset(
+    {
+        "trt_engine_cache_path",
+        "trt_engine_cache_prefix",
+        "trt_timing_cache_path",
+        "trt_int8_calibration_table_name",
+    }
+)
+
+
+def file_options(parameters: dict[str, Any]) -> list[str]:
+    """The ``parameters.onnxruntime.tensorrt`` keys in ``parameters`` that name paths."""
+    table = parameters.get("onnxruntime")
+    tensorrt = table.get("tensorrt") if isinstance(table, dict) else None
+    if not isinstance(tensorrt, dict):
+        return []
+    return [f"parameters.onnxruntime.tensorrt.{key}" for key in tensorrt if key in FILE_OPTIONS]
+
+
 def onnx_parameters(model: str, parameters: dict[str, Any]) -> OnnxParameters:
     """Validate the backend's part of ``[parameters]``; errors name the file, key and the
     allowed names. Other keys of ``[parameters]`` belong to others and are left alone."""

@@ -95,6 +95,16 @@ def test_file_override_refused_without_the_flag(plus_repository, tmp_path, clien
         json={"parameters": {"config": config, "file:1/model.py": "cHJpbnQoKQ=="}},
     )
     assert reply.status_code == 403
+    # Nor may a config alone point the server's own writes (TensorRT caches) elsewhere.
+    document = client.get_model_config("plus")
+    cache = {"tensorrt": {"trt_engine_cache_path": str(tmp_path / "elsewhere")}}
+    document["parameters"]["onnxruntime"] = {"string_value": json.dumps(cache)}
+    reply = httpx.post(
+        f"{server.url}/v2/repository/models/plus/load",
+        json={"parameters": {"config": json.dumps(document)}},
+    )
+    assert reply.status_code == 403
+    assert "parameters.onnxruntime.tensorrt.trt_engine_cache_path" in reply.json()["error"]
     assert _infer(client).tolist() == [[1.0] * 16]
 
 
