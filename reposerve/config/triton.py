@@ -23,6 +23,42 @@ _BACKENDS = {
 }
 _KINDS = {"KIND_AUTO": "auto", "KIND_GPU": "gpu", "KIND_CPU": "cpu"}
 _POSITIONAL = re.compile(r"^.+__(\d+)$")  # Triton's libtorch naming: INPUT__0, OUTPUT__1
+# Parameters Triton's onnxruntime and libtorch backends read, as reposerve's equivalents:
+# (table path, how the value converts). Any other of their documented names is refused.
+_ORT_CUDA = ("onnxruntime", "cuda")
+_BACKEND_PARAMETERS: dict[str, dict[str, tuple[tuple[str, ...], Any]]] = {
+    "onnxruntime": {
+        "intra_op_thread_count": ((), lambda value: ("intra_op_threads", int(value))),
+        "cudnn_conv_algo_search": (
+            _ORT_CUDA,
+            lambda value: (
+                "cudnn_conv_algo_search",
+                ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")[int(value)],
+            ),
+        ),
+        "gpu_mem_limit": (_ORT_CUDA, lambda value: ("gpu_mem_limit", int(value))),
+        "arena_extend_strategy": (
+            _ORT_CUDA,
+            lambda value: (
+                "arena_extend_strategy",
+                ("kNextPowerOfTwo", "kSameAsRequested")[int(value)],
+            ),
+        ),
+    },
+    "torch": {},
+}
+_TRITON_ONLY = {
+    "onnxruntime": frozenset({
+        "inter_op_thread_count", "execution_mode", "enable_mem_arena", "enable_mem_pattern",
+        "memory.enable_memory_arena_shrinkage", "share_session_between_instances",
+        "enable_cpu_mem_arena", "session.use_device_allocator_for_initializers",
+    }),
+    "torch": frozenset({
+        "DISABLE_OPTIMIZED_EXECUTION", "INFERENCE_MODE", "ENABLE_NVFUSER",
+        "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING", "ENABLE_TENSOR_FUSER",
+        "ENABLE_WEIGHT_SHARING", "ENABLE_CACHE_CLEANING", "NUM_THREADS",
+    }),
+}  # fmt: skip
 
 
 def from_triton(document: dict[str, Any], label: str) -> dict[str, Any]:
@@ -39,6 +75,29 @@ def from_triton(document: dict[str, Any], label: str) -> dict[str, Any]:
         for section in ("input", "output"):
             table[section] = _positional_order(table.get(section, []))
     return table
+
+
+def backend_parameters(table: dict[str, Any], label: str) -> None:
+    """Triton's own onnxruntime/libtorch parameters in ``table["parameters"]`` as reposerve's
+    equivalents; one reposerve has none for is an error naming it, never ignored."""
+    backend = table.get("backend")
+    parameters = table.get("parameters") or {}
+    mapping = _BACKEND_PARAMETERS.get(backend or "", {})
+    for key in list(parameters):
+        where = f"{label}: parameters.{key}"
+        if key in _TRITON_ONLY.get(backend or "", ()):
+            raise ConfigError(f"{where}: Triton's {backend} backend reads it; reposerve does not")
+        if key not in mapping:
+            continue
+        path, convert = mapping[key]
+        try:
+            name, value = convert(parameters.pop(key))
+        except (ValueError, IndexError, TypeError) as exc:
+            raise ConfigError(f"{where}: not a value Triton accepts ({exc})") from exc
+        target = parameters
+        for part in path:
+            target = target.setdefault(part, {})
+        target[name] = value
 
 
 def _name(table: dict[str, Any], value: str, where: str) -> None:

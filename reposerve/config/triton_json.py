@@ -27,7 +27,7 @@ import msgspec
 
 from reposerve.config.load import validate_model_config
 from reposerve.config.schema import ModelConfig
-from reposerve.config.triton import from_triton
+from reposerve.config.triton import backend_parameters, from_triton
 from reposerve.errors import ConfigError
 
 PREFIX = "reposerve."
@@ -142,6 +142,7 @@ def config_from_triton(
         raise ConfigError(f"{label}: parameters: expected an object of {{key: string_value}}")
     table = from_triton(document, label)
     apply_triton_parameters(table, parameters, label)
+    backend_parameters(table, label)
     return validate_model_config(table, label, folder_name)
 
 

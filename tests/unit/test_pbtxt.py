@@ -117,6 +117,24 @@ def test_an_instance_group_without_kind_is_tritons_kind_auto():
     ]
 
 
+def test_tritons_onnxruntime_parameters_become_reposerves_and_the_rest_are_refused():
+    text = """
+    platform: "onnxruntime_onnx"
+    parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
+    parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } }
+    """
+    config = parse_pbtxt(text, "m/config.pbtxt")
+    assert config.parameters == {
+        "intra_op_threads": 2,
+        "onnxruntime": {"cuda": {"cudnn_conv_algo_search": "HEURISTIC"}},
+    }
+    refused = (
+        'backend: "pytorch"\nparameters { key: "INFERENCE_MODE" value: { string_value: "true" } }'
+    )
+    with pytest.raises(ConfigError, match="parameters.INFERENCE_MODE: Triton's torch backend"):
+        parse_pbtxt(refused, "m/config.pbtxt")
+
+
 def test_libtorch_positional_names_are_ordered_by_their_index():
     text = """
     platform: "pytorch_libtorch"
