@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -19,12 +21,14 @@ from reposerve.metrics import MetricsOptions, VersionMetrics, render
 from reposerve.protocol import documents
 from reposerve.protocol.classification import classify
 from reposerve.protocol.load import decode_load_request
-from reposerve.protocol.request import InferRequest, decode_request
+from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.response import encode_response
-from reposerve.repository import IndexEntry, ModelState, Repository
+from reposerve.repository import IndexEntry, ModelState, ModelVersion, Repository
 from reposerve.repository.scan import ConfigOverride
 from reposerve.tensor import Tensor
 from reposerve.utilization import Usage
+
+T = TypeVar("T")
 
 
 class _IndexRequest(msgspec.Struct):
@@ -146,11 +150,44 @@ class InferenceService:
         """Run one V2 request; returns the response body and its JSON header length."""
         model = self.repository.get(name, version)
         request = decode_request(body, header_length, model.config, name)
+
+        def encode(outputs: list[tuple[str, Tensor, bool]]) -> tuple[bytes, int | None]:
+            return encode_response(name, model.version_text, request.id, outputs)
+
+        return await self._run(model, request, encode)
+
+    async def infer_parts(
+        self,
+        name: str,
+        version: str | None,
+        header: dict[str, Any],
+        raws: list[bytes],
+        encode: Callable[[str, list[tuple[str, Tensor]]], T],
+    ) -> T:
+        """Run one request whose tensor data travels apart from its header (gRPC; see
+        ``decode_parts``). ``encode(version, outputs)`` makes the answer from the output
+        tensors, which are valid only during the call."""
+        model = self.repository.get(name, version)
+        request = decode_parts(header, raws, model.config, name)
+
+        def finish(outputs: list[tuple[str, Tensor, bool]]) -> T:
+            return encode(model.version_text, [(output, tensor) for output, tensor, _ in outputs])
+
+        return await self._run(model, request, finish)
+
+    async def _run(
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        encode: Callable[[list[tuple[str, Tensor, bool]]], T],
+    ) -> T:
+        """Submit ``request``; its outputs (selected, classified) go to ``encode`` as
+        (output, tensor, binary) in response order."""
         selected = _selected_outputs(request, model.output_names)
         classes = request.classifications
         batched = model.config.max_batch_size > 0
 
-        def finish(outputs: dict[str, Tensor]) -> tuple[bytes, int | None]:
+        def finish(outputs: dict[str, Tensor]) -> T:
             if classes:
                 outputs = {
                     output: classify(tensor, classes[output], batched, model.labels.get(output, ()))
@@ -158,12 +195,7 @@ class InferenceService:
                     else tensor
                     for output, tensor in outputs.items()
                 }
-            return encode_response(
-                name,
-                model.version_text,
-                request.id,
-                [(output, outputs[output], binary) for output, binary in selected],
-            )
+            return encode([(output, outputs[output], binary) for output, binary in selected])
 
         return await model.scheduler.submit(request, finish)
 

@@ -1,21 +1,21 @@
-"""ModelInfer's messages to and from the V2 binary body ``InferenceService.infer`` takes.
+"""ModelInfer's messages to and from what ``InferenceService.infer_parts`` takes.
 
-A gRPC request becomes the same JSON header + binary tensor data an HTTP client sends
-(every input binary, every output asked for binary), so both fronts share one decoder with
-all its checks against the model's config, and one encoder. Typed ``contents`` are packed
-into that binary form here; ``raw_input_contents`` are passed as they came. Triton answers
-gRPC outputs in ``raw_output_contents`` always; so does this.
+A gRPC request becomes the V2 header an HTTP client would send plus each input's binary
+data apart (``decode_parts``), so both fronts share one decoder with all its checks against
+the model's config, and tensors are views of the request's bytes. Typed ``contents`` are
+packed into that binary form here; ``raw_input_contents`` are passed as they came. Triton
+answers gRPC outputs in ``raw_output_contents`` always; so does this.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from reposerve.datatypes import pack_bytes
 from reposerve.errors import ProtocolError
+from reposerve.tensor import Tensor
 
 # Triton's InferTensorContents field for each datatype (FP16 and BF16 have none: raw only).
 _CONTENTS = {
@@ -35,24 +35,6 @@ _CONTENTS = {
 _BINARY_FLAGS = ("binary_data", "binary_data_output", "binary_data_size")
 
 
-class _OutputHeader(msgspec.Struct):
-    name: str
-    datatype: str
-    shape: list[int]
-    parameters: dict[str, Any] = {}
-
-
-class _ResponseHeader(msgspec.Struct):
-    model_name: str
-    model_version: str
-    id: str = ""
-    outputs: list[_OutputHeader] = []
-
-
-_response_decoder = msgspec.json.Decoder(_ResponseHeader)
-_encoder = msgspec.json.Encoder()
-
-
 def parameter_value(parameter: Any) -> Any:
     """An ``InferParameter`` / ``ModelRepositoryParameter`` as its plain value."""
     choice = parameter.WhichOneof("parameter_choice")
@@ -65,8 +47,10 @@ def _parameters(entries: Any) -> dict[str, Any]:
     }
 
 
-def request_body(request: Any) -> tuple[bytes, int]:
-    """The V2 binary body and its JSON header's length for a ``ModelInferRequest``."""
+def request_parts(request: Any) -> tuple[dict[str, Any], list[bytes]]:
+    """A ``ModelInferRequest`` as the V2 header (a dict, as decode_parts takes it) and each
+    input's binary data: its ``raw_input_contents`` as they came, or its typed ``contents``
+    packed into the same form."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise ProtocolError(
@@ -76,39 +60,29 @@ def request_body(request: Any) -> tuple[bytes, int]:
     inputs = []
     parts: list[bytes] = []
     for index, tensor in enumerate(request.inputs):
-        data = raw[index] if raw else _packed(request.model_name, tensor)
         if raw and tensor.HasField("contents"):
             raise ProtocolError(
                 f"model '{request.model_name}': input '{tensor.name}' has both contents and "
                 "raw_input_contents; send one"
             )
-        parameters = _parameters(tensor.parameters)
-        parameters["binary_data_size"] = len(data)
+        parts.append(raw[index] if raw else _packed(request.model_name, tensor))
         inputs.append(
             {
                 "name": tensor.name,
                 "datatype": tensor.datatype,
                 "shape": list(tensor.shape),
-                "parameters": parameters,
+                "parameters": _parameters(tensor.parameters),
             }
         )
-        parts.append(data)
-    header: dict[str, Any] = {"inputs": inputs}
+    header: dict[str, Any] = {"inputs": inputs, "parameters": _parameters(request.parameters)}
     if request.id:
         header["id"] = request.id
-    parameters = _parameters(request.parameters)
-    parameters["binary_data_output"] = True
-    header["parameters"] = parameters
     if request.outputs:
         header["outputs"] = [
-            {
-                "name": output.name,
-                "parameters": {**_parameters(output.parameters), "binary_data": True},
-            }
+            {"name": output.name, "parameters": _parameters(output.parameters)}
             for output in request.outputs
         ]
-    encoded = _encoder.encode(header)
-    return b"".join([encoded, *parts]), len(encoded)
+    return header, parts
 
 
 def _packed(model: str, tensor: Any) -> bytes:
@@ -126,18 +100,18 @@ def _packed(model: str, tensor: Any) -> bytes:
     return np.asarray(getattr(contents, field), dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
 
 
-def fill_response(response: Any, body: bytes, header_length: int | None) -> None:
-    """Copy the V2 binary response ``body`` into a ``ModelInferResponse``."""
-    if header_length is None:  # no outputs at all: the body is the JSON header alone
-        header_length = len(body)
-    header = _response_decoder.decode(body[:header_length])
-    response.model_name = header.model_name
-    response.model_version = header.model_version
-    response.id = header.id
-    view = memoryview(body)
-    cursor = header_length
-    for output in header.outputs:
-        size = output.parameters.get("binary_data_size", 0)
-        response.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
-        response.raw_output_contents.append(bytes(view[cursor : cursor + size]))
-        cursor += size
+def response_encoder(response_class: Any, request: Any) -> Any:
+    """``encode(version, outputs)`` for ``InferenceService.infer_parts``: the
+    ``ModelInferResponse``, every output in ``raw_output_contents``. It runs while the
+    output tensors are valid, so their bytes are copied into the message here."""
+
+    def encode(version: str, outputs: list[tuple[str, Tensor]]) -> Any:
+        response = response_class(
+            model_name=request.model_name, model_version=version, id=request.id
+        )
+        for name, tensor in outputs:
+            response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
+            response.raw_output_contents.append(bytes(tensor.raw))
+        return response
+
+    return encode

@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from reposerve.access import Policy
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.grpc import schema
-from reposerve.grpc.infer import fill_response, parameter_value, request_body
+from reposerve.grpc.infer import parameter_value, request_parts, response_encoder
 from reposerve.service import InferenceService
 from reposerve.settings import Settings
 
@@ -105,13 +105,11 @@ class Handlers:
         return _parsed(document, self._new("ModelStatistics"))
 
     async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
-        body, header_length = request_body(request)
-        content, json_length = await self.service.infer(
-            request.model_name, request.model_version or None, body, header_length
+        header, raws = request_parts(request)
+        encode = response_encoder(schema.message(f"{schema.PACKAGE}.ModelInferResponse"), request)
+        return await self.service.infer_parts(
+            request.model_name, request.model_version or None, header, raws, encode
         )
-        response = self._new("ModelInfer")
-        fill_response(response, content, json_length)
-        return response
 
     async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
         document = self.service.repository_index(msgspec.json.encode({"ready": request.ready}))

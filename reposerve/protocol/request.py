@@ -7,6 +7,7 @@ in the body, so a lying shape or length costs nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -89,9 +90,58 @@ def decode_request(
             "send tensor data flat, or nested no deeper than its shape"
         ) from None
 
+    cursor = header_length
+
+    def read(item: _InputHeader, where: str) -> Tensor:
+        nonlocal cursor
+        tensor, cursor = _read_tensor(item, view, cursor, where)
+        return tensor
+
+    inputs = _read_inputs(header, read, config, model)
+    if cursor != size:
+        raise ProtocolError(
+            f"model '{model}': body has {size - cursor} bytes beyond the header and the "
+            "binary_data_size of its inputs"
+        )
+    return _request(header, inputs, config, model)
+
+
+def decode_parts(
+    header: dict[str, Any], raws: list[bytes], config: ModelConfig, model: str
+) -> InferRequest:
+    """A request whose tensor data travels apart from its header (gRPC): ``header`` is the
+    V2 JSON header as a dict (inputs without ``data``), ``raws[i]`` the binary data of input
+    ``i``. The tensors are views of ``raws``; every check is decode_request's."""
+    try:
+        parsed = msgspec.convert(header, _RequestHeader)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"model '{model}': malformed request: {exc}") from exc
+    if len(raws) != len(parsed.inputs):
+        raise ProtocolError(
+            f"model '{model}': {len(raws)} raw contents for {len(parsed.inputs)} inputs; "
+            "give one per input"
+        )
+    position = iter(raws)
+
+    def read(item: _InputHeader, where: str) -> Tensor:
+        raw = memoryview(next(position))
+        _refuse_shared_memory(item.parameters or {}, where)
+        shape = tuple(item.shape)
+        _check_binary(item.datatype, raw, element_count(shape), shape, where)
+        return Tensor(item.datatype, shape, raw)
+
+    return _request(parsed, _read_inputs(parsed, read, config, model), config, model)
+
+
+def _read_inputs(
+    header: _RequestHeader,
+    read: Callable[[_InputHeader, str], Tensor],
+    config: ModelConfig,
+    model: str,
+) -> dict[str, Tensor]:
+    """Each input checked against the config, then its data read with ``read``."""
     specs = {tensor.name: tensor for tensor in config.input}
     inputs: dict[str, Tensor] = {}
-    cursor = header_length
     for item in header.inputs:
         where = f"model '{model}': input '{item.name}'"
         spec = specs.get(item.name)
@@ -101,13 +151,14 @@ def decode_request(
         if item.name in inputs:
             raise ProtocolError(f"{where}: given more than once")
         _check_signature(item, spec, config.max_batch_size, where)
-        tensor, cursor = _read_tensor(item, view, cursor, where)
-        inputs[item.name] = tensor
-    if cursor != size:
-        raise ProtocolError(
-            f"model '{model}': body has {size - cursor} bytes beyond the header and the "
-            "binary_data_size of its inputs"
-        )
+        inputs[item.name] = read(item, where)
+    return inputs
+
+
+def _request(
+    header: _RequestHeader, inputs: dict[str, Tensor], config: ModelConfig, model: str
+) -> InferRequest:
+    specs = {tensor.name: tensor for tensor in config.input}
     missing = [name for name, spec in specs.items() if name not in inputs and not spec.optional]
     if missing:
         raise ProtocolError(f"model '{model}': missing required input(s): {', '.join(missing)}")
