@@ -146,7 +146,7 @@ class InstanceProcess:
         self.state = InstanceState.STARTING
         self.max_inflight = 1  # batches the process runs at once (many for async models)
         self.staging = 0  # batches it accepts beyond those, to start as soon as one ends
-        self._per_request = False  # whether its backend wants each batch's request slices
+        self.per_request = False  # whether its backend wants each batch's request slices
         self.config: ModelConfig | None = None  # as completed by the backend, once READY
         self._on_exit = on_exit
         self._process: subprocess.Popen | None = None
@@ -280,14 +280,13 @@ class InstanceProcess:
         if starts_now and on_start is not None:
             on_start()
         self._transport.write(
-            # The boundaries only to a backend that reads them: they cost per request.
             encode_frame(
                 Execute(
                     batch_id,
                     slot_index,
                     slot.size,
                     refs,
-                    list(requests) if self._per_request else [],
+                    list(requests),
                 )
             )
         )
@@ -431,7 +430,7 @@ class InstanceProcess:
             case Ready():
                 self.max_inflight = message.max_inflight
                 self.staging = message.staging
-                self._per_request = message.per_request
+                self.per_request = message.per_request
                 self.config = msgspec.json.decode(message.config, type=ModelConfig)
                 self.state = InstanceState.READY
                 if self._ready and not self._ready.done():

@@ -59,6 +59,11 @@ class Executor(Protocol):
         """Whether it takes a batch to run now, or (``staged``) to run next."""
         ...
 
+    @property
+    def per_request(self) -> bool:
+        """Whether its backend reads each batch's request boundaries."""
+        ...
+
     def run(
         self,
         inputs: Sequence[BatchTensor],
@@ -319,7 +324,11 @@ class Scheduler:
         self._in_flight += 1
         self._staged += len(items)
         batch = _Batch(items, self._clock.now(), rerun)
-        requests = [RequestSlice(item.request.batch_size, item.request.id or "") for item in items]
+        requests = (
+            [RequestSlice(item.request.batch_size, item.request.id or "") for item in items]
+            if instance.per_request
+            else ()
+        )
         try:
             instance.run(
                 inputs, partial(self._complete, batch), partial(self._started, batch), requests

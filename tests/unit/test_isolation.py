@@ -33,6 +33,8 @@ class JudgingInstance:
     def in_flight(self) -> int:
         return self.running
 
+    per_request = False
+
     def has_capacity(self, staged: bool = False) -> bool:
         return self.running == 0
 

@@ -67,6 +67,8 @@ class StandInInstance:
     def in_flight(self) -> int:
         return len(self.running)
 
+    per_request = False
+
     def has_capacity(self, staged: bool = False) -> bool:
         return len(self.running) < self.capacity + (self.staging if staged else 0)
 
