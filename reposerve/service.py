@@ -214,7 +214,8 @@ class InferenceService:
         used instead of the folder's) and ``file:`` parameters (the model folder's files,
         only with --allow-model-file-override)."""
         self._check_control()
-        request = decode_load_request(name, body)
+        # Off the loop: a load may carry whole model files, base64 in JSON.
+        request = await asyncio.to_thread(decode_load_request, name, body)
         if request.files and not self.allow_file_override:
             raise ProtocolError(
                 f"load '{name}': file: parameters would write model code onto this server, "
