@@ -262,3 +262,23 @@ def test_tls(tmp_path):
         plain.close()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_classification_answers_as_over_http(client, server):
+    import tritonclient.http as httpclient
+
+    values = np.array([[0.5, 3.0, -1.0, 2.0]], np.float32)
+    result = client.infer(
+        "plus_one",
+        [_input("INPUT", values, "FP32")],
+        outputs=[grpcclient.InferRequestedOutput("OUTPUT", class_count=2)],
+    )
+    http = httpclient.InferenceServerClient(server.address)
+    tensor = httpclient.InferInput("INPUT", [1, 4], "FP32")
+    tensor.set_data_from_numpy(values)
+    expected = http.infer(
+        "plus_one", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT", class_count=2)]
+    )
+    http.close()
+    assert result.as_numpy("OUTPUT").tolist() == expected.as_numpy("OUTPUT").tolist()
+    assert result.as_numpy("OUTPUT").tolist() == [[b"4.000000:1", b"3.000000:3"]]
