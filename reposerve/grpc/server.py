@@ -240,12 +240,18 @@ class GrpcFront:
             noun="protocol",
         )
         server.add_generic_rpc_handlers(generic_handlers(self._service, policy))
-        if settings.grpc_use_ssl:
-            port = server.add_secure_port(self.address, _credentials(settings))
-        else:
-            port = server.add_insecure_port(self.address)
-        if port == 0:  # grpc reports a failed bind this way, not by raising
-            raise OSError(f"gRPC: could not listen on {self.address} (--grpc-port in use?)")
+        try:
+            if settings.grpc_use_ssl:
+                port = server.add_secure_port(self.address, _credentials(settings))
+            else:
+                port = server.add_insecure_port(self.address)
+        except RuntimeError:  # newer grpcio raises on a failed bind, older ones return 0
+            port = 0
+        if port == 0:
+            raise OSError(
+                f"gRPC: could not listen on {self.address}; is another server on that port? "
+                "Choose one with --grpc-port, or turn gRPC off with --allow-grpc false"
+            )
         await server.start()
         self._server = server
         scheme = "grpcs" if settings.grpc_use_ssl else "grpc"

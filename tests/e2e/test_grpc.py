@@ -235,7 +235,8 @@ def test_allow_grpc_false_serves_http_only(tmp_path):
         assert server.stop() == 0, server.log()
 
 
-def test_tls(tmp_path):
+def _certificate(tmp_path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (its own CA) and its key."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed: no certificate to test TLS with")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -245,16 +246,25 @@ def test_tls(tmp_path):
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
+    return str(cert), str(key)
+
+
+def _plus_one_once(client) -> None:
+    result = client.infer("plus_one", [_input("INPUT", np.ones((1, 4), np.float32), "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT"), np.full((1, 4), 2, np.float32))
+
+
+def test_tls(tmp_path):
+    cert, key = _certificate(tmp_path)
     root = tmp_path / "repository"
     write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
-    flags = ("--grpc-use-ssl", "true", "--grpc-server-cert", str(cert))
-    server = start_server(root, tmp_path, *flags, "--grpc-server-key", str(key))
+    flags = ("--grpc-use-ssl", "true", "--grpc-server-cert", cert, "--grpc-server-key", key)
+    server = start_server(root, tmp_path, *flags)
     try:
         secure = grpcclient.InferenceServerClient(
-            server.grpc_address, ssl=True, root_certificates=str(cert)
+            server.grpc_address, ssl=True, root_certificates=cert
         )
-        result = secure.infer("plus_one", [_input("INPUT", np.ones((1, 4), np.float32), "FP32")])
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT"), np.full((1, 4), 2, np.float32))
+        _plus_one_once(secure)
         secure.close()
         plain = grpcclient.InferenceServerClient(server.grpc_address)
         status, _ = _status(lambda: plain.is_server_live(client_timeout=2))
@@ -262,6 +272,48 @@ def test_tls(tmp_path):
         plain.close()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_mutual_tls_needs_a_client_certificate(tmp_path):
+    cert, key = _certificate(tmp_path)
+    root = tmp_path / "repository"
+    write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
+    flags = ("--grpc-use-ssl-mutual", "true", "--grpc-root-cert", cert)
+    server = start_server(
+        root, tmp_path, *flags, "--grpc-server-cert", cert, "--grpc-server-key", key
+    )
+    try:
+        known = grpcclient.InferenceServerClient(
+            server.grpc_address,
+            ssl=True,
+            root_certificates=cert,
+            private_key=key,
+            certificate_chain=cert,
+        )
+        _plus_one_once(known)
+        known.close()
+        anonymous = grpcclient.InferenceServerClient(
+            server.grpc_address, ssl=True, root_certificates=cert
+        )
+        status, _ = _status(lambda: anonymous.is_server_live(client_timeout=5))
+        assert status == "StatusCode.UNAVAILABLE"  # the handshake fails without one
+        anonymous.close()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_a_taken_grpc_port_fails_the_start(tmp_path):
+    import socket
+
+    root = tmp_path / "repository"
+    write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match="reposerve exited") as caught:
+            start_server(root, tmp_path, "--grpc-port", port)
+    assert f"could not listen on 127.0.0.1:{port}" in str(caught.value)
 
 
 def test_classification_answers_as_over_http(client, server):
