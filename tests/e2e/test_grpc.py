@@ -22,6 +22,15 @@ model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
 pytestmark = pytest.mark.e2e
 
+SLEEPY = """
+    import time
+
+    class Model:
+        def execute(self, inputs):
+            time.sleep(0.5)
+            return {"OUTPUT": inputs["INPUT"]}
+"""
+
 ECHO_BYTES = """
     class Model:
         def execute(self, inputs):
@@ -38,6 +47,8 @@ def server(tmp_path_factory):
     write_model(root, "echo_bytes", vector_config("BYTES", size=-1), ECHO_BYTES)
     write_model(root, "picky", vector_config(size=2), PICKY)
     write_model(root, "spare", vector_config(size=4), PLUS_ONE)
+    queue = "[dynamic_batching]\nmax_queue_size = 1"
+    write_model(root, "sleepy", vector_config(size=1, max_batch=1, extra=queue), SLEEPY)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
     assert server.stop() == 0, server.log()
@@ -334,3 +345,22 @@ def test_classification_answers_as_over_http(client, server):
     http.close()
     assert result.as_numpy("OUTPUT").tolist() == expected.as_numpy("OUTPUT").tolist()
     assert result.as_numpy("OUTPUT").tolist() == [[b"4.000000:1", b"3.000000:3"]]
+
+
+def test_a_full_queue_is_unavailable(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def call(_: int) -> str:
+        with grpcclient.InferenceServerClient(server.grpc_address) as client:
+            try:
+                client.infer("sleepy", [_input("INPUT", np.ones((1, 1), np.float32), "FP32")])
+            except InferenceServerException as exc:
+                return exc.status()
+            return "OK"
+
+    with ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(call, range(6)))
+    # One runs, one waits in the queue of 1; the others are turned away at once.
+    assert "OK" in outcomes
+    assert "StatusCode.UNAVAILABLE" in outcomes
+    assert set(outcomes) == {"OK", "StatusCode.UNAVAILABLE"}
