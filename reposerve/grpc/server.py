@@ -255,7 +255,8 @@ class GrpcFront:
         await server.start()
         self._server = server
         scheme = "grpcs" if settings.grpc_use_ssl else "grpc"
-        log.info("gRPC front listening on %s://%s", scheme, self.address)
+        host = self.address.rpartition(":")[0]
+        log.info("gRPC front listening on %s://%s:%d", scheme, host, port)  # port 0: the one got
 
     async def stop(self, grace: float) -> None:
         """Refuse new RPCs and give running ones ``grace`` seconds."""

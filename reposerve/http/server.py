@@ -103,11 +103,15 @@ class Lifecycle:
         # it, which removes its pauses from request latency.
         gc.collect()
         gc.freeze()
+        grpc = ""
+        if settings.grpc_port is not None:
+            grpc = f" and grpc://{settings.grpc_address or settings.http_host}:{settings.grpc_port}"
         log.info(
-            "ready: serving %s on http://%s:%d",
+            "ready: serving %s on http://%s:%d%s",
             ", ".join(map(str, settings.model_repositories)),
             settings.http_host,
             settings.http_port,
+            grpc,
         )
         if polling:
             await RepositoryWatcher(service.repository, settings.repository_poll_secs).run(baseline)
