@@ -34,6 +34,10 @@ class AccessError(ReposerveError):
     kind = ErrorKind.FORBIDDEN
 
 
+class RestrictedError(AccessError):
+    """A restricted API called without its header (gRPC answers it apart, as Triton does)."""
+
+
 class Policy:
     def __init__(self, restricted: list[RestrictedApi], noun: str = "API") -> None:
         """``noun``: what the refusal calls the call (Triton: "API" on HTTP, "protocol"
@@ -53,7 +57,7 @@ class Policy:
         rule = self._rules.get(api)
         if rule is not None:
             if header(rule.header) != rule.value:
-                raise AccessError(
+                raise RestrictedError(
                     f"This {self._noun} is restricted, expecting header '{rule.header}'"
                 )
             return

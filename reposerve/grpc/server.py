@@ -19,7 +19,7 @@ import grpc
 import msgspec
 from google.protobuf import json_format
 
-from reposerve.access import Policy
+from reposerve.access import Policy, RestrictedError
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.grpc import schema
 from reposerve.grpc.infer import parameter_value, request_parts, response_encoder
@@ -28,14 +28,15 @@ from reposerve.settings import Settings
 
 log = logging.getLogger("reposerve.grpc")
 
-# Triton's mapping of its error codes onto gRPC's. A restricted protocol answers
-# UNAVAILABLE in Triton ("This protocol is restricted..."), so FORBIDDEN does too.
+# Triton's mapping of its error codes onto gRPC's. FORBIDDEN (reposerve's own refusals:
+# control from another machine, model files in a load) is PERMISSION_DENIED; a restricted
+# protocol called without its key is UNAVAILABLE, as Triton answers it.
 STATUS = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorKind.FORBIDDEN: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
 }
 # Each RPC's category for --grpc-restricted-protocol (Triton's names, as for HTTP).
 _CATEGORIES = {
@@ -133,8 +134,8 @@ class Handlers:
         return self._new("RepositoryModelUnload")
 
     async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
-        """Serving while the server is ready (the whole server: ``service`` is ignored,
-        as in Triton)."""
+        """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever
+        ``service`` names: the probe asks about the whole server."""
         response = schema.message(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
         return response(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
 
@@ -164,6 +165,8 @@ def _unary(
                 metadata = dict(context.invocation_metadata() or ())
                 policy.check_call(category, metadata.get, _client_host(context), _RESTRICTED_FLAG)
             return await call(request)
+        except RestrictedError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
         except ReposerveError as exc:
             await context.abort(STATUS[exc.kind], exc.message)
         except (json_format.ParseError, msgspec.DecodeError) as exc:

@@ -3,6 +3,7 @@ through tritonclient.http: same models, same answers, Triton's status codes."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -174,6 +175,21 @@ def test_repository_index_load_and_unload(client):
     assert not client.is_model_ready("spare")
     client.load_model("spare")
     assert client.is_model_ready("spare")
+    # Triton's override: a JSON config as the config parameter (string_param).
+    config = client.get_model_config("spare", as_json=True)["config"]
+    config["max_batch_size"] = 4
+    client.load_model("spare", config=json.dumps(config))
+    assert client.get_model_config("spare", as_json=True)["config"]["max_batch_size"] == 4
+    status, message = _status(lambda: client.load_model("spare", config="{not json"))
+    assert status == "StatusCode.INVALID_ARGUMENT", message
+    # Model files in a load are code this server would run: refused without
+    # --allow-model-file-override, as over HTTP (403 there).
+    files = {"file:1/model.py": b"class Model: ..."}
+    status, message = _status(
+        lambda: client.load_model("spare", config=json.dumps(config), files=files)
+    )
+    assert status == "StatusCode.PERMISSION_DENIED", message
+    assert "--allow-model-file-override" in message
 
 
 def test_errors_carry_tritons_status_codes(client):
