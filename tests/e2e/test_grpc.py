@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 
 import grpc
 import numpy as np
@@ -380,3 +381,20 @@ def test_a_full_queue_is_unavailable(server):
     assert "OK" in outcomes
     assert "StatusCode.UNAVAILABLE" in outcomes
     assert set(outcomes) == {"OK", "StatusCode.UNAVAILABLE"}
+
+
+def test_a_running_rpc_finishes_through_a_graceful_stop(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path / "repository"
+    write_model(root, "sleepy", vector_config(size=1, max_batch=1), SLEEPY)
+    server = start_server(root, tmp_path)
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(
+            client.infer, "sleepy", [_input("INPUT", np.full((1, 1), 7, np.float32), "FP32")]
+        )
+        time.sleep(0.2)  # the call is in the model now
+        assert server.stop() == 0, server.log()
+        assert running.result(timeout=30).as_numpy("OUTPUT").tolist() == [[7.0]]
+    client.close()
