@@ -63,3 +63,20 @@ def test_perf_analyzer_completes(bundled_server, tensor_format):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Concurrency: 4, throughput:" in result.stdout
     assert "error" not in result.stdout.lower()
+
+
+def test_perf_analyzer_over_grpc(bundled_server):
+    reason = _runnable()
+    if reason:
+        pytest.skip(reason)
+    result = subprocess.run(
+        [
+            str(BIN), "-m", "add_sub", "-u", bundled_server.grpc_address, "-i", "grpc",
+            "--concurrency-range", "4", "--measurement-interval", "1000",
+            "--stability-percentage", "100", "--max-trials", "20",
+        ],
+        capture_output=True, text=True, env=_environment(), timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Concurrency: 4, throughput:" in result.stdout
+    assert "error" not in result.stdout.lower()
