@@ -212,6 +212,13 @@ def test_errors_carry_tritons_status_codes(client):
     assert status == "StatusCode.NOT_FOUND", message
 
 
+def test_typed_contents_that_do_not_fill_the_shape_are_invalid(server):
+    with pytest.raises(grpc.RpcError) as caught:
+        _typed_call(server, "plus_one", "INPUT", "FP32", (1, 4), "fp32_contents", [1, 2, 3])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "INPUT" in caught.value.details()
+
+
 def test_health_check_service(server):
     request = schema.message("grpc.health.v1.HealthCheckRequest")()
     with grpc.insecure_channel(server.grpc_address) as channel:
