@@ -192,10 +192,11 @@ def test_a_cuda_error_replaces_its_instance_and_out_of_memory_does_not(repositor
             )
             now = set(server.instance_pids())
             (dead,) = pids - now
+            (replacement,) = now - pids
             assert dead not in answered_by
             pids = now
             # Both serve again before the next round (rotation alternates between them).
-            _wait_for(lambda old=answered_by: _answered_by(url) not in old, what="the replacement")
+            _wait_for(lambda new=replacement: _answered_by(url) == new, what="the replacement")
         assert _metric(server, "reposerve_instance_restart_count", "device") == 6
     finally:
         assert server.stop() == 0, server.log()
