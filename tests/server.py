@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tools.bench.servers import children_of, free_port
 
@@ -96,3 +98,18 @@ def start_server(repository: Path, tmp_path: Path, *args: str) -> Server:
         server.stop()
         raise
     return server
+
+
+def self_signed_certificate(folder: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (its own CA) and its key, made by openssl;
+    the test skips when openssl is missing."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: no certificate to test TLS with")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key)

@@ -32,7 +32,7 @@ _SCALARS = {
 }
 
 
-def _field(number: int, name: str, kind: str, repeated: bool = False, oneof: int = -1) -> _F:
+def field(number: int, name: str, kind: str, repeated: bool = False, oneof: int = -1) -> _F:
     """``kind``: a scalar name, ``.Message`` / ``.Message.Nested``, or ``enum:.Enum``."""
     field = _F(name=name, number=number, json_name=_json_name(name))
     field.label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
@@ -54,7 +54,7 @@ def _json_name(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def _message(
+def message(
     name: str,
     fields: list[_F],
     nested: tuple[descriptor_pb2.DescriptorProto, ...] = (),
@@ -68,14 +68,14 @@ def _message(
     return message
 
 
-def _map_entry(name: str, value_kind: str) -> descriptor_pb2.DescriptorProto:
+def map_entry(name: str, value_kind: str) -> descriptor_pb2.DescriptorProto:
     """A protobuf map<string, value> is a repeated message of this shape."""
-    entry = _message(name, [_field(1, "key", "string"), _field(2, "value", value_kind)])
+    entry = message(name, [field(1, "key", "string"), field(2, "value", value_kind)])
     entry.options.map_entry = True
     return entry
 
 
-def _enum(name: str, *values: str) -> descriptor_pb2.EnumDescriptorProto:
+def enum(name: str, *values: str) -> descriptor_pb2.EnumDescriptorProto:
     return descriptor_pb2.EnumDescriptorProto(
         name=name,
         value=[
@@ -93,155 +93,155 @@ DATA_TYPES = (
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    reshape = _message("ModelTensorReshape", [_field(1, "shape", "int64", repeated=True)])
-    model_input = _message(
+    reshape = message("ModelTensorReshape", [field(1, "shape", "int64", repeated=True)])
+    model_input = message(
         "ModelInput",
         [
-            _field(1, "name", "string"),
-            _field(2, "data_type", "enum:.DataType"),
-            _field(3, "format", "enum:.ModelInput.Format"),
-            _field(4, "dims", "int64", repeated=True),
-            _field(5, "reshape", ".ModelTensorReshape"),
-            _field(6, "is_shape_tensor", "bool"),
-            _field(7, "allow_ragged_batch", "bool"),
-            _field(8, "optional", "bool"),
+            field(1, "name", "string"),
+            field(2, "data_type", "enum:.DataType"),
+            field(3, "format", "enum:.ModelInput.Format"),
+            field(4, "dims", "int64", repeated=True),
+            field(5, "reshape", ".ModelTensorReshape"),
+            field(6, "is_shape_tensor", "bool"),
+            field(7, "allow_ragged_batch", "bool"),
+            field(8, "optional", "bool"),
         ],
-        enums=(_enum("Format", "FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"),),
+        enums=(enum("Format", "FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"),),
     )
-    model_output = _message(
+    model_output = message(
         "ModelOutput",
         [
-            _field(1, "name", "string"),
-            _field(2, "data_type", "enum:.DataType"),
-            _field(3, "dims", "int64", repeated=True),
-            _field(4, "label_filename", "string"),
-            _field(5, "reshape", ".ModelTensorReshape"),
-            _field(6, "is_shape_tensor", "bool"),
+            field(1, "name", "string"),
+            field(2, "data_type", "enum:.DataType"),
+            field(3, "dims", "int64", repeated=True),
+            field(4, "label_filename", "string"),
+            field(5, "reshape", ".ModelTensorReshape"),
+            field(6, "is_shape_tensor", "bool"),
         ],
     )
-    version_policy = _message(
+    version_policy = message(
         "ModelVersionPolicy",
         [
-            _field(1, "latest", ".ModelVersionPolicy.Latest", oneof=0),
-            _field(2, "all", ".ModelVersionPolicy.All", oneof=0),
-            _field(3, "specific", ".ModelVersionPolicy.Specific", oneof=0),
+            field(1, "latest", ".ModelVersionPolicy.Latest", oneof=0),
+            field(2, "all", ".ModelVersionPolicy.All", oneof=0),
+            field(3, "specific", ".ModelVersionPolicy.Specific", oneof=0),
         ],
         nested=(
-            _message("Latest", [_field(1, "num_versions", "uint32")]),
-            _message("All", []),
-            _message("Specific", [_field(1, "versions", "int64", repeated=True)]),
+            message("Latest", [field(1, "num_versions", "uint32")]),
+            message("All", []),
+            message("Specific", [field(1, "versions", "int64", repeated=True)]),
         ),
         oneofs=("policy_choice",),
     )
-    instance_group = _message(
+    instance_group = message(
         "ModelInstanceGroup",
         [
-            _field(1, "name", "string"),
-            _field(2, "count", "int32"),
-            _field(3, "gpus", "int32", repeated=True),
-            _field(4, "kind", "enum:.ModelInstanceGroup.Kind"),
+            field(1, "name", "string"),
+            field(2, "count", "int32"),
+            field(3, "gpus", "int32", repeated=True),
+            field(4, "kind", "enum:.ModelInstanceGroup.Kind"),
         ],
-        enums=(_enum("Kind", "KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"),),
+        enums=(enum("Kind", "KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"),),
     )
-    queue_policy = _message(
+    queue_policy = message(
         "ModelQueuePolicy",
         [
-            _field(1, "timeout_action", "enum:.ModelQueuePolicy.TimeoutAction"),
-            _field(2, "default_timeout_microseconds", "uint64"),
-            _field(3, "allow_timeout_override", "bool"),
-            _field(4, "max_queue_size", "uint32"),
+            field(1, "timeout_action", "enum:.ModelQueuePolicy.TimeoutAction"),
+            field(2, "default_timeout_microseconds", "uint64"),
+            field(3, "allow_timeout_override", "bool"),
+            field(4, "max_queue_size", "uint32"),
         ],
-        enums=(_enum("TimeoutAction", "REJECT", "DELAY"),),
+        enums=(enum("TimeoutAction", "REJECT", "DELAY"),),
     )
-    dynamic_batching = _message(
+    dynamic_batching = message(
         "ModelDynamicBatching",
         [
-            _field(1, "preferred_batch_size", "int32", repeated=True),
-            _field(2, "max_queue_delay_microseconds", "uint64"),
-            _field(3, "preserve_ordering", "bool"),
-            _field(4, "priority_levels", "uint64"),
-            _field(5, "default_priority_level", "uint64"),
-            _field(6, "default_queue_policy", ".ModelQueuePolicy"),
+            field(1, "preferred_batch_size", "int32", repeated=True),
+            field(2, "max_queue_delay_microseconds", "uint64"),
+            field(3, "preserve_ordering", "bool"),
+            field(4, "priority_levels", "uint64"),
+            field(5, "default_priority_level", "uint64"),
+            field(6, "default_queue_policy", ".ModelQueuePolicy"),
         ],
     )
-    accelerator = _message(
+    accelerator = message(
         "Accelerator",
         [
-            _field(1, "name", "string"),
-            _field(
+            field(1, "name", "string"),
+            field(
                 2,
                 "parameters",
                 ".ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry",
                 repeated=True,
             ),
         ],
-        nested=(_map_entry("ParametersEntry", "string"),),
+        nested=(map_entry("ParametersEntry", "string"),),
     )
     accelerators = ".ModelOptimizationPolicy.ExecutionAccelerators.Accelerator"
-    optimization = _message(
+    optimization = message(
         "ModelOptimizationPolicy",
         [
-            _field(4, "execution_accelerators", ".ModelOptimizationPolicy.ExecutionAccelerators"),
+            field(4, "execution_accelerators", ".ModelOptimizationPolicy.ExecutionAccelerators"),
         ],
         nested=(
-            _message(
+            message(
                 "ExecutionAccelerators",
                 [
-                    _field(1, "gpu_execution_accelerator", accelerators, repeated=True),
-                    _field(2, "cpu_execution_accelerator", accelerators, repeated=True),
+                    field(1, "gpu_execution_accelerator", accelerators, repeated=True),
+                    field(2, "cpu_execution_accelerator", accelerators, repeated=True),
                 ],
                 nested=(accelerator,),
             ),
         ),
     )
-    warmup = _message(
+    warmup = message(
         "ModelWarmup",
         [
-            _field(1, "name", "string"),
-            _field(2, "batch_size", "uint32"),
-            _field(3, "inputs", ".ModelWarmup.InputsEntry", repeated=True),
-            _field(4, "count", "uint32"),
+            field(1, "name", "string"),
+            field(2, "batch_size", "uint32"),
+            field(3, "inputs", ".ModelWarmup.InputsEntry", repeated=True),
+            field(4, "count", "uint32"),
         ],
         nested=(
-            _message(
+            message(
                 "Input",
                 [
-                    _field(1, "data_type", "enum:.DataType"),
-                    _field(2, "dims", "int64", repeated=True),
-                    _field(3, "zero_data", "bool", oneof=0),
-                    _field(4, "random_data", "bool", oneof=0),
-                    _field(5, "input_data_file", "string", oneof=0),
+                    field(1, "data_type", "enum:.DataType"),
+                    field(2, "dims", "int64", repeated=True),
+                    field(3, "zero_data", "bool", oneof=0),
+                    field(4, "random_data", "bool", oneof=0),
+                    field(5, "input_data_file", "string", oneof=0),
                 ],
                 oneofs=("input_data_type",),
             ),
-            _map_entry("InputsEntry", ".ModelWarmup.Input"),
+            map_entry("InputsEntry", ".ModelWarmup.Input"),
         ),
     )
-    parameter = _message("ModelParameter", [_field(1, "string_value", "string")])
-    transaction_policy = _message("ModelTransactionPolicy", [_field(1, "decoupled", "bool")])
-    model_config = _message(
+    parameter = message("ModelParameter", [field(1, "string_value", "string")])
+    transaction_policy = message("ModelTransactionPolicy", [field(1, "decoupled", "bool")])
+    model_config = message(
         "ModelConfig",
         [
-            _field(1, "name", "string"),
-            _field(2, "platform", "string"),
-            _field(3, "version_policy", ".ModelVersionPolicy"),
-            _field(4, "max_batch_size", "int32"),
-            _field(5, "input", ".ModelInput", repeated=True),
-            _field(6, "output", ".ModelOutput", repeated=True),
-            _field(7, "instance_group", ".ModelInstanceGroup", repeated=True),
-            _field(8, "default_model_filename", "string"),
-            _field(11, "dynamic_batching", ".ModelDynamicBatching", oneof=0),
-            _field(12, "optimization", ".ModelOptimizationPolicy"),
-            _field(14, "parameters", ".ModelConfig.ParametersEntry", repeated=True),
-            _field(16, "model_warmup", ".ModelWarmup", repeated=True),
-            _field(17, "backend", "string"),
-            _field(19, "model_transaction_policy", ".ModelTransactionPolicy"),
+            field(1, "name", "string"),
+            field(2, "platform", "string"),
+            field(3, "version_policy", ".ModelVersionPolicy"),
+            field(4, "max_batch_size", "int32"),
+            field(5, "input", ".ModelInput", repeated=True),
+            field(6, "output", ".ModelOutput", repeated=True),
+            field(7, "instance_group", ".ModelInstanceGroup", repeated=True),
+            field(8, "default_model_filename", "string"),
+            field(11, "dynamic_batching", ".ModelDynamicBatching", oneof=0),
+            field(12, "optimization", ".ModelOptimizationPolicy"),
+            field(14, "parameters", ".ModelConfig.ParametersEntry", repeated=True),
+            field(16, "model_warmup", ".ModelWarmup", repeated=True),
+            field(17, "backend", "string"),
+            field(19, "model_transaction_policy", ".ModelTransactionPolicy"),
         ],
-        nested=(_map_entry("ParametersEntry", ".ModelParameter"),),
+        nested=(map_entry("ParametersEntry", ".ModelParameter"),),
         oneofs=("scheduling_choice",),
     )
     schema = descriptor_pb2.FileDescriptorProto(name=FILE_NAME, package=PACKAGE, syntax="proto3")
-    schema.enum_type.append(_enum("DataType", *DATA_TYPES))
+    schema.enum_type.append(enum("DataType", *DATA_TYPES))
     schema.message_type.extend(
         [
             reshape, model_input, model_output, version_policy, instance_group, queue_policy,

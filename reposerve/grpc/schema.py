@@ -17,7 +17,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from reposerve.config import triton_schema
-from reposerve.config.triton_schema import PACKAGE, _field, _map_entry, _message
+from reposerve.config.triton_schema import PACKAGE, field, map_entry, message
 
 SERVICE = f"{PACKAGE}.GRPCInferenceService"
 HEALTH_PACKAGE = "grpc.health.v1"
@@ -41,35 +41,33 @@ METHODS = (
 
 def _parameters(owner: str, value: str = ".InferParameter") -> tuple[Any, Any]:
     """A ``map<string, value> parameters = 4``-style field's entry type and field."""
-    return _map_entry("ParametersEntry", value), f"{owner}.ParametersEntry"
+    return map_entry("ParametersEntry", value), f"{owner}.ParametersEntry"
 
 
 def _name_version(name: str) -> descriptor_pb2.DescriptorProto:
-    return _message(name, [_field(1, "name", "string"), _field(2, "version", "string")])
+    return message(name, [field(1, "name", "string"), field(2, "version", "string")])
 
 
 def _duration(*names: str) -> list[descriptor_pb2.FieldDescriptorProto]:
-    return [
-        _field(number, name, ".StatisticDuration") for number, name in enumerate(names, start=1)
-    ]
+    return [field(number, name, ".StatisticDuration") for number, name in enumerate(names, start=1)]
 
 
 def _infer_messages() -> list[descriptor_pb2.DescriptorProto]:
-    parameter = _message(
+    parameter = message(
         "InferParameter",
         [
-            _field(1, "bool_param", "bool", oneof=0),
-            _field(2, "int64_param", "int64", oneof=0),
-            _field(3, "string_param", "string", oneof=0),
-            _field(4, "double_param", "double", oneof=0),
-            _field(5, "uint64_param", "uint64", oneof=0),
+            field(1, "bool_param", "bool", oneof=0),
+            field(2, "int64_param", "int64", oneof=0),
+            field(3, "string_param", "string", oneof=0),
+            field(4, "double_param", "double", oneof=0),
+            field(5, "uint64_param", "uint64", oneof=0),
         ],
         oneofs=("parameter_choice",),
     )
-    contents = _message(
+    contents = message(
         "InferTensorContents",
         [
-            _field(number, f"{kind}_contents", scalar, repeated=True)
+            field(number, f"{kind}_contents", scalar, repeated=True)
             for number, (kind, scalar) in enumerate(
                 [
                     ("bool", "bool"), ("int", "int32"), ("int64", "int64"), ("uint", "uint32"),
@@ -84,34 +82,34 @@ def _infer_messages() -> list[descriptor_pb2.DescriptorProto]:
     input_entry, input_parameters = _parameters(f"{request}.InferInputTensor")
     output_entry, output_parameters = _parameters(f"{request}.InferRequestedOutputTensor")
     request_entry, request_parameters = _parameters(request)
-    infer_request = _message(
+    infer_request = message(
         "ModelInferRequest",
         [
-            _field(1, "model_name", "string"),
-            _field(2, "model_version", "string"),
-            _field(3, "id", "string"),
-            _field(4, "parameters", request_parameters, repeated=True),
-            _field(5, "inputs", f"{request}.InferInputTensor", repeated=True),
-            _field(6, "outputs", f"{request}.InferRequestedOutputTensor", repeated=True),
-            _field(7, "raw_input_contents", "bytes", repeated=True),
+            field(1, "model_name", "string"),
+            field(2, "model_version", "string"),
+            field(3, "id", "string"),
+            field(4, "parameters", request_parameters, repeated=True),
+            field(5, "inputs", f"{request}.InferInputTensor", repeated=True),
+            field(6, "outputs", f"{request}.InferRequestedOutputTensor", repeated=True),
+            field(7, "raw_input_contents", "bytes", repeated=True),
         ],
         nested=(
-            _message(
+            message(
                 "InferInputTensor",
                 [
-                    _field(1, "name", "string"),
-                    _field(2, "datatype", "string"),
-                    _field(3, "shape", "int64", repeated=True),
-                    _field(4, "parameters", input_parameters, repeated=True),
-                    _field(5, "contents", ".InferTensorContents"),
+                    field(1, "name", "string"),
+                    field(2, "datatype", "string"),
+                    field(3, "shape", "int64", repeated=True),
+                    field(4, "parameters", input_parameters, repeated=True),
+                    field(5, "contents", ".InferTensorContents"),
                 ],
                 nested=(input_entry,),
             ),
-            _message(
+            message(
                 "InferRequestedOutputTensor",
                 [
-                    _field(1, "name", "string"),
-                    _field(2, "parameters", output_parameters, repeated=True),
+                    field(1, "name", "string"),
+                    field(2, "parameters", output_parameters, repeated=True),
                 ],
                 nested=(output_entry,),
             ),
@@ -121,25 +119,25 @@ def _infer_messages() -> list[descriptor_pb2.DescriptorProto]:
     response = ".ModelInferResponse"
     tensor_entry, tensor_parameters = _parameters(f"{response}.InferOutputTensor")
     response_entry, response_parameters = _parameters(response)
-    infer_response = _message(
+    infer_response = message(
         "ModelInferResponse",
         [
-            _field(1, "model_name", "string"),
-            _field(2, "model_version", "string"),
-            _field(3, "id", "string"),
-            _field(4, "parameters", response_parameters, repeated=True),
-            _field(5, "outputs", f"{response}.InferOutputTensor", repeated=True),
-            _field(6, "raw_output_contents", "bytes", repeated=True),
+            field(1, "model_name", "string"),
+            field(2, "model_version", "string"),
+            field(3, "id", "string"),
+            field(4, "parameters", response_parameters, repeated=True),
+            field(5, "outputs", f"{response}.InferOutputTensor", repeated=True),
+            field(6, "raw_output_contents", "bytes", repeated=True),
         ],
         nested=(
-            _message(
+            message(
                 "InferOutputTensor",
                 [
-                    _field(1, "name", "string"),
-                    _field(2, "datatype", "string"),
-                    _field(3, "shape", "int64", repeated=True),
-                    _field(4, "parameters", tensor_parameters, repeated=True),
-                    _field(5, "contents", ".InferTensorContents"),
+                    field(1, "name", "string"),
+                    field(2, "datatype", "string"),
+                    field(3, "shape", "int64", repeated=True),
+                    field(4, "parameters", tensor_parameters, repeated=True),
+                    field(5, "contents", ".InferTensorContents"),
                 ],
                 nested=(tensor_entry,),
             ),
@@ -152,8 +150,8 @@ def _infer_messages() -> list[descriptor_pb2.DescriptorProto]:
 def _statistics_messages() -> list[descriptor_pb2.DescriptorProto]:
     return [
         _name_version("ModelStatisticsRequest"),
-        _message("StatisticDuration", [_field(1, "count", "uint64"), _field(2, "ns", "uint64")]),
-        _message(
+        message("StatisticDuration", [field(1, "count", "uint64"), field(2, "ns", "uint64")]),
+        message(
             "InferStatistics",
             _duration(
                 "success",
@@ -166,62 +164,62 @@ def _statistics_messages() -> list[descriptor_pb2.DescriptorProto]:
                 "cache_miss",
             ),
         ),  # fmt: skip
-        _message(
+        message(
             "InferResponseStatistics",
             _duration(
                 "compute_infer", "compute_output", "success", "fail", "empty_response", "cancel"
             ),
         ),
-        _message(
+        message(
             "InferBatchStatistics",
             [
-                _field(1, "batch_size", "uint64"),
+                field(1, "batch_size", "uint64"),
                 *[
-                    _field(number, name, ".StatisticDuration")
+                    field(number, name, ".StatisticDuration")
                     for number, name in enumerate(
                         ("compute_input", "compute_infer", "compute_output"), start=2
                     )
                 ],
             ],
         ),
-        _message(
+        message(
             "MemoryUsage",
             [
-                _field(1, "type", "string"),
-                _field(2, "id", "int64"),
-                _field(3, "byte_size", "uint64"),
+                field(1, "type", "string"),
+                field(2, "id", "int64"),
+                field(3, "byte_size", "uint64"),
             ],
         ),
-        _message(
+        message(
             "ModelStatistics",
             [
-                _field(1, "name", "string"),
-                _field(2, "version", "string"),
-                _field(3, "last_inference", "uint64"),
-                _field(4, "inference_count", "uint64"),
-                _field(5, "execution_count", "uint64"),
-                _field(6, "inference_stats", ".InferStatistics"),
-                _field(7, "batch_stats", ".InferBatchStatistics", repeated=True),
-                _field(8, "memory_usage", ".MemoryUsage", repeated=True),
-                _field(9, "response_stats", ".ModelStatistics.ResponseStatsEntry", repeated=True),
+                field(1, "name", "string"),
+                field(2, "version", "string"),
+                field(3, "last_inference", "uint64"),
+                field(4, "inference_count", "uint64"),
+                field(5, "execution_count", "uint64"),
+                field(6, "inference_stats", ".InferStatistics"),
+                field(7, "batch_stats", ".InferBatchStatistics", repeated=True),
+                field(8, "memory_usage", ".MemoryUsage", repeated=True),
+                field(9, "response_stats", ".ModelStatistics.ResponseStatsEntry", repeated=True),
             ],
-            nested=(_map_entry("ResponseStatsEntry", ".InferResponseStatistics"),),
+            nested=(map_entry("ResponseStatsEntry", ".InferResponseStatistics"),),
         ),
-        _message(
+        message(
             "ModelStatisticsResponse",
-            [_field(1, "model_stats", ".ModelStatistics", repeated=True)],
+            [field(1, "model_stats", ".ModelStatistics", repeated=True)],
         ),
     ]
 
 
 def _repository_messages() -> list[descriptor_pb2.DescriptorProto]:
-    parameter = _message(
+    parameter = message(
         "ModelRepositoryParameter",
         [
-            _field(1, "bool_param", "bool", oneof=0),
-            _field(2, "int64_param", "int64", oneof=0),
-            _field(3, "string_param", "string", oneof=0),
-            _field(4, "bytes_param", "bytes", oneof=0),
+            field(1, "bool_param", "bool", oneof=0),
+            field(2, "int64_param", "int64", oneof=0),
+            field(3, "string_param", "string", oneof=0),
+            field(4, "bytes_param", "bytes", oneof=0),
         ],
         oneofs=("parameter_choice",),
     )
@@ -230,35 +228,35 @@ def _repository_messages() -> list[descriptor_pb2.DescriptorProto]:
         name = f"RepositoryModel{verb}Request"
         entry, parameters = _parameters(f".{name}", ".ModelRepositoryParameter")
         control.append(
-            _message(
+            message(
                 name,
                 [
-                    _field(1, "repository_name", "string"),
-                    _field(2, "model_name", "string"),
-                    _field(3, "parameters", parameters, repeated=True),
+                    field(1, "repository_name", "string"),
+                    field(2, "model_name", "string"),
+                    field(3, "parameters", parameters, repeated=True),
                 ],
                 nested=(entry,),
             )
         )
-        control.append(_message(f"RepositoryModel{verb}Response", []))
-    index = _message(
+        control.append(message(f"RepositoryModel{verb}Response", []))
+    index = message(
         "RepositoryIndexResponse",
-        [_field(1, "models", ".RepositoryIndexResponse.ModelIndex", repeated=True)],
+        [field(1, "models", ".RepositoryIndexResponse.ModelIndex", repeated=True)],
         nested=(
-            _message(
+            message(
                 "ModelIndex",
                 [
-                    _field(1, "name", "string"),
-                    _field(2, "version", "string"),
-                    _field(3, "state", "string"),
-                    _field(4, "reason", "string"),
+                    field(1, "name", "string"),
+                    field(2, "version", "string"),
+                    field(3, "state", "string"),
+                    field(4, "reason", "string"),
                 ],
             ),
         ),
     )
-    index_request = _message(
+    index_request = message(
         "RepositoryIndexRequest",
-        [_field(1, "repository_name", "string"), _field(2, "ready", "bool")],
+        [field(1, "repository_name", "string"), field(2, "ready", "bool")],
     )
     return [parameter, index_request, index, *control]
 
@@ -266,45 +264,45 @@ def _repository_messages() -> list[descriptor_pb2.DescriptorProto]:
 def _service_file() -> descriptor_pb2.FileDescriptorProto:
     metadata_entry = ".ModelMetadataResponse.TensorMetadata"
     messages = [
-        _message("ServerLiveRequest", []),
-        _message("ServerLiveResponse", [_field(1, "live", "bool")]),
-        _message("ServerReadyRequest", []),
-        _message("ServerReadyResponse", [_field(1, "ready", "bool")]),
+        message("ServerLiveRequest", []),
+        message("ServerLiveResponse", [field(1, "live", "bool")]),
+        message("ServerReadyRequest", []),
+        message("ServerReadyResponse", [field(1, "ready", "bool")]),
         _name_version("ModelReadyRequest"),
-        _message("ModelReadyResponse", [_field(1, "ready", "bool")]),
-        _message("ServerMetadataRequest", []),
-        _message(
+        message("ModelReadyResponse", [field(1, "ready", "bool")]),
+        message("ServerMetadataRequest", []),
+        message(
             "ServerMetadataResponse",
             [
-                _field(1, "name", "string"),
-                _field(2, "version", "string"),
-                _field(3, "extensions", "string", repeated=True),
+                field(1, "name", "string"),
+                field(2, "version", "string"),
+                field(3, "extensions", "string", repeated=True),
             ],
         ),
         _name_version("ModelMetadataRequest"),
-        _message(
+        message(
             "ModelMetadataResponse",
             [
-                _field(1, "name", "string"),
-                _field(2, "versions", "string", repeated=True),
-                _field(3, "platform", "string"),
-                _field(4, "inputs", metadata_entry, repeated=True),
-                _field(5, "outputs", metadata_entry, repeated=True),
+                field(1, "name", "string"),
+                field(2, "versions", "string", repeated=True),
+                field(3, "platform", "string"),
+                field(4, "inputs", metadata_entry, repeated=True),
+                field(5, "outputs", metadata_entry, repeated=True),
             ],
             nested=(
-                _message(
+                message(
                     "TensorMetadata",
                     [
-                        _field(1, "name", "string"),
-                        _field(2, "datatype", "string"),
-                        _field(3, "shape", "int64", repeated=True),
+                        field(1, "name", "string"),
+                        field(2, "datatype", "string"),
+                        field(3, "shape", "int64", repeated=True),
                     ],
                 ),
             ),
         ),
         *_infer_messages(),
         _name_version("ModelConfigRequest"),
-        _message("ModelConfigResponse", [_field(1, "config", ".ModelConfig")]),
+        message("ModelConfigResponse", [field(1, "config", ".ModelConfig")]),
         *_statistics_messages(),
         *_repository_messages(),
     ]
@@ -372,6 +370,6 @@ def pool() -> descriptor_pool.DescriptorPool:
 
 
 @functools.cache
-def message(full_name: str) -> Any:
+def message_class(full_name: str) -> Any:
     """The message class of ``full_name`` (e.g. ``inference.ModelInferRequest``)."""
     return message_factory.GetMessageClass(pool().FindMessageTypeByName(full_name))

@@ -76,7 +76,7 @@ class Handlers:
         self.service = service
 
     def _new(self, method: str, **fields: Any) -> Any:
-        return schema.message(f"{schema.PACKAGE}.{method}Response")(**fields)
+        return schema.message_class(f"{schema.PACKAGE}.{method}Response")(**fields)
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
         return self._new("ServerLive", live=True)
@@ -107,7 +107,9 @@ class Handlers:
 
     async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
         header, raws = request_parts(request)
-        encode = response_encoder(schema.message(f"{schema.PACKAGE}.ModelInferResponse"), request)
+        encode = response_encoder(
+            schema.message_class(f"{schema.PACKAGE}.ModelInferResponse"), request
+        )
         return await self.service.infer_parts(
             request.model_name, request.model_version or None, header, raws, encode
         )
@@ -136,7 +138,7 @@ class Handlers:
     async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
         """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever
         ``service`` names: the probe asks about the whole server."""
-        response = schema.message(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
+        response = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
         return response(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
 
 
@@ -193,7 +195,7 @@ def generic_handlers(service: InferenceService, policy: Policy) -> list[grpc.Gen
         method: _unary(
             method,
             getattr(handlers, method),
-            schema.message(f"{schema.PACKAGE}.{request}"),
+            schema.message_class(f"{schema.PACKAGE}.{request}"),
             policy,
         )
         for method, request, _ in schema.METHODS
@@ -202,7 +204,7 @@ def generic_handlers(service: InferenceService, policy: Policy) -> list[grpc.Gen
         "Check": _unary(
             "Check",
             handlers.Check,
-            schema.message(f"{schema.HEALTH_PACKAGE}.HealthCheckRequest"),
+            schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckRequest"),
             policy,
         )
     }

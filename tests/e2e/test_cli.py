@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import httpx
 import msgspec
 import pytest
 
-from tests.server import REPO_ROOT, start_server
+from tests.server import REPO_ROOT, self_signed_certificate, start_server
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -168,18 +167,10 @@ def test_fixed_repository_and_json_logs(repository, tmp_path):
 
 @pytest.mark.parametrize(("flags", "version"), [(["--http2"], "HTTP/2"), ([], "HTTP/1.1")])
 def test_tls(repository, tmp_path, flags, version):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed: no certificate to test TLS with")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    cert, key = self_signed_certificate(tmp_path)
     write_model(repository, "a", vector_config(size=2), PLUS_ONE)
     server = start_server(
-        repository, tmp_path, *flags, "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)
+        repository, tmp_path, *flags, "--ssl-certfile", cert, "--ssl-keyfile", key
     )
     try:
         assert server.url.startswith("https://")

@@ -4,8 +4,6 @@ through tritonclient.http: same models, same answers, Triton's status codes."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 
 import grpc
@@ -15,7 +13,7 @@ from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
 from reposerve.grpc import schema
-from tests.server import start_server
+from tests.server import self_signed_certificate, start_server
 from tests.toy_models import PICKY, PLUS_ONE, vector_config, write_model
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
@@ -138,7 +136,7 @@ def test_infer_fp32_and_int32(server, raw):
 
 def _typed_call(server, model, name, datatype, shape, field, values):
     """A ModelInfer with typed ``contents``, over a plain channel with our schema."""
-    request = schema.message("inference.ModelInferRequest")(model_name=model)
+    request = schema.message_class("inference.ModelInferRequest")(model_name=model)
     tensor = request.inputs.add(name=name, datatype=datatype, shape=list(shape))
     items = values if field == "bytes_contents" else np.asarray(values).ravel().tolist()
     getattr(tensor.contents, field).extend(items)
@@ -146,7 +144,7 @@ def _typed_call(server, model, name, datatype, shape, field, values):
         call = channel.unary_unary(
             "/inference.GRPCInferenceService/ModelInfer",
             request_serializer=lambda message: message.SerializeToString(),
-            response_deserializer=schema.message("inference.ModelInferResponse").FromString,
+            response_deserializer=schema.message_class("inference.ModelInferResponse").FromString,
         )
         return call(request, timeout=30)
 
@@ -220,12 +218,14 @@ def test_typed_contents_that_do_not_fill_the_shape_are_invalid(server):
 
 
 def test_health_check_service(server):
-    request = schema.message("grpc.health.v1.HealthCheckRequest")()
+    request = schema.message_class("grpc.health.v1.HealthCheckRequest")()
     with grpc.insecure_channel(server.grpc_address) as channel:
         check = channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=lambda message: message.SerializeToString(),
-            response_deserializer=schema.message("grpc.health.v1.HealthCheckResponse").FromString,
+            response_deserializer=schema.message_class(
+                "grpc.health.v1.HealthCheckResponse"
+            ).FromString,
         )
         assert check(request, timeout=10).status == 1  # SERVING
 
@@ -270,27 +270,13 @@ def test_allow_grpc_false_serves_http_only(tmp_path):
         assert server.stop() == 0, server.log()
 
 
-def _certificate(tmp_path) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 (its own CA) and its key."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed: no certificate to test TLS with")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return str(cert), str(key)
-
-
 def _plus_one_once(client) -> None:
     result = client.infer("plus_one", [_input("INPUT", np.ones((1, 4), np.float32), "FP32")])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT"), np.full((1, 4), 2, np.float32))
 
 
 def test_tls(tmp_path):
-    cert, key = _certificate(tmp_path)
+    cert, key = self_signed_certificate(tmp_path)
     root = tmp_path / "repository"
     write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
     flags = ("--grpc-use-ssl", "true", "--grpc-server-cert", cert, "--grpc-server-key", key)
@@ -310,7 +296,7 @@ def test_tls(tmp_path):
 
 
 def test_mutual_tls_needs_a_client_certificate(tmp_path):
-    cert, key = _certificate(tmp_path)
+    cert, key = self_signed_certificate(tmp_path)
     root = tmp_path / "repository"
     write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
     flags = ("--grpc-use-ssl-mutual", "true", "--grpc-root-cert", cert)

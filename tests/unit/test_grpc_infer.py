@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 
 def _request(**fields):
-    return schema.message("inference.ModelInferRequest")(model_name="m", **fields)
+    return schema.message_class("inference.ModelInferRequest")(model_name="m", **fields)
 
 
 @pytest.mark.parametrize(
