@@ -15,6 +15,7 @@ class ErrorKind(enum.Enum):
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
     FORBIDDEN = "forbidden"
+    UNSUPPORTED = "unsupported"  # a well-formed call this model cannot serve (Triton's)
 
 
 class ReposerveError(Exception):

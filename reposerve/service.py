@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -20,11 +21,13 @@ from reposerve.logs import LogControl
 from reposerve.metrics import MetricsOptions, VersionMetrics, render
 from reposerve.protocol import documents
 from reposerve.protocol.classification import classify
+from reposerve.protocol.generate import decode_generate, encode_generate
 from reposerve.protocol.load import decode_load_request
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.response import encode_response
 from reposerve.repository import IndexEntry, ModelState, ModelVersion, Repository
 from reposerve.repository.scan import ConfigOverride
+from reposerve.scheduler.stream import ResponseStream
 from reposerve.tensor import Tensor
 from reposerve.utilization import Usage
 
@@ -175,14 +178,84 @@ class InferenceService:
 
         return await self._run(model, request, finish)
 
+    def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[bytes]:
+        """Triton's generate extension (``reposerve.protocol.generate``): the request is
+        decoded now (its errors raise here); the JSON responses come as they are made."""
+        model = self.repository.get(name, version)
+        request = decode_generate(body, model.config, name)
+
+        def encode(outputs: list[tuple[str, Tensor, bool]], final: bool) -> bytes:
+            tensors = [(output, tensor) for output, tensor, _ in outputs]
+            return encode_generate(name, model.version_text, request.id, tensors)
+
+        return self._responses(model, request, encode)
+
+    def stream_parts(
+        self,
+        name: str,
+        version: str | None,
+        header: dict[str, Any],
+        raws: list[bytes],
+        encode: Callable[[str, list[tuple[str, Tensor]], bool], T],
+    ) -> AsyncIterator[T]:
+        """``infer_parts`` for a streaming call: any model, each response as
+        ``encode(version, outputs, final)``. ``final`` marks the last response of a model
+        that answers once; a decoupled model's stream ends after its last response."""
+        model = self.repository.get(name, version)
+        request = decode_parts(header, raws, model.config, name)
+
+        def finish(outputs: list[tuple[str, Tensor, bool]], final: bool) -> T:
+            tensors = [(output, tensor) for output, tensor, _ in outputs]
+            return encode(model.version_text, tensors, final)
+
+        return self._responses(model, request, finish)
+
+    async def _responses(
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        encode: Callable[[list[tuple[str, Tensor, bool]], bool], T],
+    ) -> AsyncIterator[T]:
+        """The responses to ``request``: one, or a decoupled model's as they come. Closing
+        this iterator early (the client left) cancels the generation in the instance."""
+        decoupled = model.config.decoupled
+        finish = self._finisher(model, request, partial(_with_final, encode, not decoupled))
+        if not decoupled:
+            yield await model.scheduler.submit(request, finish)
+            return
+        stream: ResponseStream[T] = ResponseStream()
+        future = model.scheduler.submit(request, finish, stream)
+        future.add_done_callback(partial(_end_stream, stream))
+        try:
+            async for response in stream:
+                yield response
+        finally:
+            stream.cancel()  # nothing left to stop once it has ended
+
     async def _run(
         self,
         model: ModelVersion,
         request: InferRequest,
         encode: Callable[[list[tuple[str, Tensor, bool]]], T],
     ) -> T:
-        """Submit ``request``; its outputs (selected, classified) go to ``encode`` as
-        (output, tensor, binary) in response order."""
+        """Submit ``request`` for its one response."""
+        if model.config.decoupled:
+            raise ProtocolError(
+                f"model '{model.name}' is decoupled (it streams any number of responses), "
+                "which a call answered once cannot carry. Hint: use a streaming call: HTTP "
+                "POST .../generate_stream, or gRPC ModelStreamInfer",
+                kind=ErrorKind.UNSUPPORTED,
+            )
+        return await model.scheduler.submit(request, self._finisher(model, request, encode))
+
+    def _finisher(
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        encode: Callable[[list[tuple[str, Tensor, bool]]], T],
+    ) -> Callable[[dict[str, Tensor]], T]:
+        """What makes a response from outputs: they are selected and classified as the
+        request asks, then go to ``encode`` as (output, tensor, binary) in response order."""
         selected = _selected_outputs(request, model.output_names)
         classes = request.classifications
         batched = model.config.max_batch_size > 0
@@ -197,7 +270,7 @@ class InferenceService:
                 }
             return encode([(output, outputs[output], binary) for output, binary in selected])
 
-        return await model.scheduler.submit(request, finish)
+        return finish
 
     # -- repository control --------------------------------------------------------------
 
@@ -262,6 +335,19 @@ class InferenceService:
                 f"--model-control-mode {self.model_control_mode}",
                 kind=ErrorKind.INVALID_ARGUMENT,
             )
+
+
+def _with_final(
+    encode: Callable[[list[tuple[str, Tensor, bool]], bool], T],
+    final: bool,
+    outputs: list[tuple[str, Tensor, bool]],
+) -> T:
+    return encode(outputs, final)
+
+
+def _end_stream(stream: ResponseStream, future: asyncio.Future) -> None:
+    """A decoupled request's outcome ends its stream (after its responses)."""
+    stream.end(None if future.cancelled() else future.exception())
 
 
 def _selected_outputs(request: InferRequest, declared: tuple[str, ...]) -> list[tuple[str, bool]]:

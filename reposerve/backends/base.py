@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mmap
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -52,11 +52,17 @@ class DeviceOutput(Protocol):
 
 Arrays = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray | DeviceOutput]
+Responses = Iterator[Outputs] | AsyncIterator[Outputs]
+"""What a decoupled backend's execute returns: its responses, as it produces them."""
 Signature = tuple[list[TensorConfig], list[TensorConfig]]
 """A model file's (inputs, outputs), full shapes with -1 where dynamic."""
 
 
 class Backend(Protocol):
+    """A loaded model. A backend with ``decoupled = True`` returns ``Responses`` (a
+    generator: as many responses as it produces for the batch) from ``execute``; those
+    without the attribute return outputs."""
+
     is_async: bool
 
     def signature(self) -> Signature | None:

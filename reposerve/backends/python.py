@@ -9,6 +9,10 @@ The contract a model file follows:
    ``max_batch_size > 0``; BYTES as object arrays of bytes) and returns
    ``{output name: array}``. It may be ``async def``; then one instance runs many at once.
    Input arrays are views on shared memory, valid only until ``execute`` returns.
+   Written as a generator (``yield`` each response; sync or async), the model is
+   decoupled: each yielded dict is one response to every request of the batch, the
+   last one ends them, and a cancel arrives as GeneratorExit / CancelledError at the
+   ``yield`` (or ``await``) the model is stopped at.
 4. ``unload()`` (optional) runs once when the instance stops.
 
 A file written for Triton's python backend (``class TritonPythonModel`` and no ``Model``)
@@ -25,7 +29,14 @@ from collections.abc import Awaitable
 from types import ModuleType
 
 from reposerve.backends import pb_utils
-from reposerve.backends.base import Arrays, Backend, BackendError, ModelContext, Signature
+from reposerve.backends.base import (
+    Arrays,
+    Backend,
+    BackendError,
+    ModelContext,
+    Responses,
+    Signature,
+)
 
 MODEL_FILE = "model.py"
 TRITON_UTILS = "triton_python_backend_utils"  # the module name Triton's models import
@@ -73,7 +84,8 @@ class PythonBackend:
         if not callable(execute):
             raise BackendError(f"{where}: class Model has no execute(self, inputs) method")
         self._execute = execute
-        self.is_async = inspect.iscoroutinefunction(execute)
+        self.decoupled = inspect.isgeneratorfunction(execute) or inspect.isasyncgenfunction(execute)
+        self.is_async = inspect.iscoroutinefunction(execute) or inspect.isasyncgenfunction(execute)
         load = getattr(self._model, "load", None)
         if callable(load):
             load(context)
@@ -81,7 +93,7 @@ class PythonBackend:
     def signature(self) -> Signature | None:
         return None  # python models declare their tensors in config.toml
 
-    def execute(self, inputs: Arrays) -> Arrays | Awaitable[Arrays]:
+    def execute(self, inputs: Arrays) -> Arrays | Awaitable[Arrays] | Responses:
         return self._execute(inputs)
 
     def unload(self) -> None:

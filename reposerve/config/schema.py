@@ -97,4 +97,8 @@ class ModelConfig(_Section):
     optimization: Optimization = Optimization()
     execution: Execution = Execution()
     warmup: list[Warmup] = []
+    # Triton's model_transaction_policy: execute yields any number of responses per
+    # request (a generator); served only on the streaming endpoints. Set by itself when
+    # a python model's execute is a generator.
+    decoupled: bool = False
     parameters: dict[str, Any] = {}

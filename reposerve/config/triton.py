@@ -307,7 +307,7 @@ def _default_model_filename(table: dict[str, Any], value: str, where: str) -> No
 
 def _transaction_policy(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
     if value.get("decoupled"):
-        raise ConfigError(f"{where}.decoupled: decoupled models are not supported yet")
+        table["decoupled"] = True
 
 
 _FIELDS = {

@@ -31,8 +31,13 @@ _CONTENTS = {
     "FP32": ("fp32_contents", np.float32),
     "FP64": ("fp64_contents", np.float64),
 }
-# Flags of the HTTP binary extension: meaningless over gRPC, ignored as Triton does.
-_BINARY_FLAGS = ("binary_data", "binary_data_output", "binary_data_size")
+# Triton's: a decoupled model's stream ends with an empty response marked final when the
+# request asks for it with this (a bool); every streamed response says whether it is final.
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL = "triton_final_response"
+# Flags of the HTTP binary extension: meaningless over gRPC, ignored as Triton does; and
+# EMPTY_FINAL, which is the front's to honour (tritonclient sends it on any call).
+_FRONT_ONLY = ("binary_data", "binary_data_output", "binary_data_size", EMPTY_FINAL)
 
 
 def parameter_value(parameter: Any) -> Any:
@@ -42,9 +47,7 @@ def parameter_value(parameter: Any) -> Any:
 
 
 def _parameters(entries: Any) -> dict[str, Any]:
-    return {
-        key: parameter_value(value) for key, value in entries.items() if key not in _BINARY_FLAGS
-    }
+    return {key: parameter_value(value) for key, value in entries.items() if key not in _FRONT_ONLY}
 
 
 def request_parts(request: Any) -> tuple[dict[str, Any], list[bytes]]:
@@ -98,6 +101,43 @@ def _packed(model: str, tensor: Any) -> bytes:
         )
     field, dtype = kind
     return np.asarray(getattr(contents, field), dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+
+
+def wants_empty_final(request: Any) -> bool:
+    """Whether ``request`` asks for an empty final response (EMPTY_FINAL, a bool)."""
+    if EMPTY_FINAL not in request.parameters:
+        return False
+    value = request.parameters[EMPTY_FINAL]
+    if value.WhichOneof("parameter_choice") != "bool_param":
+        raise ProtocolError(
+            f"model '{request.model_name}': parameter {EMPTY_FINAL} must be a bool_param"
+        )
+    return value.bool_param
+
+
+def stream_encoder(stream_class: Any, response_class: Any, request: Any) -> Any:
+    """``encode(version, outputs, final)`` for ``InferenceService.stream_parts``: a
+    ``ModelStreamInferResponse`` around the ``ModelInferResponse``, marked FINAL or not."""
+    unary = response_encoder(response_class, request)
+
+    def encode(version: str, outputs: list[tuple[str, Tensor]], final: bool) -> Any:
+        response = unary(version, outputs)
+        response.parameters[FINAL].bool_param = final
+        return stream_class(infer_response=response)
+
+    return encode
+
+
+def stream_ending(stream_class: Any, request: Any, error: str = "") -> Any:
+    """The empty final response, or (``error``) a request's error: both name the request
+    (id, model, version) and are marked final, as Triton's are."""
+    response = stream_class(error_message=error)
+    infer_response = response.infer_response
+    infer_response.model_name = request.model_name
+    infer_response.model_version = request.model_version
+    infer_response.id = request.id
+    infer_response.parameters[FINAL].bool_param = True
+    return response
 
 
 def response_encoder(response_class: Any, request: Any) -> Any:

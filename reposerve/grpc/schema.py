@@ -37,6 +37,8 @@ METHODS = (
     ("RepositoryModelLoad", "RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
     ("RepositoryModelUnload", "RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
 )
+# The one streaming RPC: requests and responses both flow as streams.
+STREAM_METHOD = ("ModelStreamInfer", "ModelInferRequest", "ModelStreamInferResponse")
 
 
 def _parameters(owner: str, value: str = ".InferParameter") -> tuple[Any, Any]:
@@ -144,7 +146,11 @@ def _infer_messages() -> list[descriptor_pb2.DescriptorProto]:
             response_entry,
         ),
     )
-    return [parameter, contents, infer_request, infer_response]
+    stream_response = message(
+        "ModelStreamInferResponse",
+        [field(1, "error_message", "string"), field(2, "infer_response", ".ModelInferResponse")],
+    )
+    return [parameter, contents, infer_request, infer_response, stream_response]
 
 
 def _statistics_messages() -> list[descriptor_pb2.DescriptorProto]:
@@ -318,6 +324,14 @@ def _service_file() -> descriptor_pb2.FileDescriptorProto:
         service.method.add(
             name=method, input_type=f".{PACKAGE}.{request}", output_type=f".{PACKAGE}.{response}"
         )
+    method, request, response = STREAM_METHOD
+    service.method.add(
+        name=method,
+        input_type=f".{PACKAGE}.{request}",
+        output_type=f".{PACKAGE}.{response}",
+        client_streaming=True,
+        server_streaming=True,
+    )
     return schema
 
 

@@ -23,6 +23,7 @@ from reposerve.access import Policy, RestrictedError
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.grpc import schema
 from reposerve.grpc.infer import parameter_value, request_parts, response_encoder
+from reposerve.grpc.stream import serve_stream
 from reposerve.service import InferenceService
 from reposerve.settings import Settings
 
@@ -37,6 +38,7 @@ STATUS = {
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
     ErrorKind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
 }
 # Each RPC's category for --grpc-restricted-protocol (Triton's names, as for HTTP).
 _CATEGORIES = {
@@ -46,6 +48,7 @@ _CATEGORIES = {
     "ServerMetadata": "metadata",
     "ModelMetadata": "metadata",
     "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
     "ModelConfig": "model-config",
     "ModelStatistics": "statistics",
     "RepositoryIndex": "model-repository",
@@ -189,6 +192,29 @@ def _unary(
     )
 
 
+def _streaming(service: InferenceService, policy: Policy) -> grpc.RpcMethodHandler:
+    method, request, _ = schema.STREAM_METHOD
+    category = _CATEGORIES[method]
+    checked = policy.guards(category)
+
+    async def handle(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        if checked:
+            metadata = dict(context.invocation_metadata() or ())
+            try:
+                policy.check_call(category, metadata.get, _client_host(context), _RESTRICTED_FLAG)
+            except RestrictedError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
+            except ReposerveError as exc:
+                await context.abort(STATUS[exc.kind], exc.message)
+        await serve_stream(service, requests, context.write)
+
+    return grpc.stream_stream_rpc_method_handler(
+        handle,
+        request_deserializer=schema.message_class(f"{schema.PACKAGE}.{request}").FromString,
+        response_serializer=lambda message: message.SerializeToString(),
+    )
+
+
 def generic_handlers(service: InferenceService, policy: Policy) -> list[grpc.GenericRpcHandler]:
     handlers = Handlers(service)
     inference = {
@@ -200,6 +226,7 @@ def generic_handlers(service: InferenceService, policy: Policy) -> list[grpc.Gen
         )
         for method, request, _ in schema.METHODS
     }
+    inference[schema.STREAM_METHOD[0]] = _streaming(service, policy)
     health = {
         "Check": _unary(
             "Check",

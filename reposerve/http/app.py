@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from reposerve.errors import ReposerveError
 from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import error_body, error_response, retry_after_on_503
+from reposerve.http.generate import GenerateEndpoint
 from reposerve.http.infer import InferEndpoint
 from reposerve.service import InferenceService
 
@@ -109,9 +110,18 @@ def routes(
     """The whole HTTP surface (DESIGN.md §3): inference, then (path, handler, API, methods)."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
-    infer = InferEndpoint(handlers.service, policy, max_body, body_timeout)
+    service = handlers.service
+    endpoints = {
+        "infer": InferEndpoint(service, policy, max_body, body_timeout),
+        "generate": GenerateEndpoint(service, policy, max_body, body_timeout, stream=False),
+        "generate_stream": GenerateEndpoint(service, policy, max_body, body_timeout, stream=True),
+    }
     # Inference first: it carries the load (see App).
-    inference = [Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in (model, versioned)]
+    inference = [
+        Route(f"{prefix}/{action}", endpoint, methods=["POST"])
+        for prefix in (model, versioned)
+        for action, endpoint in endpoints.items()
+    ]
     table: list[tuple[str, Handler, str, list[str]]] = [
         ("/v2/health/live", handlers.live, "health", ["GET"]),
         ("/v2/health/ready", handlers.ready, "health", ["GET"]),

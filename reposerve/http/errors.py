@@ -18,6 +18,7 @@ STATUS = {
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.INTERNAL: 500,
     ErrorKind.FORBIDDEN: 403,
+    ErrorKind.UNSUPPORTED: 501,
 }
 
 RETRY_AFTER_SECS = 1

@@ -56,15 +56,8 @@ class InferEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = 200
         extra: tuple[tuple[bytes, bytes], ...] = ()
-        coding = None
         try:
-            if self._checked:
-                self._policy.check(INFERENCE_API, Request(scope))
-            header_length, declared, encoding, accept = _scan(scope["headers"])
-            if declared is not None and declared > self._max_body:
-                raise _too_large(declared, self._max_body)
-            inflater = None if encoding is None else _inflater(encoding, self._max_body)
-            body = await _read_body(receive, self._max_body, self._body_timeout, inflater)
+            body, header_length, accept = await self.read(scope, receive)
             parameters = scope["path_params"]
             content, json_length = await self._service.infer(
                 parameters["model"], parameters.get("version"), body, header_length
@@ -75,18 +68,11 @@ class InferEndpoint:
                     content = compress(content, coding)
                 else:
                     content = await asyncio.to_thread(compress, content, coding)
-        except _Disconnected:
+        except Disconnected:
             return
-        except ReposerveError as exc:
-            status, content, json_length = STATUS[exc.kind], error_body(exc.message), None
-            coding = None
-        except HttpError as exc:
-            status, content, json_length = exc.status, error_body(exc.message), None
-            coding, extra = None, exc.headers
         except Exception as exc:
-            log.exception("unhandled error on %s", scope["path"])
-            status, json_length, coding = 500, None, None
-            content = error_body(f"internal error: {type(exc).__name__}: {exc}")
+            status, content, extra = error_reply(exc, scope)
+            json_length, coding = None, None
         headers = [(b"content-length", b"%d" % len(content))]
         if json_length is None:
             headers.append((b"content-type", b"application/json"))
@@ -102,8 +88,30 @@ class InferEndpoint:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
+    async def read(self, scope: Scope, receive: Receive) -> tuple[bytes, int | None, bytes | None]:
+        """The request's body (checked against the access policy, size limit and body
+        timeout, inflated), its Inference-Header-Content-Length and Accept-Encoding."""
+        if self._checked:
+            self._policy.check(INFERENCE_API, Request(scope))
+        header_length, declared, encoding, accept = _scan(scope["headers"])
+        if declared is not None and declared > self._max_body:
+            raise _too_large(declared, self._max_body)
+        inflater = None if encoding is None else _inflater(encoding, self._max_body)
+        body = await _read_body(receive, self._max_body, self._body_timeout, inflater)
+        return body, header_length, accept
 
-class _Disconnected(Exception):
+
+def error_reply(exc: Exception, scope: Scope) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]]:
+    """An error raised while serving: its status, JSON body and extra headers."""
+    if isinstance(exc, ReposerveError):
+        return STATUS[exc.kind], error_body(exc.message), ()
+    if isinstance(exc, HttpError):
+        return exc.status, error_body(exc.message), exc.headers
+    log.exception("unhandled error on %s", scope["path"])
+    return 500, error_body(f"internal error: {type(exc).__name__}: {exc}"), ()
+
+
+class Disconnected(Exception):
     """The client went away before its request body arrived."""
 
 
@@ -171,7 +179,7 @@ async def _read_body(
     message = await receive()
     while True:
         if message["type"] == "http.disconnect":
-            raise _Disconnected
+            raise Disconnected
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -54,6 +54,19 @@ class Execute(msgspec.Struct, tag=True, array_like=True):
     requests: list[RequestSlice] = []
 
 
+class Resume(msgspec.Struct, tag=True, array_like=True):
+    """A decoupled batch's last Response has been read: its slot space may be written
+    again. Held back while a client is slow to take responses (backpressure)."""
+
+    batch_id: int
+
+
+class Cancel(msgspec.Struct, tag=True, array_like=True):
+    """Every client of a decoupled batch has gone: stop producing its responses."""
+
+    batch_id: int
+
+
 class Shutdown(msgspec.Struct, tag=True, array_like=True):
     pass
 
@@ -78,6 +91,15 @@ class Result(msgspec.Struct, tag=True, array_like=True):
     failed: list[RequestFailure] = []  # requests that failed alone; the rest succeeded
 
 
+class Response(msgspec.Struct, tag=True, array_like=True):
+    """One of a decoupled batch's responses, in the slot after its inputs; the batch ends
+    with a Result (no outputs) or a Failure. The next Response waits for a Resume."""
+
+    batch_id: int
+    slot_size: int
+    outputs: list[TensorRef]
+
+
 class Failure(msgspec.Struct, tag=True, array_like=True):
     batch_id: int
     message: str
@@ -85,8 +107,8 @@ class Failure(msgspec.Struct, tag=True, array_like=True):
     fatal: bool = False  # the process ends after this answer (a poisoned CUDA context)
 
 
-ToInstance = Load | AddSlot | Execute | Shutdown
-FromInstance = Ready | LoadFailed | Result | Failure
+ToInstance = Load | AddSlot | Execute | Resume | Cancel | Shutdown
+FromInstance = Ready | LoadFailed | Result | Response | Failure
 
 _encoder = msgspec.msgpack.Encoder()
 

@@ -30,6 +30,7 @@ from reposerve.errors import InstanceError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import (
     AddSlot,
+    Cancel,
     Execute,
     Failure,
     FrameReader,
@@ -37,7 +38,9 @@ from reposerve.instance.messages import (
     Load,
     LoadFailed,
     Ready,
+    Response,
     Result,
+    Resume,
     Shutdown,
     TensorRef,
     encode_frame,
@@ -120,6 +123,9 @@ class BatchFailure(msgspec.Struct, frozen=True):
 
 OnDone = Callable[[BatchOutcome | BatchFailure], None]
 OnStart = Callable[[], None]
+OnResponse = Callable[[dict[str, Tensor], Callable[[], None]], bool]
+"""One response of a decoupled batch (views valid only during the call) and ``resume``:
+returns whether the instance may write the next one now; if not, it waits for ``resume``."""
 
 
 class _Running(msgspec.Struct):
@@ -131,6 +137,10 @@ class _Running(msgspec.Struct):
     on_start: OnStart | None
     since: float
     started: bool
+    on_response: OnResponse | None = None
+    # A decoupled batch waiting for its clients to take a response: the execution
+    # timeout does not run meanwhile (a slow reader is not a hung model).
+    paused: bool = False
 
 
 class InstanceState(enum.Enum):
@@ -249,11 +259,14 @@ class InstanceProcess:
         on_done: OnDone,
         on_start: OnStart | None = None,
         requests: Sequence[RequestSlice] = (),
-    ) -> None:
+        on_response: OnResponse | None = None,
+    ) -> int:
         """Assemble a batch into a free slot and send it; ``on_done`` gets the outcome.
         ``on_start`` is called when it begins to run: now, or once the batch ahead of it
         is answered when it was staged. ``requests``: the client requests it holds, in
-        order (none: one request holding the whole batch)."""
+        order (none: one request holding the whole batch). A decoupled model's responses
+        go to ``on_response`` (none: read and dropped, as for warmup) before the outcome.
+        Returns the batch's id (what ``cancel`` takes)."""
         if self._transport is None or self.state is not InstanceState.READY:
             raise OSError(f"{self.spec.label} is {self.state.value}")
         slot_index = self._free_slots.pop() if self._free_slots else self._add_slot()
@@ -276,7 +289,9 @@ class InstanceProcess:
         self._next_batch_id += 1
         loop = asyncio.get_running_loop()
         starts_now = len(self._in_flight) < self.max_inflight
-        self._in_flight[batch_id] = _Running(slot_index, on_done, on_start, loop.time(), starts_now)
+        self._in_flight[batch_id] = _Running(
+            slot_index, on_done, on_start, loop.time(), starts_now, on_response
+        )
         if starts_now and on_start is not None:
             on_start()
         self._transport.write(
@@ -292,6 +307,15 @@ class InstanceProcess:
         )
         if self._watchdog is None and self.spec.execute_timeout_s:
             self._watchdog = loop.call_later(self.spec.execute_timeout_s, self._watch)
+        return batch_id
+
+    def cancel(self, batch_id: int) -> None:
+        """Ask the process to stop a decoupled batch (its clients have gone); the batch
+        still ends with its outcome, after the responses it had produced."""
+        running = self._in_flight.get(batch_id)
+        if running is not None and self._transport is not None:
+            running.paused = False  # no Resume is coming: the model gets to stop
+            self._transport.write(encode_frame(Cancel(batch_id)))
 
     def _watch(self) -> None:
         """The execution timeout, kept by one timer per instance rather than one per batch:
@@ -302,7 +326,10 @@ class InstanceProcess:
             return
         limit = self.spec.execute_timeout_s
         now = asyncio.get_running_loop().time()
-        oldest_id, oldest = min(self._in_flight.items(), key=lambda item: item[1].since)
+        running = [item for item in self._in_flight.items() if not item[1].paused]
+        if not running:  # every batch waits for its clients; resuming one re-arms this
+            return
+        oldest_id, oldest = min(running, key=lambda item: item[1].since)
         if now - oldest.since >= limit:
             self._overran(oldest_id)
         else:
@@ -415,6 +442,8 @@ class InstanceProcess:
                     running.on_done(BatchOutcome(outputs, message.compute_ns, message.failed))
                 finally:
                     self._free_slots.append(slot_index)
+            case Response(batch_id=batch_id):
+                self._on_response(message)
             case Failure(batch_id=batch_id):
                 running = self._answered(batch_id, next_starts=not message.fatal)
                 if running is None:
@@ -440,6 +469,33 @@ class InstanceProcess:
                     self._ready.set_exception(
                         InstanceError(f"{self.spec.label}: load failed: {message.reason}")
                     )
+
+    def _on_response(self, message: Response) -> None:
+        running = self._in_flight.get(message.batch_id)
+        if running is None:  # it overran its timeout and was failed already
+            return
+        slot = self._slots[running.slot]
+        slot.remap(message.slot_size)
+        view = memoryview(slot.buffer)
+        outputs = {
+            ref.name: Tensor(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
+            for ref in message.outputs
+        }
+        batch_id = message.batch_id
+
+        def resume() -> None:
+            if self._in_flight.get(batch_id) is running and self._transport is not None:
+                running.paused = False
+                running.since = asyncio.get_running_loop().time()
+                self._transport.write(encode_frame(Resume(batch_id)))
+                if self._watchdog is None and self.spec.execute_timeout_s:
+                    self._watchdog = asyncio.get_running_loop().call_later(
+                        self.spec.execute_timeout_s, self._watch
+                    )
+
+        running.paused = True
+        if running.on_response is None or running.on_response(outputs, resume):
+            resume()
 
     def _on_closed(self) -> None:
         was = self.state

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import msgspec
 import numpy as np
 
 from reposerve.backends import Backend, ModelContext, create_backend
-from reposerve.backends.base import DeviceOutput, PartialOutputs, RequestSlice
+from reposerve.backends.base import BackendError, DeviceOutput, PartialOutputs, RequestSlice
 from reposerve.config import ModelConfig, complete_config
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput, ReposerveError
@@ -35,6 +36,7 @@ from reposerve.instance.arena import Slot, align
 from reposerve.instance.faults import Aftermath, aftermath, free_device_memory
 from reposerve.instance.messages import (
     AddSlot,
+    Cancel,
     Execute,
     Failure,
     FrameReader,
@@ -42,7 +44,9 @@ from reposerve.instance.messages import (
     Load,
     LoadFailed,
     Ready,
+    Response,
     Result,
+    Resume,
     TensorRef,
     ToInstance,
     encode_frame,
@@ -69,11 +73,29 @@ class Channel:
         self._sock = sock
         self._reader = FrameReader(ToInstance)
         self._messages: deque = deque()
+        self._deferred: deque = deque()  # read while a decoupled batch waited, not yet run
         self._fds: deque[int] = deque()
         self._write_lock = threading.Lock()
 
     def receive(self) -> ToInstance | None:
         """The next message, or None once the front has gone."""
+        if self._deferred:
+            return self._deferred.popleft()
+        return self._next()
+
+    def wait_resume(self, batch_id: int) -> bool:
+        """Block until the front lets decoupled batch ``batch_id`` write its next response:
+        True on its Resume, False on its Cancel or once the front has gone. Other frames
+        wait their turn for ``receive``, in order."""
+        while True:
+            message = self._next()
+            if message is None:
+                return False
+            if isinstance(message, Resume | Cancel) and message.batch_id == batch_id:
+                return isinstance(message, Resume)
+            self._deferred.append(message)
+
+    def _next(self) -> ToInstance | None:
         while not self._messages:
             try:
                 data, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 16, _MAX_FDS_PER_READ)
@@ -109,6 +131,7 @@ class BatchRunner:
         self._registered: set[int] = set()  # ids of the mappings handed to the backend
         # Optional: a backend that answers per request (``RequestAwareBackend``).
         self._execute_requests = getattr(backend, "execute_requests", None)
+        self.decoupled = config.decoupled
 
     def add_slot(self, message: AddSlot, fd: int) -> None:
         slot = Slot(fd, message.size)
@@ -141,7 +164,6 @@ class BatchRunner:
     ) -> Result | Failure:
         """Check the outputs and write each straight into the slot, after the inputs."""
         compute_ns = time.perf_counter_ns() - started_ns
-        batch_size = message.inputs[0].shape[0] if message.inputs else 1
         failed = []
         if isinstance(outputs, PartialOutputs):
             failed = outputs.failures
@@ -149,9 +171,64 @@ class BatchRunner:
                 return Result(message.batch_id, slot.size, [], compute_ns, failed)
             outputs = outputs.outputs
         try:
-            checked = self._check_outputs(outputs, batch_size)
+            refs = self._place(message, slot, outputs)
         except OutputError as exc:  # the front names the model and version
             return Failure(message.batch_id, str(exc), invalid_input=False)
+        return Result(message.batch_id, slot.size, refs, compute_ns, failed)
+
+    def stream(
+        self, message: Execute, slot: Slot, responses: Iterator, started_ns: int, channel: Channel
+    ) -> Result | Failure:
+        """Send each response of a decoupled batch as it comes, then end the batch. The
+        next response is produced while the front reads the last one, and written only
+        once the front says it has (``Resume``); a ``Cancel`` closes the generator."""
+        sent = False
+        try:
+            for outputs in responses:
+                if sent and not channel.wait_resume(message.batch_id):
+                    break  # its clients have gone
+                channel.send(self._response(message, slot, outputs))
+                sent = True
+        except OutputError as exc:
+            return Failure(message.batch_id, str(exc), invalid_input=False)
+        finally:
+            responses.close()  # at once: the model sees GeneratorExit at its yield
+        return Result(message.batch_id, slot.size, [], time.perf_counter_ns() - started_ns)
+
+    async def stream_async(
+        self,
+        message: Execute,
+        slot: Slot,
+        responses: AsyncIterator,
+        started_ns: int,
+        channel: Channel,
+        resumed: asyncio.Event,
+    ) -> Result | Failure:
+        """``stream`` for an async generator; a cancel arrives as CancelledError."""
+        sent = False
+        try:
+            async for outputs in responses:
+                if sent:
+                    await resumed.wait()
+                    resumed.clear()
+                channel.send(self._response(message, slot, outputs))
+                sent = True
+        except OutputError as exc:
+            return Failure(message.batch_id, str(exc), invalid_input=False)
+        except asyncio.CancelledError:
+            pass  # its clients have gone
+        finally:
+            await responses.aclose()
+        return Result(message.batch_id, slot.size, [], time.perf_counter_ns() - started_ns)
+
+    def _response(self, message: Execute, slot: Slot, outputs: object) -> Response:
+        refs = self._place(message, slot, outputs)  # first: it may grow the slot
+        return Response(message.batch_id, slot.size, refs)
+
+    def _place(self, message: Execute, slot: Slot, outputs: object) -> list[TensorRef]:
+        """Check the outputs and write each straight into the slot, after the inputs."""
+        batch_size = message.inputs[0].shape[0] if message.inputs else 1
+        checked = self._check_outputs(outputs, batch_size)
         end = max((ref.offset + ref.nbytes for ref in message.inputs), default=0)
         offset = align(end)
         placed: list[tuple[TensorRef, Output]] = []
@@ -180,7 +257,7 @@ class BatchRunner:
             # Even when a copy failed: none may land after the front took the slot back.
             if self._synchronize is not None:
                 self._synchronize()
-        return Result(message.batch_id, slot.size, [ref for ref, _ in placed], compute_ns, failed)
+        return [ref for ref, _ in placed]
 
     def failure(self, message: Execute, exc: BaseException) -> Failure:
         if isinstance(exc, InvalidInput):  # the model's own words about the client's data
@@ -299,13 +376,16 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
             try:
                 slot, inputs = runner.prepare(message)
                 outputs = runner.execute(message, inputs)
-                reply = runner.finish(message, slot, outputs, started)
+                if runner.decoupled:
+                    reply = runner.stream(message, slot, outputs, started, channel)
+                else:
+                    reply = runner.finish(message, slot, outputs, started)
             except Exception as exc:
                 reply = runner.failure(message, exc)
             _answer(channel, reply)
         elif isinstance(message, AddSlot):
             runner.add_slot(message, channel.take_fd())
-        else:
+        elif not isinstance(message, Resume | Cancel):  # those of a batch already ended
             return
 
 
@@ -314,14 +394,25 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
     tasks: set[asyncio.Task] = set()
     stopped = asyncio.Event()
 
+    streams: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}  # decoupled batches running
+
     async def execute(message: Execute) -> None:
         started = time.perf_counter_ns()
         try:
             slot, inputs = runner.prepare(message)
-            outputs = await runner.execute(message, inputs)
-            reply = runner.finish(message, slot, outputs, started)
+            if runner.decoupled:
+                _, resumed = streams[message.batch_id]
+                responses = runner.execute(message, inputs)
+                reply = await runner.stream_async(
+                    message, slot, responses, started, channel, resumed
+                )
+            else:
+                outputs = await runner.execute(message, inputs)
+                reply = runner.finish(message, slot, outputs, started)
         except Exception as exc:
             reply = runner.failure(message, exc)
+        finally:
+            streams.pop(message.batch_id, None)
         _answer(channel, reply)
 
     def deliver(message: ToInstance | None) -> None:
@@ -329,6 +420,17 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
             task = loop.create_task(execute(message))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+            if runner.decoupled:
+                streams[message.batch_id] = (task, asyncio.Event())
+        elif isinstance(message, Resume | Cancel):
+            stream = streams.get(message.batch_id)
+            if stream is None:  # that batch has ended already
+                return
+            task, resumed = stream
+            if isinstance(message, Resume):
+                resumed.set()
+            else:
+                task.cancel()
         else:
             stopped.set()
 
@@ -341,7 +443,7 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
                 loop.call_soon_threadsafe(runner.add_slot, message, fd)
                 continue
             loop.call_soon_threadsafe(deliver, message)
-            if not isinstance(message, Execute):
+            if not isinstance(message, Execute | Resume | Cancel):
                 return
 
     async def main() -> None:
@@ -352,6 +454,19 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
 
     loop.run_until_complete(main())
     loop.close()
+
+
+def _transaction_policy(config: ModelConfig, backend: Backend, model: str) -> ModelConfig:
+    """The config with ``decoupled`` as the backend is: a generator execute makes the
+    model decoupled; ``decoupled = true`` without one is a load error."""
+    decoupled = getattr(backend, "decoupled", False)
+    if config.decoupled and not decoupled:
+        raise BackendError(
+            f"{model}/config.toml: decoupled = true, but execute returns one response per "
+            "batch. Hint: write execute as a generator that yields each response, or "
+            "remove decoupled"
+        )
+    return msgspec.structs.replace(config, decoupled=True) if decoupled else config
 
 
 def _max_inflight(config: ModelConfig) -> int:
@@ -403,8 +518,10 @@ def main(argv: list[str]) -> int:
         signature = backend.signature()
         if signature is not None:
             config = complete_config(config, *signature, label=f"{load.model}/config.toml")
+        config = _transaction_policy(config, backend, load.model)
         inflight = _max_inflight(config) if backend.is_async else 1
-        staging = 0 if backend.is_async else _staging(config)
+        # A decoupled batch may run for long: nothing waits staged behind it.
+        staging = 0 if backend.is_async or config.decoupled else _staging(config)
     except ReposerveError as exc:
         channel.send(LoadFailed(exc.message))
         return 1

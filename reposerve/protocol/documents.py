@@ -131,6 +131,7 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
             }
             for index, warmup in enumerate(config.warmup)
         ],
+        "model_transaction_policy": {"decoupled": config.decoupled},
     }
     batching = config.dynamic_batching
     if batching is not None:

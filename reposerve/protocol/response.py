@@ -57,7 +57,7 @@ def encode_response(
         else:
             described.append(
                 _OutputJSON(
-                    name, tensor.datatype, tensor.shape, data=_json_data(model, name, tensor)
+                    name, tensor.datatype, tensor.shape, data=json_values(model, name, tensor)
                 )
             )
     header = _encoder.encode(
@@ -70,13 +70,14 @@ def encode_response(
     )
     # Only a non-finite float (or a string holding "null") writes null: check closely then.
     if b"null" in header:
-        _refuse_non_finite(model, outputs)
+        refuse_non_finite(model, outputs)
     if not binary_parts:
         return header, None
     return b"".join([header, *binary_parts]), len(header)
 
 
-def _json_data(model: str, name: str, tensor: Tensor) -> list:
+def json_values(model: str, name: str, tensor: Tensor) -> list:
+    """A tensor's elements, flat, as JSON values (BYTES as UTF-8 text)."""
     count = element_count(tensor.shape)
     if tensor.datatype == "BYTES":
         try:
@@ -92,7 +93,7 @@ def _json_data(model: str, name: str, tensor: Tensor) -> list:
     return values.tolist()
 
 
-def _refuse_non_finite(model: str, outputs: list[tuple[str, Tensor, bool]]) -> None:
+def refuse_non_finite(model: str, outputs: list[tuple[str, Tensor, bool]]) -> None:
     """JSON has no NaN or infinity (msgspec writes null); name the output that holds one."""
     for name, tensor, binary in outputs:
         if binary or tensor.datatype not in _FLOAT_TYPES:

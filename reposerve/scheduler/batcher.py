@@ -37,11 +37,13 @@ from reposerve.instance.process import (
     BatchTensor,
     FailureCause,
     OnDone,
+    OnResponse,
     OnStart,
 )
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
+from reposerve.scheduler.stream import ResponseStream
 from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor, split_batch
 
@@ -70,14 +72,30 @@ class Executor(Protocol):
         on_done: OnDone,
         on_start: OnStart | None = None,
         requests: Sequence[RequestSlice] = (),
-    ) -> None: ...
+        on_response: OnResponse | None = None,
+    ) -> int:
+        """Start a batch; returns its id for ``cancel``."""
+        ...
+
+    def cancel(self, batch_id: int) -> None:
+        """Stop a decoupled batch whose clients have all gone."""
+        ...
 
 
 class _Queued:
-    __slots__ = ("request", "finish", "future", "key", "enqueued_ns", "timer", "sequence")
+    __slots__ = (
+        "request", "finish", "future", "key", "enqueued_ns", "timer", "sequence", "stream",
+        "batch",
+    )  # fmt: skip
 
     def __init__(
-        self, request: InferRequest, finish: Finish, future: asyncio.Future, key: tuple, now: int
+        self,
+        request: InferRequest,
+        finish: Finish,
+        future: asyncio.Future,
+        key: tuple,
+        now: int,
+        stream: ResponseStream | None,
     ) -> None:
         self.request = request
         self.finish = finish
@@ -86,12 +104,17 @@ class _Queued:
         self.enqueued_ns = now
         self.timer: Timer | None = None
         self.sequence = -1  # delivery order under preserve_ordering, given when dispatched
+        self.stream = stream  # where a decoupled model's responses go, finished each
+        self.batch: _Batch | None = None  # the one running it
 
 
 class _Batch:
     """Requests handed to an instance together, and when that happened."""
 
-    __slots__ = ("items", "started_ns", "launched_ns", "rerun", "waiting")
+    __slots__ = (
+        "items", "started_ns", "launched_ns", "rerun", "waiting", "instance", "handle",
+        "responded",
+    )  # fmt: skip
 
     def __init__(self, items: list[_Queued], started_ns: int, rerun: bool) -> None:
         self.items = items
@@ -99,6 +122,9 @@ class _Batch:
         self.launched_ns = started_ns  # set once the instance took it
         self.rerun = rerun  # part of a failed batch, run again to isolate the fault
         self.waiting = True  # staged on an instance, not running yet
+        self.instance: Executor | None = None
+        self.handle = -1  # the instance's id for it
+        self.responded = False  # a decoupled batch sent a response: it must not run again
 
 
 class Scheduler:
@@ -153,8 +179,12 @@ class Scheduler:
         """Whether a live instance can take work (false while every one is restarting)."""
         return bool(self._instances)
 
-    def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future:
-        """Queue ``request``; the future resolves to ``finish``'s result or an error."""
+    def submit(
+        self, request: InferRequest, finish: Finish, stream: ResponseStream | None = None
+    ) -> asyncio.Future:
+        """Queue ``request``; the future resolves to ``finish``'s result or an error. For
+        a decoupled model, each response goes through ``finish`` into ``stream`` instead
+        and the future resolves to None after the last; cancelling the stream cancels it."""
         if self._closed:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
@@ -171,7 +201,9 @@ class Scheduler:
             )
         key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
         future = asyncio.get_running_loop().create_future()
-        item = _Queued(request, finish, future, key, self._clock.now())
+        item = _Queued(request, finish, future, key, self._clock.now(), stream)
+        if stream is not None:
+            stream.on_cancel = partial(self._abandon, item)
         timeout_us = request.timeout_us or self._default_timeout_us
         if timeout_us:
             item.timer = self._clock.call_later(timeout_us * 1000, partial(self._expire, item))
@@ -324,15 +356,28 @@ class Scheduler:
         self._in_flight += 1
         self._staged += len(items)
         batch = _Batch(items, self._clock.now(), rerun)
+        batch.instance = instance
+        for item in items:
+            item.batch = batch
         requests = (
             [RequestSlice(item.request.batch_size, item.request.id or "") for item in items]
             if instance.per_request
             else ()
         )
         try:
-            instance.run(
-                inputs, partial(self._complete, batch), partial(self._started, batch), requests
-            )
+            # Streamed requests are a decoupled model's (the service sends no other kind).
+            if items[0].stream is not None:
+                batch.handle = instance.run(
+                    inputs,
+                    partial(self._complete, batch),
+                    partial(self._started, batch),
+                    requests,
+                    partial(self._responded, batch),
+                )
+            else:
+                instance.run(
+                    inputs, partial(self._complete, batch), partial(self._started, batch), requests
+                )
         except OSError as exc:
             self._complete(
                 batch,
@@ -346,6 +391,60 @@ class Scheduler:
         if batch.waiting:
             batch.waiting = False
             self._staged -= len(batch.items)
+
+    def _responded(
+        self, batch: _Batch, outputs: dict[str, Tensor], resume: Callable[[], None]
+    ) -> bool:
+        """One response of a decoupled batch: each request's part, finished, goes to its
+        stream. Returns whether the instance may go on now; else ``resume`` is called once
+        every stream that was full has room."""
+        batch.responded = True
+        pieces = self._pieces(batch, outputs)
+        full: list[ResponseStream] = []
+        for index, item in enumerate(batch.items):
+            stream = item.stream
+            if stream is None or item.future.done():
+                continue
+            try:
+                stream.put(item.finish({name: cut[index] for name, cut in pieces.items()}))
+            except ReposerveError as exc:
+                self._fail(item, exc, FailureReason.BACKEND)
+                continue
+            if stream.full:
+                full.append(stream)
+        if not full:
+            return True
+        waiting = len(full)
+
+        def room() -> None:
+            nonlocal waiting
+            waiting -= 1
+            if waiting == 0:
+                resume()
+
+        for stream in full:
+            stream.when_room(room)
+        return False
+
+    def _abandon(self, item: _Queued) -> None:
+        """A streamed request's client has gone: a queued request is dropped when the
+        queue reaches it; a running batch is stopped once none of its clients is left."""
+        item.future.cancel()
+        batch = item.batch
+        if (
+            batch is not None
+            and batch.instance is not None
+            and all(other.future.done() for other in batch.items)
+        ):
+            batch.instance.cancel(batch.handle)
+
+    def _pieces(self, batch: _Batch, outputs: dict[str, Tensor]) -> dict[str, list[Tensor]]:
+        """Each output cut into the batch's requests, in batch order."""
+        if self._config.max_batch_size > 0:
+            sizes = [item.request.batch_size for item in batch.items]
+            return {name: split_batch(tensor, sizes) for name, tensor in outputs.items()}
+        # no batch dimension: the batch is one request, its outputs whole
+        return {name: [tensor] for name, tensor in outputs.items()}
 
     def _complete(self, batch: _Batch, outcome: BatchOutcome | BatchFailure) -> None:
         self._in_flight -= 1
@@ -362,17 +461,23 @@ class Scheduler:
         now = self._clock.now()
         items = batch.items
         sizes = [item.request.batch_size for item in items]
-        if self._config.max_batch_size > 0:
-            pieces = {name: split_batch(t, sizes) for name, t in outcome.outputs.items()}
-        else:  # no batch dimension: the batch is one request, its outputs whole
-            pieces = {name: [tensor] for name, tensor in outcome.outputs.items()}
+        pieces = self._pieces(batch, outcome.outputs)
         # Requests the model failed on their own (a Triton model's error response): the
         # rest of the batch succeeded, so no isolation re-run is needed.
         failed = {failure.index: failure for failure in outcome.failed}
+        unserved = set(failed)
         for index, item in enumerate(items):
             failure = failed.get(index)
             if failure is not None:
                 self._fail(item, _request_error(self._label, failure), FailureReason.BACKEND)
+                continue
+            if item.stream is not None:  # its responses have gone out as they came
+                if item.future.done():  # its client left, or finishing one failed
+                    if item.future.cancelled():
+                        self._record_cancel(item)
+                    unserved.add(index)
+                else:
+                    self._settle(item, None, None)
                 continue
             try:
                 result = item.finish({name: cut[index] for name, cut in pieces.items()})
@@ -381,7 +486,7 @@ class Scheduler:
             else:
                 self._settle(item, result, None)
         finished = self._clock.now()
-        served = [item for index, item in enumerate(items) if index not in failed]
+        served = [item for index, item in enumerate(items) if index not in unserved]
         request_ns = [finished - item.enqueued_ns for item in served]
         queue_ns = [batch.started_ns - item.enqueued_ns for item in served]
         input_ns = batch.launched_ns - batch.started_ns
@@ -402,7 +507,8 @@ class Scheduler:
         if failure.cause is FailureCause.NOT_STARTED and self._aborted is None:
             self._reruns.appendleft((batch.items, batch.rerun))  # it was next in line
             return
-        parts = split_for_isolation(len(batch.items)) if failure.raised and self._isolate else ()
+        isolate = failure.raised and self._isolate and not batch.responded
+        parts = split_for_isolation(len(batch.items)) if isolate else ()
         if parts and self._aborted is None:
             self._statistics.record_split(rerun=batch.rerun)
             start = 0

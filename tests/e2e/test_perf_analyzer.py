@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,28 @@ def test_perf_analyzer_over_grpc(bundled_server):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Concurrency: 4, throughput:" in result.stdout
     assert "error" not in result.stdout.lower()
+
+
+def test_perf_analyzer_streams_a_decoupled_model(bundled_server, tmp_path):
+    """--streaming over gRPC on text_stream: perf_analyzer reads the decoupled policy from
+    the config, and counts a request complete at its final response (five words: five
+    responses per request)."""
+    reason = _runnable()
+    if reason:
+        pytest.skip(reason)
+    data = tmp_path / "input.json"
+    data.write_text('{"data": [{"text_input": ["one two three four five"], "delay_ms": [2]}]}')
+    result = subprocess.run(
+        [
+            str(BIN), "-m", "text_stream", "-u", bundled_server.grpc_address, "-i", "grpc",
+            "--streaming", "--async", "--input-data", str(data),
+            "--concurrency-range", "4", "--measurement-interval", "1000",
+            "--stability-percentage", "100", "--max-trials", "20",
+        ],
+        capture_output=True, text=True, env=_environment(), timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Detected decoupled model" in result.stdout
+    requests = float(re.search(r"\n    Throughput: ([\d.]+)", result.stdout)[1])
+    responses = float(re.search(r"Response Throughput: ([\d.]+)", result.stdout)[1])
+    assert responses / requests == pytest.approx(5, rel=0.05)

@@ -108,6 +108,12 @@ def test_a_triton_config_maps_onto_the_config_toml_fields():
     assert [(w.batch_size, w.inputs) for w in config.warmup] == [(2, {"INPUT0": "random"})] * 2
 
 
+def test_a_decoupled_transaction_policy_is_config_tomls_decoupled():
+    config = parse_pbtxt("model_transaction_policy { decoupled: true }", "m/config.pbtxt")
+    assert config.decoupled
+    assert not parse_pbtxt("model_transaction_policy { }", "m/config.pbtxt").decoupled
+
+
 def test_an_instance_group_without_kind_is_tritons_kind_auto():
     text = "instance_group [ { count: 2 gpus: [ 0 ] }, { kind: KIND_AUTO } ]"
     config = parse_pbtxt(text, "m/config.pbtxt")
@@ -201,10 +207,6 @@ def test_tensorrt_accelerator_becomes_onnxruntime_provider_options():
             "model_warmup[0].inputs.x.data_type: TYPE_INT32, but the input is FP32",
         ),
         (
-            "model_transaction_policy { decoupled: true }",
-            "model_transaction_policy.decoupled: decoupled models are not supported yet",
-        ),
-        (
             "dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
             "timeout_action: DELAY is not supported (REJECT is)",
         ),
@@ -244,14 +246,21 @@ def test_grpc_messages_and_methods_are_tritons():
     ours = schema.pool().FindServiceByName(schema.SERVICE)
     for method in ours.methods:
         other = theirs.methods_by_name[method.name]
-        assert (method.input_type.full_name, method.output_type.full_name) == (
+        assert (
+            method.input_type.full_name,
+            method.output_type.full_name,
+            method.client_streaming,
+            method.server_streaming,
+        ) == (
             other.input_type.full_name,
             other.output_type.full_name,
+            other.client_streaming,
+            other.server_streaming,
         )
     checked = 0
     ours_file = schema.pool().FindFileByName("reposerve/triton_grpc_service.proto")
     for top in ours_file.message_types_by_name.values():
         for message in _messages(top):
             checked += _compare(message, service_pb2.DESCRIPTOR.pool)
-    assert len(ours.methods) == 11
+    assert len(ours.methods) == 12
     assert checked > 80

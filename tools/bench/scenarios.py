@@ -3,7 +3,10 @@ one go, and returns results plus the ratios the issues ask about."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
+import sys
 import tempfile
 import textwrap
 import urllib.request
@@ -20,6 +23,7 @@ from tools.bench.loadgen import (
     encode_request,
     open_loop,
 )
+from tools.bench.protocols import sse_streams
 
 HOST = "127.0.0.1"
 
@@ -370,8 +374,110 @@ async def images(duration: float, concurrency: int = 16) -> Report:
     return Report("images", results, facts)
 
 
+_PLUS_ONE = """
+    class Model:
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"] + 1}
+"""
+
+
+async def protocols(duration: float, concurrency: int = 32, rounds: int = 3) -> Report:
+    """The overhead workload (+1 on FP32[16]) at one concurrency over gRPC, HTTP binary
+    and, as the baseline, an in-process FastAPI app; rounds interleaved, best of each.
+    The gRPC client is grpcio's (in its own process), the HTTP one our lean generator."""
+    best: dict[str, RunResult] = {}
+
+    def keep(result: RunResult) -> None:
+        if result.label not in best or result.throughput > best[result.label].throughput:
+            best[result.label] = result
+
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        _model(root, "plus_one", _vector_config(16, 64, batching=True), _PLUS_ONE)
+        grpc_port = servers.free_port()
+        server = servers.reposerve(root, "--grpc-port", str(grpc_port))
+        fastapi = servers.asgi("fastapi", "tools.bench.baselines:fastapi_plus_one", "uvicorn")
+        try:
+            binary = _binary_payloads("plus_one", 16)
+            json_payloads = _json_payloads("plus_one", 16)
+            for _ in range(rounds):
+                keep(await _grpc_run(f"{HOST}:{grpc_port}", concurrency, duration))
+                keep(
+                    await closed_loop(
+                        "reposerve http binary", HOST, server.port, binary, concurrency, duration
+                    )
+                )
+                keep(
+                    await closed_loop(
+                        "fastapi +1 in-process json",
+                        HOST,
+                        fastapi.port,
+                        json_payloads,
+                        concurrency,
+                        duration,
+                    )
+                )
+        finally:
+            server.stop()
+            fastapi.stop()
+    grpc_result = best["reposerve grpc"]
+    http = best["reposerve http binary"]
+    baseline = best["fastapi +1 in-process json"]
+    facts = {
+        f"c={concurrency} grpc / http binary throughput": grpc_result.throughput / http.throughput,
+        f"c={concurrency} grpc / fastapi throughput": grpc_result.throughput / baseline.throughput,
+        f"c={concurrency} http binary / fastapi throughput": http.throughput / baseline.throughput,
+    }
+    return Report("protocols", list(best.values()), facts)
+
+
+async def _grpc_run(address: str, concurrency: int, duration: float) -> RunResult:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tools.bench.protocols", "grpc", "--address", address,
+        "--model", "plus_one", "--concurrency", str(concurrency), "--duration", str(duration),
+        stdout=asyncio.subprocess.PIPE, cwd=servers.ROOT,
+    )  # fmt: skip
+    output, _ = await process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"the gRPC load client failed with code {process.returncode}")
+    return msgspec.json.decode(output, type=RunResult)
+
+
+async def streaming(duration: float, stream_counts: tuple[int, ...] = (1, 16)) -> Report:
+    """The bundled ``text_stream`` example streaming 32 words per request over SSE with no
+    delay between them (so the server's own cost shows), at 1 and 16 concurrent streams,
+    against the same stream made in-process by a bare Starlette app (the ceiling)."""
+    body = msgspec.json.encode({"text_input": " ".join(["word"] * 32), "delay_ms": 0})
+    path = "/v2/models/text_stream/generate_stream"
+    facts: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        shutil.copytree(servers.ROOT / "model_repository" / "text_stream", root / "text_stream")
+        server = servers.reposerve(root)
+        baseline = servers.asgi("starlette sse", "tools.bench.baselines:starlette_sse", "uvicorn")
+        try:
+            for streams in stream_counts:
+                for label, port in (("reposerve", server.port), ("starlette sse", baseline.port)):
+                    result = await sse_streams(label, HOST, port, path, body, streams, duration)
+                    print(result.line(), flush=True)
+                    key = f"{label} streams={streams}"
+                    facts[f"{key} responses/s"] = result.responses_per_s
+                    facts[f"{key} first response p50 (ms)"] = result.first_p50_ms
+                    facts[f"{key} first response p99 (ms)"] = result.first_p99_ms
+                    facts[f"{key} errors"] = result.errors
+                ours = facts[f"reposerve streams={streams} responses/s"]
+                ceiling = facts[f"starlette sse streams={streams} responses/s"]
+                facts[f"streams={streams} reposerve / starlette sse responses/s"] = ours / ceiling
+        finally:
+            server.stop()
+            baseline.stop()
+    return Report("streaming", [], facts)
+
+
 SCENARIOS = {
     "overhead": overhead,
+    "protocols": protocols,
+    "streaming": streaming,
     "batching": batching,
     "async-sleep": async_sleep,
     "images": images,

@@ -1,0 +1,135 @@
+"""``POST .../generate`` and ``.../generate_stream``: Triton's generate extension.
+
+``generate`` answers one JSON document; ``generate_stream`` answers Server-Sent Events, one
+``data: {...}`` event per response as the model makes it. Errors found before the first
+response get their status and JSON body as on ``/infer``; one that comes later, once the
+200 has gone out, is the stream's last event, ``data: {"error": "..."}``. A client that
+disconnects cancels its generation at once: a task waits for the disconnect beside the
+one sending events, rather than noticing it at the next send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.types import Receive, Scope, Send
+
+from reposerve.errors import ProtocolError, ReposerveError
+from reposerve.http.access import AccessPolicy
+from reposerve.http.errors import RETRY_AFTER, error_body
+from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
+from reposerve.service import InferenceService
+
+log = logging.getLogger("reposerve.http")
+
+_EVENT_STREAM = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+
+
+class GenerateEndpoint(InferEndpoint):
+    """``stream``: answer Server-Sent Events (generate_stream) rather than one document."""
+
+    def __init__(
+        self,
+        service: InferenceService,
+        policy: AccessPolicy,
+        max_body: int,
+        body_timeout: float | None,
+        stream: bool,
+    ) -> None:
+        super().__init__(service, policy, max_body, body_timeout)
+        self._stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            body, _, _ = await self.read(scope, receive)
+            parameters = scope["path_params"]
+            responses = self._service.generate(parameters["model"], parameters.get("version"), body)
+            async with contextlib.aclosing(responses):
+                if self._stream:
+                    await _stream_events(responses, receive, send)
+                    return
+                content = await _only_response(responses, parameters["model"])
+        except Disconnected:
+            return
+        except Exception as exc:
+            status, content, extra = error_reply(exc, scope)
+            await _send_json(send, status, content, extra)
+            return
+        await _send_json(send, 200, content)
+
+
+async def _only_response(responses: AsyncIterator[bytes], model: str) -> bytes:
+    """The one response ``generate`` answers with; a second one ends the generation."""
+    found: bytes | None = None
+    async for response in responses:
+        if found is not None:
+            raise ProtocolError(
+                f"model '{model}' produced more than one response, which generate cannot "
+                "carry. Hint: call generate_stream"
+            )
+        found = response
+    if found is None:
+        raise ProtocolError(f"model '{model}' produced no response. Hint: call generate_stream")
+    return found
+
+
+async def _stream_events(responses: AsyncIterator[bytes], receive: Receive, send: Send) -> None:
+    """The first response decides the status (an error before it is a plain error reply,
+    raised from here); then every response is an event, until the end or a disconnect."""
+    first = await anext(responses, None)
+    await send({"type": "http.response.start", "status": 200, "headers": _EVENT_STREAM})
+    sending = asyncio.ensure_future(_send_events(first, responses, send))
+    watching = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait((sending, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not sending.done():  # the client left: stop its generation
+            sending.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await sending
+
+
+async def _send_events(first: bytes | None, responses: AsyncIterator[bytes], send: Send) -> None:
+    try:
+        if first is not None:
+            await send(_event(first))
+            async for response in responses:
+                await send(_event(response))
+    except ReposerveError as exc:  # the 200 has gone: the error is the last event
+        await send(_event(error_body(exc.message)))
+    except OSError:  # the client has gone
+        return
+    except Exception as exc:
+        log.exception("unhandled error while streaming")
+        await send(_event(error_body(f"internal error: {type(exc).__name__}: {exc}")))
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _event(document: bytes) -> dict:
+    return {"type": "http.response.body", "body": b"data: " + document + b"\n\n", "more_body": True}
+
+
+async def _send_json(
+    send: Send, status: int, content: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    headers = [
+        (b"content-length", b"%d" % len(content)),
+        (b"content-type", b"application/json"),
+        *extra,
+    ]
+    if status == 503:
+        headers.append(RETRY_AFTER)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
