@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -52,8 +52,9 @@ class DeviceOutput(Protocol):
 
 Arrays = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray | DeviceOutput]
-Responses = Iterator[Outputs] | AsyncIterator[Outputs]
-"""What a decoupled backend's execute returns: its responses, as it produces them."""
+Responses = Iterator[Any] | AsyncIterator[Any]
+"""What a decoupled backend's execute returns: its responses as it produces them, each
+``Outputs`` for every request of the batch or a ``RequestResponse`` for one of them."""
 Signature = tuple[list[TensorConfig], list[TensorConfig]]
 """A model file's (inputs, outputs), full shapes with -1 where dynamic."""
 
@@ -110,6 +111,18 @@ class PartialOutputs(msgspec.Struct):
 
     outputs: Outputs
     failures: list[RequestFailure]
+
+
+class RequestResponse(msgspec.Struct):
+    """What a decoupled backend that answers per request yields: one response to request
+    ``index`` of the batch (its rows only), and whether it is that request's last. A
+    ``failure`` ends the request with that error instead; a final response may carry no
+    outputs (Triton's flag-only FINAL)."""
+
+    index: int
+    outputs: Outputs
+    final: bool = False
+    failure: RequestFailure | None = None
 
 
 class RequestAwareBackend(Protocol):

@@ -11,16 +11,21 @@ Tensors hold numpy arrays on the CPU. An input tensor's array is a slice of repo
 batch in shared memory, valid only until ``execute`` returns (as in Triton: copy what you
 keep). BYTES tensors are numpy object arrays of ``bytes``.
 
-Not provided, each failing with a message that says so: decoupled responses
-(``get_response_sender``), business logic scripting (``InferenceRequest.exec``), GPU
-tensors through DLPack, custom metrics, ``auto_complete_config``.
+A decoupled model (``model_transaction_policy { decoupled: true }``) answers through each
+request's ``get_response_sender()``: ``send(response, flags)`` any number of times, from
+``execute`` or from threads it starts, ending with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``;
+``is_cancelled()`` turns true once the client has gone.
+
+Not provided, each failing with a message that says so: business logic scripting
+(``InferenceRequest.exec``), GPU tensors through DLPack, custom metrics,
+``auto_complete_config``.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -177,15 +182,57 @@ class Tensor:
         return Tensor(name, array)
 
 
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # a sender's flag: the request's last response
+
+
+class InferenceResponseSender:
+    """How a decoupled model answers one request: ``deliver(response, final)`` takes each
+    response to reposerve (it may block while the client is slow to read)."""
+
+    def __init__(
+        self,
+        deliver: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        self._deliver = deliver
+        self._cancelled = cancelled
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}"
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        self._closed = final
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+
 class InferenceRequest:
     """One client request of the batch, as ``execute`` receives it."""
 
     def __init__(
-        self, inputs: list[Tensor], request_id: str, requested_output_names: list[str]
+        self,
+        inputs: list[Tensor],
+        request_id: str,
+        requested_output_names: list[str],
+        sender: InferenceResponseSender | None = None,
     ) -> None:
         self._inputs = inputs
         self._request_id = request_id
         self._requested_output_names = requested_output_names
+        self._sender = sender  # a decoupled model's
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -206,13 +253,16 @@ class InferenceRequest:
         return 0
 
     def is_cancelled(self) -> bool:
-        return False
+        return self._sender is not None and self._sender.is_cancelled()
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "decoupled responses (get_response_sender) are not supported by reposerve. "
-            "Hint: return one pb_utils.InferenceResponse per request from execute"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is for decoupled models. Hint: set "
+                "model_transaction_policy { decoupled: true } in config.pbtxt (decoupled = true "
+                "in config.toml), or return one pb_utils.InferenceResponse per request"
+            )
+        return self._sender
 
     def exec(self, *args: object, **kwargs: object) -> Any:
         raise TritonModelException(
@@ -253,6 +303,11 @@ def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) 
         if tensor.name() == name:
             return tensor
     return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    """Whether the model config (``json.loads`` of ``args["model_config"]``) is decoupled."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
 def get_input_config_by_name(model_config: dict, name: str) -> dict | None:

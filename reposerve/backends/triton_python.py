@@ -20,12 +20,24 @@ this shim turns it into Triton's calls. The lifecycle, as Triton documents it:
    or a response list of the wrong length, fails the call: the scheduler's fault isolation
    then runs the batch again in halves, so only the requests at fault fail.
 4. ``finalize()`` (optional) when the instance stops.
+
+A decoupled model (``model_transaction_policy { decoupled: true }``) returns None from
+``execute`` and answers through each request's response sender, from ``execute`` or from
+threads it starts, until every request has had its FINAL flag. A sync ``execute`` runs on
+a thread of its own, so each response streams out the moment it is sent (a sender blocks
+once a few wait unread: a slow client slows the model); an ``async def`` one runs on the
+instance's event loop. When the client goes, ``is_cancelled()`` turns true and what is
+sent after that is dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import Awaitable, Sequence
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -36,6 +48,7 @@ from reposerve.backends.base import (
     ModelContext,
     PartialOutputs,
     RequestFailure,
+    RequestResponse,
     RequestSlice,
     Signature,
 )
@@ -75,6 +88,7 @@ class TritonPythonBackend:
             )
         self._execute = execute
         self.is_async = inspect.iscoroutinefunction(execute)
+        self.decoupled = config.decoupled
         initialize = getattr(self._model, "initialize", None)
         if callable(initialize):
             initialize(triton_args(context))
@@ -90,6 +104,10 @@ class TritonPythonBackend:
     def execute_requests(
         self, inputs: Arrays, requests: Sequence[RequestSlice]
     ) -> Arrays | PartialOutputs | Awaitable:
+        if self.decoupled:
+            if self.is_async:
+                return self._stream_async(inputs, requests)
+            return self._stream(inputs, requests)
         triton_requests = self._split(inputs, requests)
         if self.is_async:
             return self._execute_async(triton_requests, requests)
@@ -105,20 +123,80 @@ class TritonPythonBackend:
     ) -> Arrays | PartialOutputs:
         return self._join(await self._execute(triton_requests), requests)
 
-    def _split(
+    def _stream(
         self, inputs: Arrays, requests: Sequence[RequestSlice]
+    ) -> Iterator[RequestResponse]:
+        """A sync decoupled execute on its own thread; its responses as they are sent."""
+        responses = _SentResponses()
+        triton_requests = self._split(inputs, requests, responses.put, responses.is_cancelled)
+        answers = _Answers(self._where, requests, self._outputs_of)
+
+        def run() -> None:
+            try:
+                answers.check_return(self._execute(triton_requests))
+            except Exception as exc:  # raised where the worker takes the responses
+                responses.put(exc)
+
+        threading.Thread(target=run, name="reposerve-decoupled-execute", daemon=True).start()
+        try:
+            while answers.open:
+                yield answers.take(responses.get())
+        finally:
+            responses.cancel()
+
+    async def _stream_async(
+        self, inputs: Arrays, requests: Sequence[RequestSlice]
+    ) -> AsyncIterator[RequestResponse]:
+        """An async decoupled execute on the instance's loop; senders may be on threads."""
+        loop = asyncio.get_running_loop()
+        sent: asyncio.Queue[object] = asyncio.Queue()
+        cancelled = False
+
+        def put(item: object) -> None:
+            if not cancelled:
+                loop.call_soon_threadsafe(sent.put_nowait, item)
+
+        triton_requests = self._split(inputs, requests, put, lambda: cancelled)
+        answers = _Answers(self._where, requests, self._outputs_of)
+        task = asyncio.ensure_future(self._execute(triton_requests))
+
+        def returned(done: asyncio.Future) -> None:
+            if done.cancelled():
+                return
+            try:
+                answers.check_return(done.result())
+            except Exception as exc:
+                put(exc)
+
+        task.add_done_callback(returned)
+        try:
+            while answers.open:
+                yield answers.take(await sent.get())
+        finally:
+            cancelled = True
+
+    def _split(
+        self,
+        inputs: Arrays,
+        requests: Sequence[RequestSlice],
+        put: Callable[[object], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[pb_utils.InferenceRequest]:
-        """One InferenceRequest per client request, its tensors views of the batch."""
+        """One InferenceRequest per client request, its tensors views of the batch; with
+        ``put``, each has a response sender delivering (index, response, final) there."""
         triton_requests = []
         start = 0
-        for request in requests:
+        for index, request in enumerate(requests):
             stop = start + request.items
             tensors = [
                 pb_utils.Tensor(name, array[start:stop] if self._batched else array)
                 for name, array in inputs.items()
             ]
+            sender = None
+            if put is not None and cancelled is not None:
+                sender = pb_utils.InferenceResponseSender(partial(_deliver, put, index), cancelled)
             triton_requests.append(
-                pb_utils.InferenceRequest(tensors, request.id, list(self._output_names))
+                pb_utils.InferenceRequest(tensors, request.id, list(self._output_names), sender)
             )
             start = stop
         return triton_requests
@@ -210,6 +288,98 @@ class TritonPythonBackend:
                 f"responses of one batch ({', '.join(shapes)}); reposerve returns a batch's "
                 "output as one array. Hint: pad to one shape, or run without dynamic batching"
             ) from None
+
+
+# Responses a sync decoupled model may send ahead of its client before a send blocks.
+SENT_AHEAD = 4
+
+
+def _deliver(
+    put: Callable[[object], None],
+    index: int,
+    response: pb_utils.InferenceResponse | None,
+    final: bool,
+) -> None:
+    put((index, response, final))
+
+
+class _SentResponses:
+    """What a sync decoupled model's senders sent, in order, for the worker's thread to
+    take: a sender blocks while SENT_AHEAD wait; once cancelled, sends are dropped."""
+
+    def __init__(self) -> None:
+        self._items: deque[object] = deque()
+        self._changed = threading.Condition()
+        self._cancelled = False
+
+    def put(self, item: object) -> None:
+        with self._changed:
+            while len(self._items) >= SENT_AHEAD and not self._cancelled:
+                self._changed.wait()
+            if not self._cancelled:
+                self._items.append(item)
+                self._changed.notify_all()
+
+    def get(self) -> object:
+        with self._changed:
+            while not self._items:
+                self._changed.wait()
+            item = self._items.popleft()
+            self._changed.notify_all()
+            return item
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        with self._changed:
+            self._cancelled = True
+            self._items.clear()
+            self._changed.notify_all()
+
+
+class _Answers:
+    """Turns what a decoupled model's senders sent into ``RequestResponse``s and counts
+    the requests that have not had their FINAL flag."""
+
+    def __init__(
+        self,
+        where: str,
+        requests: Sequence[RequestSlice],
+        outputs_of: Callable[
+            [pb_utils.InferenceResponse, int], tuple[dict[str, np.ndarray], str | None]
+        ],
+    ) -> None:
+        self._where = where
+        self._requests = requests
+        self._outputs_of = outputs_of
+        self.open = len(requests)
+
+    def check_return(self, returned: object) -> None:
+        if returned is not None:
+            raise TritonResponseError(
+                f"{self._where}: a decoupled TritonPythonModel's execute must return None "
+                f"(it returned {type(returned).__name__}). Hint: send each response through "
+                "request.get_response_sender()"
+            )
+
+    def take(self, item: object) -> RequestResponse:
+        if isinstance(item, Exception):
+            raise item
+        index, response, final = item  # type: ignore[misc]
+        if final:
+            self.open -= 1
+        if response is None:  # a flag-only FINAL
+            return RequestResponse(index, {}, final=True)
+        error = response.error()
+        if error is not None:
+            return RequestResponse(index, {}, final, _failure(index, error))
+        arrays, problem = self._outputs_of(response, self._requests[index].items)
+        if problem is not None:
+            return RequestResponse(
+                index, {}, final, RequestFailure(index, problem, ErrorKind.INTERNAL)
+            )
+        return RequestResponse(index, arrays, final)
 
 
 def _placeholder(template: np.ndarray, items: int) -> np.ndarray:

@@ -98,6 +98,9 @@ class Response(msgspec.Struct, tag=True, array_like=True):
     batch_id: int
     slot_size: int
     outputs: list[TensorRef]
+    request: int = -1  # the one request of the batch it answers (its rows); -1: all of them
+    final: bool = False  # that request's last response
+    failure: RequestFailure | None = None  # that request failed (and is ended)
 
 
 class Failure(msgspec.Struct, tag=True, array_like=True):

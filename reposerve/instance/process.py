@@ -123,9 +123,22 @@ class BatchFailure(msgspec.Struct, frozen=True):
 
 OnDone = Callable[[BatchOutcome | BatchFailure], None]
 OnStart = Callable[[], None]
-OnResponse = Callable[[dict[str, Tensor], Callable[[], None]], bool]
-"""One response of a decoupled batch (views valid only during the call) and ``resume``:
-returns whether the instance may write the next one now; if not, it waits for ``resume``."""
+
+
+class StreamedResponse(msgspec.Struct):
+    """One response of a decoupled batch: outputs are views on the slot, valid only during
+    ``on_response``. ``request``: the one request it answers (its rows), -1 for all;
+    ``final``: that request's last; ``failure``: that request failed."""
+
+    outputs: dict[str, Tensor]
+    request: int = -1
+    final: bool = False
+    failure: RequestFailure | None = None
+
+
+OnResponse = Callable[[StreamedResponse, Callable[[], None]], bool]
+"""A decoupled batch's response and ``resume``: returns whether the instance may write the
+next one now; if not, it waits for ``resume``."""
 
 
 class _Running(msgspec.Struct):
@@ -494,7 +507,8 @@ class InstanceProcess:
                     )
 
         running.paused = True
-        if running.on_response is None or running.on_response(outputs, resume):
+        response = StreamedResponse(outputs, message.request, message.final, message.failure)
+        if running.on_response is None or running.on_response(response, resume):
             resume()
 
     def _on_closed(self) -> None:

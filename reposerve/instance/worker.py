@@ -28,7 +28,13 @@ import msgspec
 import numpy as np
 
 from reposerve.backends import Backend, ModelContext, create_backend
-from reposerve.backends.base import BackendError, DeviceOutput, PartialOutputs, RequestSlice
+from reposerve.backends.base import (
+    BackendError,
+    DeviceOutput,
+    PartialOutputs,
+    RequestResponse,
+    RequestSlice,
+)
 from reposerve.config import ModelConfig, complete_config
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput, ReposerveError
@@ -221,14 +227,28 @@ class BatchRunner:
             await responses.aclose()
         return Result(message.batch_id, slot.size, [], time.perf_counter_ns() - started_ns)
 
-    def _response(self, message: Execute, slot: Slot, outputs: object) -> Response:
-        refs = self._place(message, slot, outputs)  # first: it may grow the slot
-        return Response(message.batch_id, slot.size, refs)
+    def _response(self, message: Execute, slot: Slot, produced: object) -> Response:
+        """One response: to every request of the batch, or (``RequestResponse``) to one."""
+        if not isinstance(produced, RequestResponse):
+            refs = self._place(message, slot, produced)  # first: it may grow the slot
+            return Response(message.batch_id, slot.size, refs)
+        if not 0 <= produced.index < max(len(message.requests), 1):
+            raise OutputError(f"a response to request {produced.index}, which the batch lacks")
+        if produced.failure is not None:
+            return Response(message.batch_id, slot.size, [], produced.index, True, produced.failure)
+        refs = []
+        if produced.outputs or not produced.final:  # a final one may carry nothing
+            items = message.requests[produced.index].items if message.requests else None
+            refs = self._place(message, slot, produced.outputs, items)
+        return Response(message.batch_id, slot.size, refs, produced.index, produced.final)
 
-    def _place(self, message: Execute, slot: Slot, outputs: object) -> list[TensorRef]:
-        """Check the outputs and write each straight into the slot, after the inputs."""
+    def _place(
+        self, message: Execute, slot: Slot, outputs: object, items: int | None = None
+    ) -> list[TensorRef]:
+        """Check the outputs (of ``items`` on axis 0, default the whole batch's) and write
+        each straight into the slot, after the inputs."""
         batch_size = message.inputs[0].shape[0] if message.inputs else 1
-        checked = self._check_outputs(outputs, batch_size)
+        checked = self._check_outputs(outputs, batch_size if items is None else items)
         end = max((ref.offset + ref.nbytes for ref in message.inputs), default=0)
         offset = align(end)
         placed: list[tuple[TensorRef, Output]] = []

@@ -39,6 +39,7 @@ from reposerve.instance.process import (
     OnDone,
     OnResponse,
     OnStart,
+    StreamedResponse,
 )
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
@@ -393,24 +394,38 @@ class Scheduler:
             self._staged -= len(batch.items)
 
     def _responded(
-        self, batch: _Batch, outputs: dict[str, Tensor], resume: Callable[[], None]
+        self, batch: _Batch, response: StreamedResponse, resume: Callable[[], None]
     ) -> bool:
-        """One response of a decoupled batch: each request's part, finished, goes to its
-        stream. Returns whether the instance may go on now; else ``resume`` is called once
-        every stream that was full has room."""
+        """One response of a decoupled batch: each request's part (or the one request's,
+        when it names one), finished, goes to its stream. Returns whether the instance may
+        go on now; else ``resume`` is called once every stream that was full has room."""
         batch.responded = True
-        pieces = self._pieces(batch, outputs)
+        if response.request < 0:
+            pieces = self._pieces(batch, response.outputs)
+            parts = [
+                (item, {name: cut[index] for name, cut in pieces.items()})
+                for index, item in enumerate(batch.items)
+            ]
+        else:
+            parts = [(batch.items[response.request], response.outputs)]
         full: list[ResponseStream] = []
-        for index, item in enumerate(batch.items):
+        for item, outputs in parts:
             stream = item.stream
             if stream is None or item.future.done():
                 continue
+            if response.failure is not None:
+                error = _request_error(self._label, response.failure)
+                self._fail(item, error, FailureReason.BACKEND)
+                continue
             try:
-                stream.put(item.finish({name: cut[index] for name, cut in pieces.items()}))
+                if outputs or not response.final:
+                    stream.put(item.finish(outputs))
             except ReposerveError as exc:
                 self._fail(item, exc, FailureReason.BACKEND)
                 continue
-            if stream.full:
+            if response.final:  # its stream ends now, whatever the rest of the batch does
+                self._settle(item, None, None)
+            elif stream.full:
                 full.append(stream)
         if not full:
             return True
@@ -472,12 +487,14 @@ class Scheduler:
                 self._fail(item, _request_error(self._label, failure), FailureReason.BACKEND)
                 continue
             if item.stream is not None:  # its responses have gone out as they came
-                if item.future.done():  # its client left, or finishing one failed
-                    if item.future.cancelled():
-                        self._record_cancel(item)
+                future = item.future
+                if future.cancelled():  # its client left
+                    self._record_cancel(item)
                     unserved.add(index)
-                else:
+                elif not future.done():
                     self._settle(item, None, None)
+                elif future.exception() is not None:  # failed (and recorded) on its own
+                    unserved.add(index)
                 continue
             try:
                 result = item.finish({name: cut[index] for name, cut in pieces.items()})
@@ -528,6 +545,9 @@ class Scheduler:
             if failure.cause is FailureCause.NOT_STARTED:  # handed back while aborting
                 reason = FailureReason.OTHER
         for item in batch.items:
+            future = item.future
+            if future.done() and not future.cancelled():  # a stream that ended already
+                continue
             self._fail(item, error, reason, isolated=batch.rerun)
 
     # -- endings -----------------------------------------------------------------------

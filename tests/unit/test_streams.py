@@ -12,7 +12,12 @@ import pytest
 
 from reposerve.config import parse_model_config
 from reposerve.errors import ProtocolError, SchedulerError
-from reposerve.instance.process import BatchFailure, BatchOutcome, FailureCause
+from reposerve.instance.process import (
+    BatchFailure,
+    BatchOutcome,
+    FailureCause,
+    StreamedResponse,
+)
 from reposerve.protocol.generate import decode_generate, encode_generate
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.stream import ResponseStream
@@ -102,9 +107,8 @@ class DecoupledStandIn:
     def respond(self, step: float, resume: Callable[[], None]) -> bool:
         batch, _, on_response = self.batches[0]
         values = batch + step
-        return on_response(
-            {"Y": Tensor("FP32", values.shape, memoryview(values.tobytes()))}, resume
-        )
+        outputs = {"Y": Tensor("FP32", values.shape, memoryview(values.tobytes()))}
+        return on_response(StreamedResponse(outputs), resume)
 
     def end(self, outcome: BatchOutcome | BatchFailure | None = None) -> None:
         _, on_done, _ = self.batches.pop(0)

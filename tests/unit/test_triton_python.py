@@ -7,11 +7,12 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
 from reposerve.backends import ModelContext, create_backend, pb_utils
-from reposerve.backends.base import PartialOutputs, RequestFailure, RequestSlice
+from reposerve.backends.base import PartialOutputs, RequestFailure, RequestResponse, RequestSlice
 from reposerve.backends.triton_python import TritonResponseError, triton_args
 from reposerve.config.load import parse_model_config
 from reposerve.errors import ErrorKind
@@ -174,3 +175,75 @@ def test_pb_utils_helpers():
         pb_utils.Tensor("S", np.array(["text"]))
     error = pb_utils.TritonError("gone", pb_utils.TritonError.UNAVAILABLE)
     assert (error.message(), error.code()) == ("gone", 4)
+
+
+# Decoupled: each request answers twice through its sender, from a thread, then FINAL;
+# request "fail" answers once and then sends an error.
+DECOUPLED = """
+    import threading
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                threading.Thread(target=self.answer, args=(request,)).start()
+
+        def answer(self, request):
+            sender = request.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy().copy()
+            for step in range(2):
+                tensors = [pb_utils.Tensor("OUTPUT0", x + step), pb_utils.Tensor("OUTPUT1", x)]
+                sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+                if request.request_id() == "fail":
+                    error = pb_utils.TritonError("no second", pb_utils.TritonError.INVALID_ARG)
+                    sender.send(pb_utils.InferenceResponse(error=error), flags=1)
+                    return
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def test_a_decoupled_batch_answers_each_request_with_its_own_rows_until_its_final(tmp_path):
+    context = _context(tmp_path)
+    (context.version_path / "model.py").write_text(textwrap.dedent(DECOUPLED))
+    context = msgspec.structs.replace(
+        context, config=msgspec.structs.replace(context.config, decoupled=True)
+    )
+    backend = create_backend("python", context)
+    assert backend.decoupled and not backend.is_async
+    inputs = {"INPUT0": np.arange(6, dtype=np.float32).reshape(3, 2)}
+    requests = [RequestSlice(2, "two"), RequestSlice(1, "fail")]
+    answers = list(backend.execute_requests(inputs, requests))
+    by_request: dict[int, list] = {0: [], 1: []}
+    for answer in answers:
+        assert isinstance(answer, RequestResponse)
+        by_request[answer.index].append(answer)
+    first = by_request[0]
+    assert [a.final for a in first] == [False, False, True] and first[2].outputs == {}
+    assert [a.outputs["OUTPUT0"].tolist() for a in first[:2]] == [
+        [[0, 1], [2, 3]],
+        [[1, 2], [3, 4]],
+    ]
+    served, failed = by_request[1]
+    assert served.outputs["OUTPUT0"].tolist() == [[4, 5]]
+    assert failed.final and failed.failure == RequestFailure(
+        1, "no second", ErrorKind.INVALID_ARGUMENT
+    )
+
+
+def test_a_response_sender_refuses_what_triton_refuses():
+    sent = []
+    sender = pb_utils.InferenceResponseSender(lambda *item: sent.append(item), lambda: False)
+    with pytest.raises(pb_utils.TritonModelException, match="must be provided"):
+        sender.send()
+    with pytest.raises(pb_utils.TritonModelException, match="Unsupported flag"):
+        sender.send(pb_utils.InferenceResponse(), flags=2)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(pb_utils.TritonModelException, match="has been closed"):
+        sender.send(pb_utils.InferenceResponse())
+    assert sent == [(None, True)]
+    request = pb_utils.InferenceRequest([], "", [])
+    with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
+        request.get_response_sender()
