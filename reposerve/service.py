@@ -219,7 +219,11 @@ class InferenceService:
         """The responses to ``request``: one, or a decoupled model's as they come. Closing
         this iterator early (the client left) cancels the generation in the instance."""
         decoupled = model.config.decoupled
-        finish = self._finisher(model, request, partial(_with_final, encode, not decoupled))
+
+        def encode_one(outputs: list[tuple[str, Tensor, bool]]) -> T:
+            return encode(outputs, not decoupled)  # a model that answers once: its last
+
+        finish = self._finisher(model, request, encode_one)
         if not decoupled:
             yield await model.scheduler.submit(request, finish)
             return
@@ -335,14 +339,6 @@ class InferenceService:
                 f"--model-control-mode {self.model_control_mode}",
                 kind=ErrorKind.INVALID_ARGUMENT,
             )
-
-
-def _with_final(
-    encode: Callable[[list[tuple[str, Tensor, bool]], bool], T],
-    final: bool,
-    outputs: list[tuple[str, Tensor, bool]],
-) -> T:
-    return encode(outputs, final)
 
 
 def _end_stream(stream: ResponseStream, future: asyncio.Future) -> None:

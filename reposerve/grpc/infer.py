@@ -115,15 +115,16 @@ def wants_empty_final(request: Any) -> bool:
     return value.bool_param
 
 
-def stream_encoder(stream_class: Any, response_class: Any, request: Any) -> Any:
+def stream_encoder(stream_class: Any, request: Any) -> Any:
     """``encode(version, outputs, final)`` for ``InferenceService.stream_parts``: a
-    ``ModelStreamInferResponse`` around the ``ModelInferResponse``, marked FINAL or not."""
-    unary = response_encoder(response_class, request)
+    ``ModelStreamInferResponse`` whose ``ModelInferResponse`` is filled in place, marked
+    FINAL or not."""
 
     def encode(version: str, outputs: list[tuple[str, Tensor]], final: bool) -> Any:
-        response = unary(version, outputs)
-        response.parameters[FINAL].bool_param = final
-        return stream_class(infer_response=response)
+        response = stream_class()
+        _fill(response.infer_response, request, version, outputs)
+        response.infer_response.parameters[FINAL].bool_param = final
+        return response
 
     return encode
 
@@ -146,12 +147,19 @@ def response_encoder(response_class: Any, request: Any) -> Any:
     output tensors are valid, so their bytes are copied into the message here."""
 
     def encode(version: str, outputs: list[tuple[str, Tensor]]) -> Any:
-        response = response_class(
-            model_name=request.model_name, model_version=version, id=request.id
-        )
-        for name, tensor in outputs:
-            response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
-            response.raw_output_contents.append(bytes(tensor.raw))
+        response = response_class()
+        _fill(response, request, version, outputs)
         return response
 
     return encode
+
+
+def _fill(response: Any, request: Any, version: str, outputs: list[tuple[str, Tensor]]) -> None:
+    """A ``ModelInferResponse`` naming ``request``, every output in raw_output_contents
+    (copied: the tensors are views valid only while encoding)."""
+    response.model_name = request.model_name
+    response.model_version = version
+    response.id = request.id
+    for name, tensor in outputs:
+        response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
+        response.raw_output_contents.append(bytes(tensor.raw))

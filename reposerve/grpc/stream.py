@@ -4,7 +4,10 @@ flow back on it as they are made, interleaved across requests, each naming its r
 Every request is served by its own task; one writer sends what they produce in order of
 arrival. An error costs only its request: it becomes that request's final response
 (``error_message``) and the stream goes on, as in Triton. When the client cancels the
-call, every request still running is cancelled, which stops its generation.
+call, every request still running is cancelled, which stops its generation. Both ways are
+bounded: at most CALL_REQUESTS requests of a call run at once (beyond them the call's
+requests are not read, and gRPC's flow control holds the client), and at most OUTBOX_SIZE
+responses wait for the writer (beyond them the requests' generations are held back).
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from reposerve.grpc.infer import (
     stream_ending,
     wants_empty_final,
 )
+from reposerve.scheduler.stream import ResponseStream
 from reposerve.service import InferenceService
 
 log = logging.getLogger("reposerve.grpc")
 
-# Responses made and not yet written, across the call's requests: bounded, so a client that
-# stops reading holds up its generations (backpressure) instead of growing this.
+CALL_REQUESTS = 256
 OUTBOX_SIZE = 16
 
 
@@ -39,9 +42,13 @@ async def serve_stream(
     write: Callable[[Any], Awaitable[None]],
 ) -> None:
     stream_class = schema.message_class(f"{schema.PACKAGE}.ModelStreamInferResponse")
-    response_class = schema.message_class(f"{schema.PACKAGE}.ModelInferResponse")
-    outbox: asyncio.Queue[Any] = asyncio.Queue(OUTBOX_SIZE)
+    outbox: ResponseStream[Any] = ResponseStream(OUTBOX_SIZE)
     running: set[asyncio.Task] = set()
+    slots = asyncio.Semaphore(CALL_REQUESTS)
+
+    async def send(response: Any) -> None:
+        await outbox.room()
+        outbox.put(response)
 
     async def answer(request: Any) -> None:
         try:
@@ -52,39 +59,43 @@ async def serve_stream(
                 request.model_version or None,
                 header,
                 raws,
-                stream_encoder(stream_class, response_class, request),
+                stream_encoder(stream_class, request),
             )
             final = False
             async with contextlib.aclosing(responses):
                 async for response in responses:
                     final = response.infer_response.parameters[FINAL].bool_param
-                    await outbox.put(response)
+                    await send(response)
             if empty_final and not final:
-                await outbox.put(stream_ending(stream_class, request))
+                await send(stream_ending(stream_class, request))
         except ReposerveError as exc:
-            await outbox.put(stream_ending(stream_class, request, exc.message))
+            await send(stream_ending(stream_class, request, exc.message))
         except Exception as exc:  # the client gets its request's error, the log the rest
             log.exception("unhandled error on ModelStreamInfer")
-            message = f"internal error: {type(exc).__name__}: {exc}"
-            await outbox.put(stream_ending(stream_class, request, message))
+            await send(stream_ending(stream_class, request, f"internal error: {exc!r}"))
+        finally:
+            slots.release()
 
     async def read() -> None:
         try:
             async for request in requests:
+                await slots.acquire()
                 task = asyncio.ensure_future(answer(request))
                 running.add(task)
                 task.add_done_callback(running.discard)
             while running:  # the client is done sending: finish what it sent
                 await asyncio.wait(set(running))
-        finally:
-            await outbox.put(None)
+        except Exception as exc:  # the call broke: the writer raises it
+            outbox.end(exc)
+        else:
+            outbox.end()
 
     reader = asyncio.ensure_future(read())
     try:
-        while (response := await outbox.get()) is not None:
+        async for response in outbox:
             await write(response)
-        await reader  # raises what ended the reading, if anything did
     finally:
         reader.cancel()
         for task in list(running):
             task.cancel()
+        await asyncio.gather(reader, *running, return_exceptions=True)

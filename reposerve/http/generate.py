@@ -4,8 +4,9 @@
 ``data: {...}`` event per response as the model makes it. Errors found before the first
 response get their status and JSON body as on ``/infer``; one that comes later, once the
 200 has gone out, is the stream's last event, ``data: {"error": "..."}``. A client that
-disconnects cancels its generation at once: a task waits for the disconnect beside the
-one sending events, rather than noticing it at the next send.
+disconnects cancels its generation at once, before its first response as after: a task
+waits for the disconnect beside the one waiting for responses, rather than noticing it at
+the next send.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 from starlette.types import Receive, Scope, Send
 
@@ -24,6 +26,7 @@ from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
 from reposerve.service import InferenceService
 
 log = logging.getLogger("reposerve.http")
+T = TypeVar("T")
 
 _EVENT_STREAM = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -46,21 +49,26 @@ class GenerateEndpoint(InferEndpoint):
         self._stream = stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watching: asyncio.Future | None = None
         try:
             body, _, _ = await self.read(scope, receive)
             parameters = scope["path_params"]
             responses = self._service.generate(parameters["model"], parameters.get("version"), body)
+            watching = asyncio.ensure_future(_wait_for_disconnect(receive))
             async with contextlib.aclosing(responses):
                 if self._stream:
-                    await _stream_events(responses, receive, send)
+                    await _stream_events(responses, watching, send)
                     return
-                content = await _only_response(responses, parameters["model"])
+                content = await _before(watching, _only_response(responses, parameters["model"]))
         except Disconnected:
             return
         except Exception as exc:
             status, content, extra = error_reply(exc, scope)
             await _send_json(send, status, content, extra)
             return
+        finally:
+            if watching is not None:
+                watching.cancel()
         await _send_json(send, 200, content)
 
 
@@ -79,21 +87,27 @@ async def _only_response(responses: AsyncIterator[bytes], model: str) -> bytes:
     return found
 
 
-async def _stream_events(responses: AsyncIterator[bytes], receive: Receive, send: Send) -> None:
+async def _stream_events(
+    responses: AsyncIterator[bytes], watching: asyncio.Future, send: Send
+) -> None:
     """The first response decides the status (an error before it is a plain error reply,
     raised from here); then every response is an event, until the end or a disconnect."""
-    first = await anext(responses, None)
+    first = await _before(watching, anext(responses, None))
     await send({"type": "http.response.start", "status": 200, "headers": _EVENT_STREAM})
-    sending = asyncio.ensure_future(_send_events(first, responses, send))
-    watching = asyncio.ensure_future(_wait_for_disconnect(receive))
-    try:
-        await asyncio.wait((sending, watching), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watching.cancel()
-        if not sending.done():  # the client left: stop its generation
-            sending.cancel()
-        with contextlib.suppress(asyncio.CancelledError, OSError):
-            await sending
+    await _before(watching, _send_events(first, responses, send))
+
+
+async def _before(watching: asyncio.Future, work: Awaitable[T]) -> T:
+    """What ``work`` gives, unless the client disconnects first (``watching`` ends): then
+    ``work`` is cancelled (which stops its generation) and Disconnected raised."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait((task, watching), return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, OSError):
+        await task
+    raise Disconnected
 
 
 async def _send_events(first: bytes | None, responses: AsyncIterator[bytes], send: Send) -> None:

@@ -154,6 +154,7 @@ class _Running(msgspec.Struct):
     # A decoupled batch waiting for its clients to take a response: the execution
     # timeout does not run meanwhile (a slow reader is not a hung model).
     paused: bool = False
+    cancelled: bool = False  # a decoupled batch told to stop
 
 
 class InstanceState(enum.Enum):
@@ -318,17 +319,27 @@ class InstanceProcess:
                 )
             )
         )
-        if self._watchdog is None and self.spec.execute_timeout_s:
-            self._watchdog = loop.call_later(self.spec.execute_timeout_s, self._watch)
+        self._arm_watchdog()
         return batch_id
 
     def cancel(self, batch_id: int) -> None:
         """Ask the process to stop a decoupled batch (its clients have gone); the batch
         still ends with its outcome, after the responses it had produced."""
         running = self._in_flight.get(batch_id)
-        if running is not None and self._transport is not None:
-            running.paused = False  # no Resume is coming: the model gets to stop
-            self._transport.write(encode_frame(Cancel(batch_id)))
+        if running is None or running.cancelled or self._transport is None:
+            return
+        running.cancelled = True
+        # No Resume is coming: the model gets execute_timeout to stop, from now.
+        running.paused = False
+        running.since = asyncio.get_running_loop().time()
+        self._arm_watchdog()
+        self._transport.write(encode_frame(Cancel(batch_id)))
+
+    def _arm_watchdog(self) -> None:
+        if self._watchdog is None and self.spec.execute_timeout_s:
+            self._watchdog = asyncio.get_running_loop().call_later(
+                self.spec.execute_timeout_s, self._watch
+            )
 
     def _watch(self) -> None:
         """The execution timeout, kept by one timer per instance rather than one per batch:
@@ -501,10 +512,7 @@ class InstanceProcess:
                 running.paused = False
                 running.since = asyncio.get_running_loop().time()
                 self._transport.write(encode_frame(Resume(batch_id)))
-                if self._watchdog is None and self.spec.execute_timeout_s:
-                    self._watchdog = asyncio.get_running_loop().call_later(
-                        self.spec.execute_timeout_s, self._watch
-                    )
+                self._arm_watchdog()
 
         running.paused = True
         response = StreamedResponse(outputs, message.request, message.final, message.failure)

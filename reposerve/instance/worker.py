@@ -11,6 +11,7 @@ Started by ``reposerve.instance.process`` as ``python -m reposerve.instance.work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
@@ -189,17 +190,23 @@ class BatchRunner:
         next response is produced while the front reads the last one, and written only
         once the front says it has (``Resume``); a ``Cancel`` closes the generator."""
         sent = False
+        waited_ns = 0  # for its clients: not compute time
         try:
             for outputs in responses:
-                if sent and not channel.wait_resume(message.batch_id):
-                    break  # its clients have gone
+                if sent:
+                    waiting = time.perf_counter_ns()
+                    resumed = channel.wait_resume(message.batch_id)
+                    waited_ns += time.perf_counter_ns() - waiting
+                    if not resumed:
+                        break  # its clients have gone
                 channel.send(self._response(message, slot, outputs))
                 sent = True
         except OutputError as exc:
             return Failure(message.batch_id, str(exc), invalid_input=False)
         finally:
             responses.close()  # at once: the model sees GeneratorExit at its yield
-        return Result(message.batch_id, slot.size, [], time.perf_counter_ns() - started_ns)
+        compute_ns = time.perf_counter_ns() - started_ns - waited_ns
+        return Result(message.batch_id, slot.size, [], compute_ns)
 
     async def stream_async(
         self,
@@ -212,11 +219,14 @@ class BatchRunner:
     ) -> Result | Failure:
         """``stream`` for an async generator; a cancel arrives as CancelledError."""
         sent = False
+        waited_ns = 0
         try:
             async for outputs in responses:
                 if sent:
+                    waiting = time.perf_counter_ns()
                     await resumed.wait()
                     resumed.clear()
+                    waited_ns += time.perf_counter_ns() - waiting
                 channel.send(self._response(message, slot, outputs))
                 sent = True
         except OutputError as exc:
@@ -224,8 +234,11 @@ class BatchRunner:
         except asyncio.CancelledError:
             pass  # its clients have gone
         finally:
-            await responses.aclose()
-        return Result(message.batch_id, slot.size, [], time.perf_counter_ns() - started_ns)
+            # A cancel while the model cleans up: it is ending already.
+            with contextlib.suppress(asyncio.CancelledError):
+                await responses.aclose()
+        compute_ns = time.perf_counter_ns() - started_ns - waited_ns
+        return Result(message.batch_id, slot.size, [], compute_ns)
 
     def _response(self, message: Execute, slot: Slot, produced: object) -> Response:
         """One response: to every request of the batch, or (``RequestResponse``) to one."""
@@ -409,23 +422,38 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
             return
 
 
+class _AsyncStream:
+    """A decoupled batch on an async instance: its task, the Resume it waits for, and
+    whether it has begun running and whether its clients have gone."""
+
+    def __init__(self, task: asyncio.Task) -> None:
+        self.task = task
+        self.resumed = asyncio.Event()
+        self.running = False
+        self.cancelled = False
+
+
 def _run_async(channel: Channel, runner: BatchRunner) -> None:
     loop = asyncio.new_event_loop()
     tasks: set[asyncio.Task] = set()
     stopped = asyncio.Event()
 
-    streams: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}  # decoupled batches running
+    streams: dict[int, _AsyncStream] = {}  # the decoupled batches not answered yet
 
     async def execute(message: Execute) -> None:
         started = time.perf_counter_ns()
         try:
             slot, inputs = runner.prepare(message)
             if runner.decoupled:
-                _, resumed = streams[message.batch_id]
-                responses = runner.execute(message, inputs)
-                reply = await runner.stream_async(
-                    message, slot, responses, started, channel, resumed
-                )
+                stream = streams[message.batch_id]
+                if stream.cancelled:  # its clients left before it began
+                    reply = Result(message.batch_id, slot.size, [], 0)
+                else:
+                    stream.running = True  # from here a Cancel cancels this task
+                    responses = runner.execute(message, inputs)
+                    reply = await runner.stream_async(
+                        message, slot, responses, started, channel, stream.resumed
+                    )
             else:
                 outputs = await runner.execute(message, inputs)
                 reply = runner.finish(message, slot, outputs, started)
@@ -441,16 +469,17 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             if runner.decoupled:
-                streams[message.batch_id] = (task, asyncio.Event())
+                streams[message.batch_id] = _AsyncStream(task)
         elif isinstance(message, Resume | Cancel):
             stream = streams.get(message.batch_id)
             if stream is None:  # that batch has ended already
                 return
-            task, resumed = stream
             if isinstance(message, Resume):
-                resumed.set()
+                stream.resumed.set()
             else:
-                task.cancel()
+                stream.cancelled = True
+                if stream.running:  # a task not begun would never answer if cancelled
+                    stream.task.cancel()
         else:
             stopped.set()
 
@@ -482,9 +511,9 @@ def _transaction_policy(config: ModelConfig, backend: Backend, model: str) -> Mo
     decoupled = getattr(backend, "decoupled", False)
     if config.decoupled and not decoupled:
         raise BackendError(
-            f"{model}/config.toml: decoupled = true, but execute returns one response per "
-            "batch. Hint: write execute as a generator that yields each response, or "
-            "remove decoupled"
+            f"model '{model}': its config says decoupled (model_transaction_policy), but the "
+            "model answers once per batch. Hint: a python model's execute yields each "
+            "response (a generator); onnxruntime and torch models cannot be decoupled"
         )
     return msgspec.structs.replace(config, decoupled=True) if decoupled else config
 

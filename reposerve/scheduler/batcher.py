@@ -265,7 +265,15 @@ class Scheduler:
             instance = self._free_instance(staged=False) or self._free_instance(staged=True)
             if instance is None:
                 return
-            self._launch(instance, *self._reruns.popleft())
+            items, rerun = self._reruns.popleft()
+            waiting = [item for item in items if not item.future.done()]
+            for item in items:
+                if item.future.cancelled():  # its client left while it waited
+                    self._record_cancel(item)
+            if waiting:
+                self._launch(instance, waiting, rerun)
+            else:
+                self._check_idle()
         while self._queued:
             instance = self._free_instance(staged=False)
             staged = instance is None
@@ -335,7 +343,8 @@ class Scheduler:
                 if item.future.done():
                     self._record_cancel(item)
                     continue
-                if self._ordered:
+                # Ordering is of the one answer of each request; streams end as they end.
+                if self._ordered and item.stream is None:
                     item.sequence = self._dispatched
                     self._dispatched += 1
                 taken.append(item)
@@ -427,6 +436,7 @@ class Scheduler:
                 self._settle(item, None, None)
             elif stream.full:
                 full.append(stream)
+        self._stop_if_abandoned(batch)
         if not full:
             return True
         waiting = len(full)
@@ -445,12 +455,12 @@ class Scheduler:
         """A streamed request's client has gone: a queued request is dropped when the
         queue reaches it; a running batch is stopped once none of its clients is left."""
         item.future.cancel()
-        batch = item.batch
-        if (
-            batch is not None
-            and batch.instance is not None
-            and all(other.future.done() for other in batch.items)
-        ):
+        if item.batch is not None:
+            self._stop_if_abandoned(item.batch)
+
+    def _stop_if_abandoned(self, batch: _Batch) -> None:
+        """Cancel a running decoupled batch none of whose requests wants more."""
+        if batch.instance is not None and all(item.future.done() for item in batch.items):
             batch.instance.cancel(batch.handle)
 
     def _pieces(self, batch: _Batch, outputs: dict[str, Tensor]) -> dict[str, list[Tensor]]:
@@ -545,9 +555,6 @@ class Scheduler:
             if failure.cause is FailureCause.NOT_STARTED:  # handed back while aborting
                 reason = FailureReason.OTHER
         for item in batch.items:
-            future = item.future
-            if future.done() and not future.cancelled():  # a stream that ended already
-                continue
             self._fail(item, error, reason, isolated=batch.rerun)
 
     # -- endings -----------------------------------------------------------------------
@@ -579,7 +586,10 @@ class Scheduler:
     ) -> None:
         if item.timer is not None:
             item.timer.cancel()
-        if item.future.cancelled():  # its caller went first, whatever ended it here
+        future = item.future
+        if future.done() and not future.cancelled():  # its outcome was given (a stream)
+            return
+        if future.cancelled():  # its caller went first, whatever ended it here
             reason = FailureReason.CANCELED
         waited = self._clock.now() - item.enqueued_ns
         self._statistics.record_failure(1, waited, reason, isolated)

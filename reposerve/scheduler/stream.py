@@ -28,7 +28,7 @@ class ResponseStream(Generic[T]):
         self._ended = False
         self._error: BaseException | None = None
         self._reader: asyncio.Future[None] | None = None
-        self._on_room: Callable[[], None] | None = None
+        self._on_room: list[Callable[[], None]] = []
         self.cancelled = False
         self.on_cancel: Callable[[], None] | None = None  # the scheduler's, once queued
 
@@ -46,9 +46,16 @@ class ResponseStream(Generic[T]):
     def when_room(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the stream is not full (now, if it is not)."""
         if self.full:
-            self._on_room = callback
+            self._on_room.append(callback)
         else:
             callback()
+
+    async def room(self) -> None:
+        """Wait until the stream is not full."""
+        if self.full:
+            ready = asyncio.get_running_loop().create_future()
+            self.when_room(lambda: ready.done() or ready.set_result(None))
+            await ready
 
     def end(self, error: BaseException | None = None) -> None:
         """No more responses; ``error``, if any, is raised to the reader after the rest."""
@@ -65,9 +72,11 @@ class ResponseStream(Generic[T]):
             return
         self.cancelled = True
         self._responses.clear()
-        self._room()
+        # Stopped before released: a Cancel ahead of the Resume spares one response.
         if self.on_cancel is not None and not self._ended:
             self.on_cancel()
+        self._room()
+        self._wake()
 
     def __aiter__(self) -> ResponseStream[T]:
         return self
@@ -86,9 +95,10 @@ class ResponseStream(Generic[T]):
         return response
 
     def _room(self) -> None:
-        if self._on_room is not None and not self.full:
-            callback, self._on_room = self._on_room, None
-            callback()
+        if self._on_room and not self.full:
+            callbacks, self._on_room = self._on_room, []
+            for callback in callbacks:
+                callback()
 
     def _wake(self) -> None:
         if self._reader is not None and not self._reader.done():

@@ -4,10 +4,12 @@ a client that leaves stops its generation, a slow client holds it back."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import socket
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -17,6 +19,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from reposerve.config import parse_model_config
+from reposerve.instance.process import BatchOutcome, BatchTensor, InstanceProcess, InstanceSpec
 from tests.server import Server, start_server
 from tests.toy_models import write_model
 
@@ -343,6 +347,20 @@ def test_an_sse_client_that_disconnects_stops_its_generation(streaming, model):
     assert _lines(log).count("yield") == produced < 50  # it stopped, long before 1000
 
 
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_a_client_that_leaves_before_the_first_response_stops_the_generation(streaming, path):
+    """The first response is 3 s away when the client gives up: the model is cancelled
+    then, not when that response would have been sent."""
+    server, logs = streaming
+    log = logs["count_async"]
+    log.unlink(missing_ok=True)
+    url = f"{server.url}/v2/models/count_async/{path}"
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json={"COUNT": 5, "DELAY": 3.0, "SIZE": 1}, timeout=0.5)
+    assert _wait_for(lambda: "cancelled" in _lines(log), timeout=1.5), _lines(log)
+    assert "yield" not in _lines(log)
+
+
 @pytest.mark.parametrize("model", ["count_sync", "count_async"])
 def test_a_grpc_client_that_cancels_its_stream_stops_the_generation(streaming, model):
     server, logs = streaming
@@ -496,8 +514,52 @@ def test_decoupled_needs_a_generator_and_a_generator_is_decoupled(repository, tm
         server.wait_ready()
         index = httpx.post(f"{server.url}/v2/repository/index").json()
         reasons = {entry["name"]: entry.get("reason", "") for entry in index}
-        assert "decoupled = true, but execute returns one response" in reasons["says_decoupled"]
+        assert (
+            "says decoupled (model_transaction_policy), but the model answers once"
+            in (reasons["says_decoupled"])
+        )
         config = httpx.get(f"{server.url}/v2/models/yields/config").json()
         assert config["model_transaction_policy"] == {"decoupled": True}
     finally:
         server.stop()
+
+
+def test_batches_cancelled_before_they_begin_on_an_async_instance_still_end(tmp_path):
+    """A Cancel that reaches an async instance before its batch's task has run: the batch
+    still ends with an outcome (a task cancelled before it starts would never answer)."""
+    write_model(tmp_path, "agen", counting_config(tmp_path / "agen.log"), COUNTING_ASYNC)
+    config = parse_model_config((tmp_path / "agen" / "config.toml").read_text(), "agen")
+    spec = InstanceSpec(
+        model="agen", version=1, version_path=str(tmp_path / "agen" / "1"), backend="python",
+        config_json=msgspec.json.encode(config), index=0, kind="cpu", gpu=None, cpus=(),
+        threads=1, execute_timeout_s=0,
+    )  # fmt: skip
+
+    async def body() -> tuple[dict[int, object], int]:
+        instance = InstanceProcess(spec, lambda _: None)
+        await instance.start(60)
+        ended: dict[int, object] = {}
+        try:
+            for index in range(10):
+                inputs = [
+                    BatchTensor(name, datatype, (1,), [np.array([value], dtype).tobytes()])
+                    for name, datatype, dtype, value in (
+                        ("COUNT", "INT32", np.int32, 100),
+                        ("DELAY", "FP32", np.float32, 0.05),
+                        ("SIZE", "INT32", np.int32, 1),
+                    )
+                ]
+                batch = instance.run(
+                    inputs, partial(ended.__setitem__, index), on_response=lambda *_: True
+                )
+                instance.cancel(batch)  # in the same turn: before the instance runs it
+            deadline = time.monotonic() + 10
+            while len(ended) < 10 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return ended, instance.in_flight
+        finally:
+            await instance.stop(5)
+
+    ended, in_flight = asyncio.run(body())
+    assert len(ended) == 10 and in_flight == 0
+    assert all(isinstance(outcome, BatchOutcome) for outcome in ended.values())

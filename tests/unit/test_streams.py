@@ -263,3 +263,63 @@ def test_generate_responses_are_flat_and_one_element_is_a_bare_value():
     nan = np.array([np.nan], np.float32)
     with pytest.raises(ProtocolError, match="output 'bad' holds NaN"):
         encode_generate("m", "1", None, [("bad", Tensor("FP32", (1,), memoryview(nan.tobytes())))])
+
+
+ORDERED = "preserve_ordering = true"
+
+
+def test_under_preserve_ordering_a_cancelled_stream_holds_back_no_later_one():
+    async def body():
+        scheduler, instance = _decoupled(ORDERED)
+        first, second = ResponseStream(), ResponseStream()
+        scheduler.submit(_request([[0, 0]]), _value, first)
+        await _turn()
+        first.cancel()  # its client leaves while its batch runs
+        instance.end()
+        later = scheduler.submit(_request([[1, 1]]), _value, second)
+        await _turn()
+        assert instance.respond(0, lambda: None)
+        instance.end()
+        await _turn()
+        assert later.done() and later.result() is None
+
+    run(body)
+
+
+def test_a_request_whose_response_cannot_be_made_fails_once_and_stops_its_generation():
+    """Finishing a response fails for the only request (say, NaN in generate's JSON): it
+    ends with that error, counted once, and the batch is cancelled: nobody wants more."""
+
+    async def body():
+        scheduler, instance = _decoupled(ORDERED)
+        stream = ResponseStream()
+
+        def unencodable(outputs: dict[str, Tensor]) -> list[float]:
+            raise ProtocolError("output 'Y' holds NaN")
+
+        future = scheduler.submit(_request([[0, 0]]), unencodable, stream)
+        await _turn()
+        instance.respond(0, lambda: None)
+        assert instance.cancelled == [8]
+        instance.end(BatchFailure("it went on and failed", FailureCause.INSTANCE))
+        await _turn()
+        with pytest.raises(ProtocolError, match="NaN"):
+            future.result()
+        assert sum(scheduler._statistics.failures.values()) == 1
+
+    run(body)
+
+
+def test_a_rerun_to_isolate_a_fault_leaves_out_requests_whose_clients_left():
+    async def body():
+        scheduler, instance = _decoupled()
+        streams = [ResponseStream() for _ in range(2)]
+        for index, stream in enumerate(streams):
+            scheduler.submit(_request([[index, index]]), _value, stream)
+        await _turn()
+        streams[0].cancel()  # the other client stays: the batch goes on
+        instance.end(BatchFailure("boom", FailureCause.MODEL))  # before any response
+        await _turn()
+        assert [batch.tolist() for batch, _, _ in instance.batches] == [[[1, 1]]]
+
+    run(body)
