@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tools.bench.protocols import PERF_ANALYZER, perf_analyzer_environment
+
 pytestmark = pytest.mark.e2e
 
-BIN = Path(sys.executable).parent / "perf_analyzer"
-
-
-def _cuda_runtime_dir() -> str | None:
-    try:
-        import nvidia.cuda_runtime
-    except ImportError:
-        return None
-    return str(Path(next(iter(nvidia.cuda_runtime.__path__))) / "lib")
-
-
-def _environment() -> dict[str, str]:
-    env = dict(os.environ)
-    runtime = _cuda_runtime_dir()
-    if runtime:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            filter(None, [runtime, env.get("LD_LIBRARY_PATH")])
-        )
-    return env
+BIN = PERF_ANALYZER
+_environment = perf_analyzer_environment  # Model Analyzer's test runs it in the same
 
 
 def _runnable() -> str | None:

@@ -1,4 +1,5 @@
-"""Load for the other two ways clients call: gRPC ModelInfer and streamed responses (SSE).
+"""Load for the other two ways clients call: gRPC ModelInfer and streamed responses (SSE),
+and Triton's perf_analyzer as a client that costs the same over HTTP and gRPC.
 
 gRPC runs in a process of its own (``python -m tools.bench.protocols grpc ...``, printing
 its RunResult as JSON): grpc.aio brings its own event-loop integration, kept apart from
@@ -11,8 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
+import re
 import sys
 import time
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -67,6 +71,55 @@ async def grpc_closed_loop(
 
         await asyncio.gather(*(client(index) for index in range(concurrency)))
     return summarise(label, "closed", concurrency, 0.0, samples, duration)
+
+
+PERF_ANALYZER = Path(sys.executable).parent / "perf_analyzer"
+
+
+def perf_analyzer_environment() -> dict[str, str]:
+    """The environment perf_analyzer starts in: the tritonclient wheel's binary links
+    libcudart, which the nvidia-cuda-runtime wheel (a test dependency) holds."""
+    env = dict(os.environ)
+    try:
+        import nvidia.cuda_runtime
+    except ImportError:
+        return env
+    runtime = str(Path(next(iter(nvidia.cuda_runtime.__path__))) / "lib")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [runtime, env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
+async def perf_analyzer_run(
+    label: str, protocol: str, address: str, model: str, concurrency: int, duration: float
+) -> RunResult | None:
+    """perf_analyzer at ``concurrency`` for about ``duration`` seconds (binary tensors);
+    None when it cannot run here."""
+    if not PERF_ANALYZER.exists():
+        return None
+    process = await asyncio.create_subprocess_exec(
+        str(PERF_ANALYZER), "-m", model, "-u", address, "-i", protocol,
+        "--concurrency-range", str(concurrency),
+        "--measurement-interval", str(int(duration * 1000 / 3)),
+        "--stability-percentage", "100", "--max-trials", "3",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=perf_analyzer_environment(),
+    )  # fmt: skip
+    output = (await process.communicate())[0].decode(errors="replace")
+    throughput = re.search(r"Throughput: ([\d.]+) infer/sec", output)
+    if process.returncode or throughput is None:
+        return None
+
+    def latency_ms(name: str) -> float:
+        found = re.search(rf"{name} latency: (\d+) usec", output)
+        return int(found[1]) / 1000 if found else 0.0
+
+    rate = float(throughput[1])
+    return RunResult(
+        label=label, mode="closed", concurrency=concurrency, rate=0.0, duration_s=duration,
+        completed=int(rate * duration), errors=0, throughput=rate,
+        p50_ms=latency_ms("p50"), p90_ms=latency_ms("p90"), p99_ms=latency_ms("p99"),
+        max_ms=0.0, latency_slope_ms_per_s=0.0,
+    )  # fmt: skip
 
 
 class StreamResult(msgspec.Struct):

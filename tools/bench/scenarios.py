@@ -23,7 +23,7 @@ from tools.bench.loadgen import (
     encode_request,
     open_loop,
 )
-from tools.bench.protocols import sse_streams
+from tools.bench.protocols import perf_analyzer_run, sse_streams
 
 HOST = "127.0.0.1"
 
@@ -384,10 +384,14 @@ _PLUS_ONE = """
 async def protocols(duration: float, concurrency: int = 32, rounds: int = 3) -> Report:
     """The overhead workload (+1 on FP32[16]) at one concurrency over gRPC, HTTP binary
     and, as the baseline, an in-process FastAPI app; rounds interleaved, best of each.
-    The gRPC client is grpcio's (in its own process), the HTTP one our lean generator."""
+    The gRPC client is grpcio's (in its own process), the HTTP one our lean generator;
+    perf_analyzer (C++, the same cost either way) drives both protocols too, for the
+    server's own gRPC / HTTP ratio."""
     best: dict[str, RunResult] = {}
 
-    def keep(result: RunResult) -> None:
+    def keep(result: RunResult | None) -> None:
+        if result is None:  # perf_analyzer cannot run here
+            return
         if result.label not in best or result.throughput > best[result.label].throughput:
             best[result.label] = result
 
@@ -401,6 +405,14 @@ async def protocols(duration: float, concurrency: int = 32, rounds: int = 3) -> 
             binary = _binary_payloads("plus_one", 16)
             json_payloads = _json_payloads("plus_one", 16)
             for _ in range(rounds):
+                for protocol, port in (("grpc", grpc_port), ("http", server.port)):
+                    label = f"reposerve {protocol} (perf_analyzer)"
+                    address = f"{HOST}:{port}"
+                    keep(
+                        await perf_analyzer_run(
+                            label, protocol, address, "plus_one", concurrency, duration
+                        )
+                    )
                 keep(await _grpc_run(f"{HOST}:{grpc_port}", concurrency, duration))
                 keep(
                     await closed_loop(
@@ -428,6 +440,11 @@ async def protocols(duration: float, concurrency: int = 32, rounds: int = 3) -> 
         f"c={concurrency} grpc / fastapi throughput": grpc_result.throughput / baseline.throughput,
         f"c={concurrency} http binary / fastapi throughput": http.throughput / baseline.throughput,
     }
+    analyzed = [best.get(f"reposerve {protocol} (perf_analyzer)") for protocol in ("grpc", "http")]
+    if analyzed[0] is not None and analyzed[1] is not None:
+        facts[f"c={concurrency} perf_analyzer grpc / http throughput"] = (
+            analyzed[0].throughput / analyzed[1].throughput
+        )
     return Report("protocols", list(best.values()), facts)
 
 
