@@ -5,7 +5,9 @@ a client that leaves stops its generation, a slow client holds it back."""
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -563,3 +565,76 @@ def test_batches_cancelled_before_they_begin_on_an_async_instance_still_end(tmp_
     ended, in_flight = asyncio.run(body())
     assert len(ended) == 10 and in_flight == 0
     assert all(isinstance(outcome, BatchOutcome) for outcome in ended.values())
+
+
+def test_an_instance_killed_mid_stream_ends_each_of_its_streams_with_the_reason(
+    repository, tmp_path
+):
+    """Three streams on one async instance, SIGKILLed after their first responses: each
+    gets exactly its error as the last event; the replacement serves the next stream."""
+    log = tmp_path / "count.log"
+    write_model(repository, "count_async", counting_config(log), COUNTING_ASYNC)
+    server = start_server(repository, tmp_path)
+    try:
+        (pid,) = server.instance_pids()
+        url = f"{server.url}/v2/models/count_async/generate_stream"
+        outcomes: dict[int, list[dict]] = {}
+        started = threading.Barrier(4)
+
+        def stream(index: int) -> None:
+            body = {"COUNT": 1000, "DELAY": 0.02, "SIZE": 1}
+            with httpx.stream("POST", url, json=body, timeout=30) as reply:
+                events = []
+                for line in reply.iter_lines():
+                    if not line:
+                        continue
+                    events.append(msgspec.json.decode(line[len("data: ") :]))
+                    if len(events) == 2:
+                        started.wait(timeout=20)
+                outcomes[index] = events
+
+        threads = [threading.Thread(target=stream, args=(index,)) for index in range(3)]
+        for thread in threads:
+            thread.start()
+        started.wait(timeout=20)
+        os.kill(pid, signal.SIGKILL)
+        for thread in threads:
+            thread.join(30)
+        assert sorted(outcomes) == [0, 1, 2]
+        for events in outcomes.values():
+            *responses, last = events
+            assert [event["OUT"] for event in responses] == list(range(len(responses)))
+            assert "killed by SIGKILL" in last["error"] and "count_async" in last["error"]
+        ready = f"{server.url}/v2/models/count_async/ready"
+        assert _wait_for(lambda: httpx.get(ready).status_code == 200, timeout=20)
+        assert server.instance_pids() != [pid]
+        with httpx.stream("POST", url, json={"COUNT": 3, "DELAY": 0.0, "SIZE": 1}) as reply:
+            assert [event["OUT"] for event in _events(reply.iter_lines())] == [0, 1, 2]
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_an_unload_waits_for_running_streams_to_finish(repository, tmp_path):
+    log = tmp_path / "count.log"
+    write_model(repository, "count_sync", counting_config(log), COUNTING_SYNC)
+    server = start_server(repository, tmp_path)
+    try:
+        url = f"{server.url}/v2/models/count_sync/generate_stream"
+        received: list[dict] = []
+
+        def stream() -> None:
+            body = {"COUNT": 20, "DELAY": 0.05, "SIZE": 1}
+            with httpx.stream("POST", url, json=body, timeout=30) as reply:
+                received.extend(_events(reply.iter_lines()))
+
+        thread = threading.Thread(target=stream)
+        thread.start()
+        assert _wait_for(lambda: _lines(log).count("yield") >= 3)
+        unloaded = httpx.post(f"{server.url}/v2/repository/models/count_sync/unload", timeout=30)
+        assert unloaded.status_code == 200
+        thread.join(30)
+        assert [event["OUT"] for event in received] == list(range(20))  # nothing cut short
+        ready = httpx.get(f"{server.url}/v2/models/count_sync/ready")
+        assert ready.status_code == 400
+    finally:
+        assert server.stop() == 0, server.log()
