@@ -2,14 +2,16 @@
 
     python -m tools.soak [--duration 60] [--concurrency 8] [--fault-every 3]
 
-Three models. ``adder`` answers x + 1 and refuses an item starting with POISON as bad
+Four models. ``adder`` answers x + 1 and refuses an item starting with POISON as bad
 input (``reposerve.InvalidInput``); ``hangs`` hangs for good on an item starting with 13,
 and its execution timeout (1 s) kills and replaces the instance; ``stuck`` hangs with no
-timeout and is used only at the end.
+timeout and is used only at the end; ``counter`` is decoupled and streams 0..COUNT-1.
 
 Clients send good requests (each checked against its exact answer), poisoned ones (a 400
 for that request alone, while the rest of its batch is served), hanging ones (a 500
-naming the timeout) and malformed ones (a 4xx), while a fault loop in turn SIGKILLs an
+naming the timeout), malformed ones (a 4xx) and streams over generate_stream (every
+response in order, or a fault's error as the last event; some clients leave after two
+responses, which cancels the rest), while a fault loop in turn SIGKILLs an
 instance, reloads ``adder`` from disk, and unloads and loads ``hangs`` again. Then the
 clients stop: every request must have had its answer and the pending gauge must read 0.
 Last, requests are left queued behind a hung ``stuck`` and the server gets SIGTERM: each
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import signal
@@ -64,6 +67,16 @@ HANGS = f"""
                     time.sleep(1)
             return {{"OUTPUT": inputs["INPUT"]}}
 """
+COUNTER = """
+    import asyncio
+    import numpy as np
+
+    class Model:
+        async def execute(self, inputs):
+            for index in range(int(inputs["COUNT"][0])):
+                await asyncio.sleep(0.005)
+                yield {"INDEX": np.array([index], np.int32)}
+"""
 TENSORS = """
     max_batch_size = 8
     [[input]]
@@ -81,8 +94,18 @@ CONFIGS = {
     # No dynamic batching: a hung request runs alone, so it costs no neighbour.
     "hangs": TENSORS + "[[instance_group]]\ncount = 2\n[execution]\ntimeout_seconds = 1\n",
     "stuck": TENSORS + "[execution]\ntimeout_seconds = 0\n",
+    "counter": """
+        [[input]]
+        name = "COUNT"
+        datatype = "INT32"
+        shape = [1]
+        [[output]]
+        name = "INDEX"
+        datatype = "INT32"
+        shape = [1]
+    """,
 }
-CODE = {"adder": ADDER, "hangs": HANGS, "stuck": HANGS}
+CODE = {"adder": ADDER, "hangs": HANGS, "stuck": HANGS, "counter": COUNTER}
 BAD_BODIES = [
     b"{",
     b'{"inputs": [{"name": "INPUT", "shape": [1, 16], "datatype": "FP32", "data": [1]}]}',
@@ -154,11 +177,48 @@ def _judge(tally: Outcomes, kind: str, response: httpx.Response, expected: np.nd
         tally.problem(f"{kind} request answered {status} {text[:120]}")
 
 
+async def _stream(http: httpx.AsyncClient, tally: Outcomes, count: int, leave: bool) -> None:
+    """One generate_stream call to ``counter``: in full, or (``leave``) left after two."""
+    tally.sent += 1
+    events: list[dict] = []
+    try:
+        async with http.stream(
+            "POST", "/v2/models/counter/generate_stream", json={"COUNT": count}
+        ) as reply:
+            if reply.status_code != 200:
+                events.append(json.loads(await reply.aread()))
+            else:
+                async for line in reply.aiter_lines():
+                    if line:
+                        events.append(json.loads(line[len("data: ") :]))
+                    if leave and len(events) == 2:
+                        break
+    except (httpx.HTTPError, ValueError) as exc:
+        tally.problem(f"LOST: stream got no answer ({type(exc).__name__})")
+        return
+    tally.answered += 1
+    error = events[-1].get("error", "") if events else "no response at all"
+    explained = [reason for reason in EXPLAINED if reason in error]
+    indices = [event.get("INDEX") for event in events if "error" not in event]
+    if indices != list(range(len(indices))):
+        tally.problem(f"stream answered WRONG: {indices}")
+    elif not error and (len(indices) == count or (leave and len(indices) == 2)):
+        tally.ok("stream left after two responses" if leave else "stream answered in full")
+    elif explained:
+        tally.ok(f"stream ended by a fault: {explained[0]}")
+    else:
+        tally.problem(f"stream ended with {len(indices)} of {count}: {error[:120]}")
+
+
 async def _client(base: str, running: asyncio.Event, tally: Outcomes, seed: int) -> None:
     rng = np.random.default_rng(seed)
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         while running.is_set():
             roll = rng.random()
+            if roll > 0.9:
+                count = int(rng.integers(3, 40))
+                await _stream(http, tally, count, leave=bool(rng.random() < 0.3))
+                continue
             batch = int(rng.integers(1, 4))
             values = rng.standard_normal((batch, 16)).astype(np.float32)
             model, expected, content = "adder", values + 1, None
