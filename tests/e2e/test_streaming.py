@@ -85,6 +85,18 @@ COUNTING_ASYNC = """
 """
 
 
+X_TO_Y = """
+[[input]]
+name = "X"
+datatype = "INT32"
+shape = [1]
+[[output]]
+name = "Y"
+datatype = "INT32"
+shape = [1]
+"""
+
+
 def counting_config(log: Path) -> str:
     return f"""
         [[input]]
@@ -437,20 +449,9 @@ def test_batched_requests_each_get_their_own_rows_of_every_response(repository, 
     write_model(
         repository,
         "batched_stream",
-        """
-        max_batch_size = 8
-        [[input]]
-        name = "X"
-        datatype = "INT32"
-        shape = [1]
-        [[output]]
-        name = "Y"
-        datatype = "INT32"
-        shape = [1]
-        [dynamic_batching]
-        max_queue_delay_microseconds = 200000
-        preferred_batch_size = [4]
-        """,
+        "max_batch_size = 8\n"
+        + X_TO_Y
+        + "[dynamic_batching]\nmax_queue_delay_microseconds = 200000\npreferred_batch_size = [4]",
         """
         import numpy as np
 
@@ -486,16 +487,7 @@ def test_batched_requests_each_get_their_own_rows_of_every_response(repository, 
 
 
 def test_decoupled_needs_a_generator_and_a_generator_is_decoupled(repository, tmp_path):
-    one_vector = """
-        [[input]]
-        name = "X"
-        datatype = "INT32"
-        shape = [1]
-        [[output]]
-        name = "Y"
-        datatype = "INT32"
-        shape = [1]
-    """
+    one_vector = X_TO_Y
     write_model(
         repository,
         "says_decoupled",

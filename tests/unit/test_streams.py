@@ -126,6 +126,16 @@ def _decoupled(batching: str = "preferred_batch_size = [2]\nmax_queue_delay_micr
     return scheduler, instance
 
 
+def _submit_two(scheduler: Scheduler) -> tuple[list[ResponseStream], list[asyncio.Future]]:
+    """Two streamed requests, [[0, 0]] and [[1, 1]]."""
+    streams = [ResponseStream() for _ in range(2)]
+    futures = [
+        scheduler.submit(_request([[index, index]]), _value, stream)
+        for index, stream in enumerate(streams)
+    ]
+    return streams, futures
+
+
 def _value(outputs: dict[str, Tensor]) -> list[float]:
     return np.frombuffer(outputs["Y"].raw, np.float32).tolist()
 
@@ -173,11 +183,7 @@ def test_a_full_stream_holds_the_instance_until_every_full_one_has_room():
 def test_a_decoupled_batch_is_cancelled_once_all_its_clients_have_gone():
     async def body():
         scheduler, instance = _decoupled()
-        streams = [ResponseStream() for _ in range(2)]
-        futures = [
-            scheduler.submit(_request([[index, index]]), _value, stream)
-            for index, stream in enumerate(streams)
-        ]
+        streams, futures = _submit_two(scheduler)
         await _turn()
         streams[0].cancel()
         assert instance.cancelled == []  # the other client still reads
@@ -197,11 +203,7 @@ def test_a_decoupled_batch_failing_after_a_response_is_not_run_again():
 
     async def body():
         scheduler, instance = _decoupled()
-        streams = [ResponseStream() for _ in range(2)]
-        futures = [
-            scheduler.submit(_request([[index, index]]), _value, stream)
-            for index, stream in enumerate(streams)
-        ]
+        streams, futures = _submit_two(scheduler)
         await _turn()
         assert instance.respond(0, lambda: None)
         instance.end(BatchFailure("boom", FailureCause.MODEL))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -168,6 +168,34 @@ async def closed_loop(
 ) -> RunResult:
     """``concurrency`` clients, each sending its next request when the last one returns."""
     connections = [await _connect(host, port) for _ in range(concurrency)]
+
+    async def call(index: int, payload: bytes) -> bool:
+        try:
+            return await connections[index].request(payload) == 200
+        except ConnectionError:
+            # Servers close keep-alive connections after N requests (Hypercorn: 1000);
+            # a real client reconnects and resends, and so do we, once.
+            connections[index] = await _connect(host, port)
+            try:
+                return await connections[index].request(payload) == 200
+            except ConnectionError:
+                return False
+
+    samples = await drive(call, payloads, concurrency, duration, warmup)
+    for connection in connections:
+        connection.transport.close()
+    return summarise(label, "closed", concurrency, 0.0, samples, duration)
+
+
+async def drive(
+    call: Callable[[int, bytes], Awaitable[bool]],
+    payloads: Sequence[bytes],
+    concurrency: int,
+    duration: float,
+    warmup: float = 1.0,
+) -> list[Sample]:
+    """The closed loop itself: client ``index`` awaits ``call(index, payload)`` (whether it
+    succeeded) for payload after payload; samples after ``warmup``, and every failure."""
     samples: list[Sample] = []
     start = time.perf_counter()
     measure_from = start + warmup
@@ -178,23 +206,12 @@ async def closed_loop(
             sent = time.perf_counter()
             if sent >= stop_at:
                 return
-            try:
-                ok = await connections[index].request(payload) == 200
-            except ConnectionError:
-                # Servers close keep-alive connections after N requests (Hypercorn: 1000);
-                # a real client reconnects and resends, and so do we, once.
-                connections[index] = await _connect(host, port)
-                try:
-                    ok = await connections[index].request(payload) == 200
-                except ConnectionError:
-                    ok = False
+            ok = await call(index, payload)
             if sent >= measure_from or not ok:
                 samples.append(Sample(sent - measure_from, time.perf_counter() - sent, ok))
 
-    await asyncio.gather(*(client(i) for i in range(concurrency)))
-    for connection in connections:
-        connection.transport.close()
-    return summarise(label, "closed", concurrency, 0.0, samples, duration)
+    await asyncio.gather(*(client(index) for index in range(concurrency)))
+    return samples
 
 
 async def open_loop(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import os
 import re
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from tools.bench.loadgen import RunResult, Sample, encode_request, summarise
+from tools.bench.loadgen import RunResult, drive, encode_request, summarise
 
 
 def infer_request_bytes(model: str, size: int, count: int = 16) -> list[bytes]:
@@ -48,28 +47,18 @@ async def grpc_closed_loop(
 
     from reposerve.grpc import schema
 
-    samples: list[Sample] = []
     async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.unary_unary(f"/{schema.SERVICE}/ModelInfer")
-        await call(payloads[0])  # the connection is up before the clock starts
-        start = time.perf_counter()
-        measure_from = start + 1.0
-        stop_at = measure_from + duration
+        rpc = channel.unary_unary(f"/{schema.SERVICE}/ModelInfer")
+        await rpc(payloads[0])  # the connection is up before the clock starts
 
-        async def client(index: int) -> None:
-            for payload in itertools.islice(itertools.cycle(payloads), index, None):
-                sent = time.perf_counter()
-                if sent >= stop_at:
-                    return
-                try:
-                    await call(payload)
-                    ok = True
-                except grpc.aio.AioRpcError:
-                    ok = False
-                if sent >= measure_from or not ok:
-                    samples.append(Sample(sent - measure_from, time.perf_counter() - sent, ok))
+        async def call(index: int, payload: bytes) -> bool:
+            try:
+                await rpc(payload)
+            except grpc.aio.AioRpcError:
+                return False
+            return True
 
-        await asyncio.gather(*(client(index) for index in range(concurrency)))
+        samples = await drive(call, payloads, concurrency, duration)
     return summarise(label, "closed", concurrency, 0.0, samples, duration)
 
 
