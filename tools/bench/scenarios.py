@@ -461,10 +461,10 @@ async def _grpc_run(address: str, concurrency: int, duration: float) -> RunResul
 
 
 async def streaming(duration: float, stream_counts: tuple[int, ...] = (1, 16)) -> Report:
-    """The bundled ``text_stream`` example streaming 32 words per request over SSE with no
-    delay between them (so the server's own cost shows), at 1 and 16 concurrent streams,
-    against the same stream made in-process by a bare Starlette app (the ceiling)."""
-    body = msgspec.json.encode({"text_input": " ".join(["word"] * 32), "delay_ms": 0})
+    """The bundled ``text_stream`` example streaming 32 words per request over SSE at 1 and
+    16 concurrent streams, against the same stream made in-process by a bare Starlette app
+    (the ceiling): with no delay between words (the server's own cost per response) and
+    with 10 ms (a model that takes its time, as a text generator does)."""
     path = "/v2/models/text_stream/generate_stream"
     facts: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -473,18 +473,27 @@ async def streaming(duration: float, stream_counts: tuple[int, ...] = (1, 16)) -
         server = servers.reposerve(root)
         baseline = servers.asgi("starlette sse", "tools.bench.baselines:starlette_sse", "uvicorn")
         try:
-            for streams in stream_counts:
-                for label, port in (("reposerve", server.port), ("starlette sse", baseline.port)):
-                    result = await sse_streams(label, HOST, port, path, body, streams, duration)
-                    print(result.line(), flush=True)
-                    key = f"{label} streams={streams}"
-                    facts[f"{key} responses/s"] = result.responses_per_s
-                    facts[f"{key} first response p50 (ms)"] = result.first_p50_ms
-                    facts[f"{key} first response p99 (ms)"] = result.first_p99_ms
-                    facts[f"{key} errors"] = result.errors
-                ours = facts[f"reposerve streams={streams} responses/s"]
-                ceiling = facts[f"starlette sse streams={streams} responses/s"]
-                facts[f"streams={streams} reposerve / starlette sse responses/s"] = ours / ceiling
+            for delay_ms in (0, 10):
+                body = msgspec.json.encode(
+                    {"text_input": " ".join(["word"] * 32), "delay_ms": delay_ms}
+                )
+                for streams in stream_counts:
+                    case = f"delay {delay_ms} ms streams={streams}"
+                    for label, port in (
+                        ("reposerve", server.port),
+                        ("starlette sse", baseline.port),
+                    ):
+                        result = await sse_streams(label, HOST, port, path, body, streams, duration)
+                        print(f"{case}: {result.line()}", flush=True)
+                        key = f"{case} {label}"
+                        facts[f"{key} responses/s"] = result.responses_per_s
+                        facts[f"{key} first response p50 (ms)"] = result.first_p50_ms
+                        facts[f"{key} first response p99 (ms)"] = result.first_p99_ms
+                        facts[f"{key} errors"] = result.errors
+                    facts[f"{case} reposerve / starlette sse responses/s"] = (
+                        facts[f"{case} reposerve responses/s"]
+                        / facts[f"{case} starlette sse responses/s"]
+                    )
         finally:
             server.stop()
             baseline.stop()
