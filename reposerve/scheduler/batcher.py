@@ -20,7 +20,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from reposerve.backends.base import RequestFailure, RequestSlice
 from reposerve.config import ModelConfig
@@ -36,96 +36,15 @@ from reposerve.instance.process import (
     BatchOutcome,
     BatchTensor,
     FailureCause,
-    OnDone,
-    OnResponse,
-    OnStart,
     StreamedResponse,
 )
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
 from reposerve.scheduler.stream import ResponseStream
+from reposerve.scheduler.work import Batch, Executor, Finish, Queued
 from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor, split_batch
-
-Finish = Callable[[dict[str, Tensor]], Any]
-"""Turns a request's outputs (views valid only during the call) into its result."""
-
-
-class Executor(Protocol):
-    """What the scheduler needs of an instance."""
-
-    @property
-    def in_flight(self) -> int: ...
-
-    def has_capacity(self, staged: bool = False) -> bool:
-        """Whether it takes a batch to run now, or (``staged``) to run next."""
-        ...
-
-    @property
-    def per_request(self) -> bool:
-        """Whether its backend reads each batch's request boundaries."""
-        ...
-
-    def run(
-        self,
-        inputs: Sequence[BatchTensor],
-        on_done: OnDone,
-        on_start: OnStart | None = None,
-        requests: Sequence[RequestSlice] = (),
-        on_response: OnResponse | None = None,
-    ) -> int:
-        """Start a batch; returns its id for ``cancel``."""
-        ...
-
-    def cancel(self, batch_id: int) -> None:
-        """Stop a decoupled batch whose clients have all gone."""
-        ...
-
-
-class _Queued:
-    __slots__ = (
-        "request", "finish", "future", "key", "enqueued_ns", "timer", "sequence", "stream",
-        "batch",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        request: InferRequest,
-        finish: Finish,
-        future: asyncio.Future,
-        key: tuple,
-        now: int,
-        stream: ResponseStream | None,
-    ) -> None:
-        self.request = request
-        self.finish = finish
-        self.future = future
-        self.key = key
-        self.enqueued_ns = now
-        self.timer: Timer | None = None
-        self.sequence = -1  # delivery order under preserve_ordering, given when dispatched
-        self.stream = stream  # where a decoupled model's responses go, finished each
-        self.batch: _Batch | None = None  # the one running it
-
-
-class _Batch:
-    """Requests handed to an instance together, and when that happened."""
-
-    __slots__ = (
-        "items", "started_ns", "launched_ns", "rerun", "waiting", "instance", "handle",
-        "responded",
-    )  # fmt: skip
-
-    def __init__(self, items: list[_Queued], started_ns: int, rerun: bool) -> None:
-        self.items = items
-        self.started_ns = started_ns
-        self.launched_ns = started_ns  # set once the instance took it
-        self.rerun = rerun  # part of a failed batch, run again to isolate the fault
-        self.waiting = True  # staged on an instance, not running yet
-        self.instance: Executor | None = None
-        self.handle = -1  # the instance's id for it
-        self.responded = False  # a decoupled batch sent a response: it must not run again
 
 
 class Scheduler:
@@ -150,12 +69,12 @@ class Scheduler:
         self._default_timeout_us = batching.default_timeout_microseconds if batching else 0
         self._ordered = bool(batching and batching.preserve_ordering)
         self._isolate = config.execution.isolate_failures
-        self._queues: list[deque[_Queued]] = [deque() for _ in range(self._levels)]
+        self._queues: list[deque[Queued]] = [deque() for _ in range(self._levels)]
         self._queued = 0
         self._queued_items = 0  # their batch sizes summed: whether a full batch could form
         # Run before the queue: parts of failed batches (rerun=True, to isolate a fault)
         # and batches handed back unstarted by an instance that died.
-        self._reruns: deque[tuple[list[_Queued], bool]] = deque()
+        self._reruns: deque[tuple[list[Queued], bool]] = deque()
         self._in_flight = 0
         self._staged = 0  # requests handed to an instance that has not started them
         self._dispatch_scheduled = False
@@ -202,7 +121,7 @@ class Scheduler:
             )
         key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
         future = asyncio.get_running_loop().create_future()
-        item = _Queued(request, finish, future, key, self._clock.now(), stream)
+        item = Queued(request, finish, future, key, self._clock.now(), stream)
         if stream is not None:
             stream.on_cancel = partial(self._abandon, item)
         timeout_us = request.timeout_us or self._default_timeout_us
@@ -314,12 +233,12 @@ class Scheduler:
             self._rotation = (self._rotation + 1) % count
         return best
 
-    def _head(self) -> tuple[list[_Queued], bool]:
+    def _head(self) -> tuple[list[Queued], bool]:
         """The oldest requests that may share a batch, and whether another shape follows."""
         for queue in self._queues:
             while queue and queue[0].future.done():
                 self._discard(queue.popleft())
-        head: list[_Queued] = []
+        head: list[Queued] = []
         total = 0
         for item in itertools.chain.from_iterable(self._queues):
             if item.future.done():
@@ -332,8 +251,8 @@ class Scheduler:
                 break
         return head, False
 
-    def _pop(self, count: int) -> list[_Queued]:
-        taken: list[_Queued] = []
+    def _pop(self, count: int) -> list[Queued]:
+        taken: list[Queued] = []
         for queue in self._queues:
             while queue and len(taken) < count:
                 item = queue.popleft()
@@ -350,7 +269,7 @@ class Scheduler:
                 taken.append(item)
         return taken
 
-    def _launch(self, instance: Executor, items: list[_Queued], rerun: bool) -> None:
+    def _launch(self, instance: Executor, items: list[Queued], rerun: bool) -> None:
         first = items[0].request
         count = sum(item.request.batch_size for item in items)
         batched = self._config.max_batch_size > 0
@@ -365,7 +284,7 @@ class Scheduler:
         ]
         self._in_flight += 1
         self._staged += len(items)
-        batch = _Batch(items, self._clock.now(), rerun)
+        batch = Batch(items, self._clock.now(), rerun)
         batch.instance = instance
         for item in items:
             item.batch = batch
@@ -397,13 +316,13 @@ class Scheduler:
             )
         batch.launched_ns = self._clock.now()
 
-    def _started(self, batch: _Batch) -> None:
+    def _started(self, batch: Batch) -> None:
         if batch.waiting:
             batch.waiting = False
             self._staged -= len(batch.items)
 
     def _responded(
-        self, batch: _Batch, response: StreamedResponse, resume: Callable[[], None]
+        self, batch: Batch, response: StreamedResponse, resume: Callable[[], None]
     ) -> bool:
         """One response of a decoupled batch: each request's part (or the one request's,
         when it names one), finished, goes to its stream. Returns whether the instance may
@@ -451,19 +370,19 @@ class Scheduler:
             stream.when_room(room)
         return False
 
-    def _abandon(self, item: _Queued) -> None:
+    def _abandon(self, item: Queued) -> None:
         """A streamed request's client has gone: a queued request is dropped when the
         queue reaches it; a running batch is stopped once none of its clients is left."""
         item.future.cancel()
         if item.batch is not None:
             self._stop_if_abandoned(item.batch)
 
-    def _stop_if_abandoned(self, batch: _Batch) -> None:
+    def _stop_if_abandoned(self, batch: Batch) -> None:
         """Cancel a running decoupled batch none of whose requests wants more."""
         if batch.instance is not None and all(item.future.done() for item in batch.items):
             batch.instance.cancel(batch.handle)
 
-    def _pieces(self, batch: _Batch, outputs: dict[str, Tensor]) -> dict[str, list[Tensor]]:
+    def _pieces(self, batch: Batch, outputs: dict[str, Tensor]) -> dict[str, list[Tensor]]:
         """Each output cut into the batch's requests, in batch order."""
         if self._config.max_batch_size > 0:
             sizes = [item.request.batch_size for item in batch.items]
@@ -471,7 +390,7 @@ class Scheduler:
         # no batch dimension: the batch is one request, its outputs whole
         return {name: [tensor] for name, tensor in outputs.items()}
 
-    def _complete(self, batch: _Batch, outcome: BatchOutcome | BatchFailure) -> None:
+    def _complete(self, batch: Batch, outcome: BatchOutcome | BatchFailure) -> None:
         self._in_flight -= 1
         self._started(batch)
         if isinstance(outcome, BatchFailure):
@@ -482,7 +401,7 @@ class Scheduler:
         if self._queued or self._reruns:
             self._wake()
 
-    def _succeeded(self, batch: _Batch, outcome: BatchOutcome) -> None:
+    def _succeeded(self, batch: Batch, outcome: BatchOutcome) -> None:
         now = self._clock.now()
         items = batch.items
         sizes = [item.request.batch_size for item in items]
@@ -530,7 +449,7 @@ class Scheduler:
             request_ns, queue_ns, input_ns, outcome.compute_ns, finished - now
         )
 
-    def _failed(self, batch: _Batch, failure: BatchFailure) -> None:
+    def _failed(self, batch: Batch, failure: BatchFailure) -> None:
         if failure.cause is FailureCause.NOT_STARTED and self._aborted is None:
             self._reruns.appendleft((batch.items, batch.rerun))  # it was next in line
             return
@@ -559,7 +478,7 @@ class Scheduler:
 
     # -- endings -----------------------------------------------------------------------
 
-    def _expire(self, item: _Queued) -> None:
+    def _expire(self, item: Queued) -> None:
         for queue in self._queues:
             try:
                 queue.remove(item)
@@ -579,7 +498,7 @@ class Scheduler:
 
     def _fail(
         self,
-        item: _Queued,
+        item: Queued,
         error: ReposerveError,
         reason: FailureReason,
         isolated: bool = False,
@@ -595,7 +514,7 @@ class Scheduler:
         self._statistics.record_failure(1, waited, reason, isolated)
         self._settle(item, None, error)
 
-    def _settle(self, item: _Queued, result: Any, error: BaseException | None) -> None:
+    def _settle(self, item: Queued, result: Any, error: BaseException | None) -> None:
         """Hand ``item`` its outcome, in dispatch order under preserve_ordering."""
         if item.sequence < 0:  # unordered, or never dispatched
             _deliver(item.future, result, error)
@@ -605,19 +524,19 @@ class Scheduler:
             _deliver(*self._held.pop(self._delivered))
             self._delivered += 1
 
-    def _discard(self, item: _Queued) -> None:
+    def _discard(self, item: Queued) -> None:
         """Drop a request whose caller gave up before it was scheduled."""
         self._dequeued(item)
         if item.timer is not None:
             item.timer.cancel()
         self._record_cancel(item)
 
-    def _record_cancel(self, item: _Queued) -> None:
+    def _record_cancel(self, item: Queued) -> None:
         # Only a cancelled caller completes a future still queued.
         waited = self._clock.now() - item.enqueued_ns
         self._statistics.record_failure(1, waited, FailureReason.CANCELED)
 
-    def _dequeued(self, item: _Queued) -> None:
+    def _dequeued(self, item: Queued) -> None:
         self._queued -= 1
         self._queued_items -= item.request.batch_size
 

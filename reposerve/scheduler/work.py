@@ -1,0 +1,94 @@
+"""What a scheduler holds: requests waiting in its queue, batches running on instances,
+and what it needs of an instance (``Executor``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from reposerve.backends.base import RequestSlice
+from reposerve.instance.process import BatchTensor, OnDone, OnResponse, OnStart
+from reposerve.protocol.request import InferRequest
+from reposerve.scheduler.clock import Timer
+from reposerve.scheduler.stream import ResponseStream
+from reposerve.tensor import Tensor
+
+Finish = Callable[[dict[str, Tensor]], Any]
+"""Turns a request's outputs (views valid only during the call) into its result."""
+
+
+class Executor(Protocol):
+    """What the scheduler needs of an instance."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def has_capacity(self, staged: bool = False) -> bool:
+        """Whether it takes a batch to run now, or (``staged``) to run next."""
+        ...
+
+    @property
+    def per_request(self) -> bool:
+        """Whether its backend reads each batch's request boundaries."""
+        ...
+
+    def run(
+        self,
+        inputs: Sequence[BatchTensor],
+        on_done: OnDone,
+        on_start: OnStart | None = None,
+        requests: Sequence[RequestSlice] = (),
+        on_response: OnResponse | None = None,
+    ) -> int:
+        """Start a batch; returns its id for ``cancel``."""
+        ...
+
+    def cancel(self, batch_id: int) -> None:
+        """Stop a decoupled batch whose clients have all gone."""
+        ...
+
+
+class Queued:
+    __slots__ = (
+        "request", "finish", "future", "key", "enqueued_ns", "timer", "sequence", "stream",
+        "batch",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        request: InferRequest,
+        finish: Finish,
+        future: asyncio.Future,
+        key: tuple,
+        now: int,
+        stream: ResponseStream | None,
+    ) -> None:
+        self.request = request
+        self.finish = finish
+        self.future = future
+        self.key = key
+        self.enqueued_ns = now
+        self.timer: Timer | None = None
+        self.sequence = -1  # delivery order under preserve_ordering, given when dispatched
+        self.stream = stream  # where a decoupled model's responses go, finished each
+        self.batch: Batch | None = None  # the one running it
+
+
+class Batch:
+    """Requests handed to an instance together, and when that happened."""
+
+    __slots__ = (
+        "items", "started_ns", "launched_ns", "rerun", "waiting", "instance", "handle",
+        "responded",
+    )  # fmt: skip
+
+    def __init__(self, items: list[Queued], started_ns: int, rerun: bool) -> None:
+        self.items = items
+        self.started_ns = started_ns
+        self.launched_ns = started_ns  # set once the instance took it
+        self.rerun = rerun  # part of a failed batch, run again to isolate the fault
+        self.waiting = True  # staged on an instance, not running yet
+        self.instance: Executor | None = None
+        self.handle = -1  # the instance's id for it
+        self.responded = False  # a decoupled batch sent a response: it must not run again
