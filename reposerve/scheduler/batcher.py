@@ -293,20 +293,16 @@ class Scheduler:
             if instance.per_request
             else ()
         )
+        # Streamed requests are a decoupled model's (the service sends no other kind).
+        on_response = partial(self._responded, batch) if items[0].stream is not None else None
         try:
-            # Streamed requests are a decoupled model's (the service sends no other kind).
-            if items[0].stream is not None:
-                batch.handle = instance.run(
-                    inputs,
-                    partial(self._complete, batch),
-                    partial(self._started, batch),
-                    requests,
-                    partial(self._responded, batch),
-                )
-            else:
-                instance.run(
-                    inputs, partial(self._complete, batch), partial(self._started, batch), requests
-                )
+            batch.handle = instance.run(
+                inputs,
+                partial(self._complete, batch),
+                partial(self._started, batch),
+                requests,
+                on_response,
+            )
         except OSError as exc:
             self._complete(
                 batch,

@@ -38,7 +38,7 @@ class JudgingInstance:
     def has_capacity(self, staged: bool = False) -> bool:
         return self.running == 0
 
-    def run(self, inputs, on_done, on_start=None, requests=()) -> None:
+    def run(self, inputs, on_done, on_start=None, requests=(), on_response=None) -> int:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
         self.batches.append(batch[:, 0].tolist())
@@ -46,6 +46,7 @@ class JudgingInstance:
         if on_start:
             on_start()
         asyncio.get_running_loop().call_soon(self._finish, batch, on_done)
+        return len(self.batches)
 
     def _finish(self, batch: np.ndarray, on_done) -> None:
         self.running -= 1

@@ -72,13 +72,14 @@ class StandInInstance:
     def has_capacity(self, staged: bool = False) -> bool:
         return len(self.running) < self.capacity + (self.staging if staged else 0)
 
-    def run(self, inputs, on_done, on_start=None, requests=()) -> None:
+    def run(self, inputs, on_done, on_start=None, requests=(), on_response=None) -> int:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
         self.running.append((batch, on_done, on_start))
         self.batches.append(batch)
         if len(self.running) <= self.capacity and on_start:  # else staged: starts later
             on_start()
+        return len(self.batches)
 
     def finish(self, index: int = 0) -> None:
         batch, on_done, _ = self._take(index)
