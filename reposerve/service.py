@@ -38,6 +38,10 @@ class _IndexRequest(msgspec.Struct):
     ready: bool = False
 
 
+class _UnloadRequest(msgspec.Struct):
+    parameters: dict[str, Any] = {}
+
+
 class InferenceService:
     def __init__(
         self,
@@ -60,9 +64,17 @@ class InferenceService:
 
     async def start(self, names: list[str] | None) -> list[IndexEntry]:
         """Load ``names`` (every model on disk when None); failures leave others serving.
-        Returns the index rows of the models that failed."""
+        Ensembles load after the models they call. Returns the index rows of the models
+        that failed."""
         wanted = self.repository.names() if names is None else names
-        await asyncio.gather(*(self._load_quietly(name) for name in wanted))
+        steps = {name: set(self.repository.steps_of(name)) for name in wanted}
+        while steps:
+            # A wave: every model none of whose steps is still waiting (a cycle, refused
+            # when loading, goes last).
+            wave = [name for name, uses in steps.items() if not uses & steps.keys()] or list(steps)
+            await asyncio.gather(*(self._load_quietly(name) for name in wave))
+            for name in wave:
+                del steps[name]
         self._started = True
         return [entry for entry in self.repository.index() if entry.state == "UNAVAILABLE"]
 
@@ -328,9 +340,18 @@ class InferenceService:
                 f"failed to load '{name}': {reasons}", kind=ErrorKind.INVALID_ARGUMENT
             )
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, body: bytes = b"") -> None:
+        """Triton's unload; ``parameters.unload_dependents`` unloads the ensembles that
+        call the model too (otherwise they stop serving, saying why)."""
         self._check_control()
-        await self.repository.unload(name)
+        try:
+            request = msgspec.json.decode(body or b"{}", type=_UnloadRequest)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise ProtocolError(f"unload '{name}': malformed request JSON: {exc}") from exc
+        dependents = request.parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise ProtocolError(f"unload '{name}': parameter unload_dependents must be a bool")
+        await self.repository.unload(name, dependents=dependents)
 
     def _check_control(self) -> None:
         if self.model_control_mode != "explicit":

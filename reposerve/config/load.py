@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from reposerve.config.ensemble import check_ensemble
 from reposerve.config.schema import ModelConfig
 from reposerve.errors import ConfigError
 
@@ -140,7 +141,7 @@ def _check(config: ModelConfig, folder_name: str | None) -> str | None:
             seen.add(tensor.name)
             if section == "input" and tensor.label_filename is not None:
                 return f"input[{index}].label_filename: only outputs have class labels"
-    return _check_batching(config)
+    return check_ensemble(config) or _check_batching(config)
 
 
 def _check_batching(config: ModelConfig) -> str | None:

@@ -20,7 +20,7 @@ Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BF16", "BYTES",
 ]  # fmt: skip
-Backend = Literal["python", "onnxruntime", "torch"]
+Backend = Literal["python", "onnxruntime", "torch", "ensemble"]
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -84,6 +84,16 @@ class Warmup(_Section):
     inputs: dict[str, Literal["zero", "random"]] = {}
 
 
+class EnsembleStep(_Section):
+    """One step of an ensemble (Triton's ``ensemble_scheduling.step``): a model of the
+    repository, and which ensemble tensors its inputs read and its outputs write."""
+
+    model: ModelName
+    input_map: dict[str, str]  # the step model's input -> the ensemble tensor it reads
+    output_map: dict[str, str]  # the step model's output -> the ensemble tensor it writes
+    version: Annotated[int, Meta(ge=-1)] = -1  # -1: the newest ready version
+
+
 class ModelConfig(_Section):
     name: ModelName | None = None
     backend: Backend | None = None
@@ -101,4 +111,5 @@ class ModelConfig(_Section):
     # request (a generator); served only on the streaming endpoints. Set by itself when
     # a python model's execute is a generator.
     decoupled: bool = False
+    step: list[EnsembleStep] = []  # backend = "ensemble": the pipeline, in any order
     parameters: dict[str, Any] = {}

@@ -20,6 +20,7 @@ _BACKENDS = {
     "pytorch": "torch",
     "pytorch_libtorch": "torch",
     "python": "python",
+    "ensemble": "ensemble",
 }
 _KINDS = {"KIND_AUTO": "auto", "KIND_GPU": "gpu", "KIND_CPU": "cpu"}
 _POSITIONAL = re.compile(r"^.+__(\d+)$")  # Triton's libtorch naming: INPUT__0, OUTPUT__1
@@ -109,8 +110,10 @@ def _backend(table: dict[str, Any], value: str, where: str) -> None:
         return
     backend = _BACKENDS.get(value)
     if backend is None:
-        raise ConfigError(f"{where}: '{value}' is not served by reposerve (it serves: python, "
-                          "onnxruntime/onnxruntime_onnx, pytorch/pytorch_libtorch)")  # fmt: skip
+        raise ConfigError(
+            f"{where}: '{value}' is not served by reposerve (it serves: python, "
+            "onnxruntime/onnxruntime_onnx, pytorch/pytorch_libtorch, ensemble)"
+        )
     if table.setdefault("backend", backend) != backend:
         raise ConfigError(f"{where}: '{value}' contradicts the platform/backend given before it")
 
@@ -305,6 +308,22 @@ def _default_model_filename(table: dict[str, Any], value: str, where: str) -> No
         )
 
 
+def _ensemble_scheduling(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
+    steps = []
+    for index, step in enumerate(value.get("step", [])):
+        if step.get("model_namespace"):
+            raise ConfigError(f"{where}.step[{index}].model_namespace: not supported by reposerve")
+        steps.append(
+            {
+                "model": step.get("model_name", ""),
+                "version": int(step.get("model_version", -1)),
+                "input_map": dict(step.get("input_map", {})),
+                "output_map": dict(step.get("output_map", {})),
+            }
+        )
+    table["step"] = steps
+
+
 def _transaction_policy(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
     if value.get("decoupled"):
         table["decoupled"] = True
@@ -324,4 +343,5 @@ _FIELDS = {
     "optimization": _optimization,
     "default_model_filename": _default_model_filename,
     "model_transaction_policy": _transaction_policy,
+    "ensemble_scheduling": _ensemble_scheduling,
 }

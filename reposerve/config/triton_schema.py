@@ -219,6 +219,27 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     )
     parameter = message("ModelParameter", [field(1, "string_value", "string")])
     transaction_policy = message("ModelTransactionPolicy", [field(1, "decoupled", "bool")])
+    step = ".ModelEnsembling.Step"
+    ensembling = message(
+        "ModelEnsembling",
+        [field(1, "step", step, repeated=True)],
+        nested=(
+            message(
+                "Step",
+                [
+                    field(1, "model_name", "string"),
+                    field(2, "model_version", "int64"),
+                    field(3, "input_map", f"{step}.InputMapEntry", repeated=True),
+                    field(4, "output_map", f"{step}.OutputMapEntry", repeated=True),
+                    field(5, "model_namespace", "string"),
+                ],
+                nested=(
+                    map_entry("InputMapEntry", "string"),
+                    map_entry("OutputMapEntry", "string"),
+                ),
+            ),
+        ),
+    )
     model_config = message(
         "ModelConfig",
         [
@@ -233,6 +254,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
             field(11, "dynamic_batching", ".ModelDynamicBatching", oneof=0),
             field(12, "optimization", ".ModelOptimizationPolicy"),
             field(14, "parameters", ".ModelConfig.ParametersEntry", repeated=True),
+            field(15, "ensemble_scheduling", ".ModelEnsembling", oneof=0),
             field(16, "model_warmup", ".ModelWarmup", repeated=True),
             field(17, "backend", "string"),
             field(19, "model_transaction_policy", ".ModelTransactionPolicy"),
@@ -245,7 +267,8 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     schema.message_type.extend(
         [
             reshape, model_input, model_output, version_policy, instance_group, queue_policy,
-            dynamic_batching, optimization, warmup, parameter, transaction_policy, model_config,
+            dynamic_batching, optimization, warmup, parameter, transaction_policy, ensembling,
+            model_config,
         ]
     )  # fmt: skip
     return schema

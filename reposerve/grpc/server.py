@@ -135,7 +135,10 @@ class Handlers:
         return self._new("RepositoryModelLoad")
 
     async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
-        await self.service.unload_model(request.model_name)
+        parameters = {key: parameter_value(value) for key, value in request.parameters.items()}
+        await self.service.unload_model(
+            request.model_name, msgspec.json.encode({"parameters": parameters})
+        )
         return self._new("RepositoryModelUnload")
 
     async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check

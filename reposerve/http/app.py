@@ -74,7 +74,7 @@ class Handlers:
         return _json(b"{}")
 
     async def unload(self, request: Request) -> Response:
-        await self.service.unload_model(request.path_params["model"])
+        await self.service.unload_model(request.path_params["model"], await request.body())
         return _json(b"{}")
 
     async def log_settings(self, request: Request) -> Response:

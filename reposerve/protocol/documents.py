@@ -29,8 +29,18 @@ EXTENSIONS = (
     "statistics",
     "parameters",
 )
-PLATFORMS = {"python": "python", "onnxruntime": "onnxruntime_onnx", "torch": "pytorch_libtorch"}
-TRITON_BACKENDS = {"python": "python", "onnxruntime": "onnxruntime", "torch": "pytorch"}
+PLATFORMS = {
+    "python": "python",
+    "onnxruntime": "onnxruntime_onnx",
+    "torch": "pytorch_libtorch",
+    "ensemble": "ensemble",
+}
+TRITON_BACKENDS = {
+    "python": "python",
+    "onnxruntime": "onnxruntime",
+    "torch": "pytorch",
+    "ensemble": "",
+}
 
 _encoder = msgspec.json.Encoder()
 
@@ -133,6 +143,19 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
         ],
         "model_transaction_policy": {"decoupled": config.decoupled},
     }
+    if config.step:
+        document["ensemble_scheduling"] = {
+            "step": [
+                {
+                    "model_name": step.model,
+                    "model_version": step.version,
+                    "input_map": step.input_map,
+                    "output_map": step.output_map,
+                    "model_namespace": "",
+                }
+                for step in config.step
+            ]
+        }
     batching = config.dynamic_batching
     if batching is not None:
         document["dynamic_batching"] = {

@@ -10,6 +10,7 @@ it was asked for), by which every request it held has its answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -88,7 +89,21 @@ class Repository:
         """Load or reload ``name`` from disk; returns the versions this load built (a
         failed one may have left its predecessor serving). Raises ConfigError when the
         model cannot even be read. ``config`` replaces the folder's config for this load;
-        ``files`` (paths in the model folder -> content) replace the folder itself."""
+        ``files`` (paths in the model folder -> content) replace the folder itself.
+        Ensembles that stopped serving when ``name`` went away are loaded again."""
+        fresh = await self._load(name, config, files)
+        if any(version.state is ModelState.READY for version in fresh):
+            for ensemble in self._dependents(name, waiting=True):
+                with contextlib.suppress(ConfigError):  # its own reason is in the index
+                    await self.load(ensemble)
+        return fresh
+
+    async def _load(
+        self,
+        name: str,
+        config: ConfigOverride | None,
+        files: Mapping[str, bytes] | None,
+    ) -> list[ModelVersion]:
         self._refuse_if_closing(name)
         if name not in self._models:
             # Only real model folders get an entry: a bogus name leaves no trace behind
@@ -125,6 +140,7 @@ class Repository:
                     self._load_timeout,
                     source.labels,
                     latency_summaries=self._latency_summaries,
+                    resolve=self.get,
                 )
                 for version in source.versions
             ]
@@ -158,14 +174,50 @@ class Repository:
             model.drop_unused_overrides()
             return fresh
 
-    async def unload(self, name: str, deadline: float | None = None) -> None:
+    async def unload(
+        self, name: str, deadline: float | None = None, dependents: bool = False
+    ) -> None:
         """Unload every version of ``name`` by ``deadline`` (``time.monotonic``; default:
-        the unload timeout from now, counting the wait for a load in progress)."""
+        the unload timeout from now, counting the wait for a load in progress). Ensembles
+        using it stop serving, with the reason; ``dependents`` (Triton's
+        ``unload_dependents``) unloads them too."""
         model = self._models.get(name)
         if model is None:
             raise RepositoryError(f"unload: unknown model '{name}'")
         if deadline is None:
             deadline = time.monotonic() + self._unload_timeout
+        await self._unload(name, model, deadline)
+        for ensemble in self._dependents(name, waiting=False):
+            if dependents:
+                await self.unload(ensemble, deadline, dependents=True)
+            else:
+                for version in self._models[ensemble].versions.values():
+                    version.lost_step(f"its step model '{name}' was unloaded")
+
+    def steps_of(self, name: str) -> list[str]:
+        """The models an ensemble on disk calls (none for another model, or one whose
+        config cannot be read: its load reports that)."""
+        try:
+            return [
+                step.model for step in read_model(find_root(self.roots, name), name).config.step
+            ]
+        except ConfigError:
+            return []
+
+    def _dependents(self, name: str, waiting: bool) -> list[str]:
+        """Loaded ensembles with a step ``name``: those serving, or (``waiting``) those that
+        stopped because a step went away."""
+        found = []
+        for other, model in self._models.items():
+            for version in model.versions.values():
+                if not any(step.model == name for step in version.config.step):
+                    continue
+                serving = version.state is ModelState.READY
+                if (version.lost_a_step if waiting else serving) and other not in found:
+                    found.append(other)
+        return found
+
+    async def _unload(self, name: str, model: _Model, deadline: float) -> None:
         try:
             # A load in progress holds the lock; the deadline does not wait for it.
             await asyncio.wait_for(model.lock.acquire(), max(deadline - time.monotonic(), 0))

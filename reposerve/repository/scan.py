@@ -112,6 +112,8 @@ def _apply_policy(config: ModelConfig, numbers: list[int], label: str) -> list[i
 
 def _backend(config: ModelConfig, version_path: Path, name: str) -> str:
     where = f"{name}/{version_path.name}"
+    if config.backend == "ensemble":  # its steps are the model: the folder may be empty
+        return "ensemble"
     if config.backend is not None:
         files = BACKEND_FILES[config.backend]
         if not any((version_path / file).is_file() for file in files):

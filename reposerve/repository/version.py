@@ -18,6 +18,7 @@ import time
 from reposerve.config import ModelConfig
 from reposerve.errors import InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.process import BatchTensor, FailureCause, InstanceProcess
+from reposerve.pipelines.ensemble import EnsembleScheduler, Resolve, check_steps
 from reposerve.repository.gpus import discover
 from reposerve.repository.placement import plan_instances
 from reposerve.repository.recovery import InstanceRestarter
@@ -54,7 +55,9 @@ class ModelVersion:
         load_timeout: float,
         labels: dict[str, tuple[str, ...]] | None = None,
         latency_summaries: bool = False,
+        resolve: Resolve | None = None,
     ) -> None:
+        """``resolve`` looks up other models (``Repository.get``): an ensemble's steps."""
         self.name = name
         self.version = source.number
         self.version_text = str(source.number)
@@ -65,11 +68,19 @@ class ModelVersion:
         self.state = ModelState.LOADING
         self.reason = ""
         self.unloaded = False  # taken out of service on purpose (not a failure)
+        self.lost_a_step = False  # an ensemble whose step model went away (lost_step)
         self.statistics = ModelStatistics(name, source.number, latency_summaries)
         self.instances: list[InstanceProcess] = []
         self.output_names: tuple[str, ...] = ()
         # Instances join the scheduler as they load; until READY nobody else submits.
-        self.scheduler = Scheduler(self.label, config, [], self.statistics)
+        self.scheduler: Scheduler | EnsembleScheduler
+        if source.backend == "ensemble":
+            if resolve is None:
+                raise ValueError(f"{self.label}: an ensemble needs a way to find its steps")
+            self.scheduler = EnsembleScheduler(self.label, config, self.statistics, resolve)
+        else:
+            self.scheduler = Scheduler(self.label, config, [], self.statistics)
+        self._resolve = resolve
         self._load_timeout = load_timeout
         self._restarter = InstanceRestarter(
             self.label,
@@ -97,7 +108,18 @@ class ModelVersion:
         return self._restarter.deaths
 
     async def load(self) -> None:
-        """Start every instance and run the warmup; on any failure end UNAVAILABLE."""
+        """Start every instance and run the warmup; on any failure end UNAVAILABLE. An
+        ensemble starts nothing: it is checked against its step models as loaded."""
+        if self.backend == "ensemble":
+            assert self._resolve is not None
+            try:
+                check_steps(self.label, self.config, self._resolve)
+            except ReposerveError as exc:
+                self._fail(exc.message)
+                return
+            self.output_names = tuple(spec.name for spec in self.config.output)
+            self._move(ModelState.READY)
+            return
         try:
             gpus = await asyncio.to_thread(discover)  # a probe process, the first time only
             placement = plan_instances(
@@ -159,6 +181,14 @@ class ModelVersion:
             raise
         finally:
             self._move(ModelState.UNAVAILABLE, "unloaded")
+
+    def lost_step(self, reason: str) -> None:
+        """A step model of this ensemble went away: it stops serving, saying why (a load
+        of that model brings it back)."""
+        if self.state is ModelState.READY:
+            self.lost_a_step = True
+            self._move(ModelState.UNAVAILABLE, reason)
+            log.error("%s is unavailable: %s", self.label, reason)
 
     def _stop_now(self, why: str) -> None:
         """Fail everything this version still holds, queued or running, and kill it."""

@@ -1,6 +1,7 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert) -> http -> grpc -> service -> repository -> scheduler -> instance -> backends
+cli (convert) -> http -> grpc -> service -> repository -> pipelines -> scheduler -> instance
+-> backends
 (the HTTP server's runner starts the gRPC front beside it), and every layer may use the
 leaves (protocol, config, errors, datatypes, tensor, statistics, settings, metrics,
 quantiles, utilization, access).
@@ -23,6 +24,7 @@ ORDER = [
     "grpc",
     "service",
     "repository",
+    "pipelines",
     "scheduler",
     "instance",
     "backends",

@@ -1,0 +1,1 @@
+"""Pipelines: models made of other models (ensembles), beside the scheduler."""

@@ -1,0 +1,253 @@
+"""Ensembles: a request flows through the steps of a pipeline declared in the config.
+
+Each step is a model of the repository, called through that model's own scheduler like
+any request, so calls from many ensemble requests are batched together at every stage.
+A step starts as soon as every tensor it reads exists, so independent branches run at the
+same time. Step models are looked up per request: reloading one swaps it under the
+ensemble without a gap. Tensors between steps are copied once out of the producing
+instance's shared memory and once into the consuming instance's (its batch assembly):
+they never pass through HTTP or JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from reposerve.config import ModelConfig, TensorConfig
+from reposerve.config.schema import EnsembleStep
+from reposerve.errors import ConfigError, ReposerveError, SchedulerError
+from reposerve.protocol.request import InferRequest
+from reposerve.scheduler.stream import ResponseStream
+from reposerve.scheduler.work import Finish
+from reposerve.statistics import FailureReason, ModelStatistics
+from reposerve.tensor import Tensor
+
+
+class StepScheduler(Protocol):
+    def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future: ...
+
+
+class StepModel(Protocol):
+    """What an ensemble needs of a loaded step model (a ModelVersion)."""
+
+    name: str
+    config: ModelConfig
+    scheduler: StepScheduler
+
+    @property
+    def label(self) -> str: ...
+
+
+Resolve = Callable[[str, str | None], StepModel]
+"""The READY version of a model (``Repository.get``); raises RepositoryError otherwise."""
+
+
+def step_version(step: EnsembleStep) -> str | None:
+    return None if step.version < 0 else str(step.version)
+
+
+def check_steps(label: str, config: ModelConfig, resolve: Resolve) -> None:
+    """The step models as loaded against the ensemble: each is ready, answers once, has
+    the inputs and outputs the maps name, and every tensor's datatype and shape agree
+    from the step that writes it to the steps that read it. Raises ConfigError naming the
+    step and tensor."""
+    declared: dict[str, TensorConfig] = {tensor.name: tensor for tensor in config.input}
+    batched = config.max_batch_size > 0
+    models = {}
+    for index, step in enumerate(config.step):
+        where = f"{label}: step[{index}] ({step.model})"
+        try:
+            model = resolve(step.model, step_version(step))
+        except ReposerveError as exc:
+            raise ConfigError(f"{where}: {exc.message}") from None
+        if model.config.decoupled:
+            raise ConfigError(f"{where}: a decoupled model cannot be an ensemble step")
+        if batched and model.config.max_batch_size == 0:
+            raise ConfigError(
+                f"{where}: the ensemble batches (max_batch_size {config.max_batch_size}) but "
+                "this model has no batch dimension"
+            )
+        models[index] = model
+        for model_output, tensor in step.output_map.items():
+            spec = _find(model.config.output, model_output, f"{where}: output_map", "output")
+            declared[tensor] = spec
+    for index, step in enumerate(config.step):
+        where = f"{label}: step[{index}] ({step.model})"
+        model = models[index]
+        for model_input, tensor in step.input_map.items():
+            spec = _find(model.config.input, model_input, f"{where}: input_map", "input")
+            _agree(declared[tensor], spec, f"{where}: input_map.{model_input} ('{tensor}')")
+        for spec in model.config.input:
+            if spec.name not in step.input_map and not spec.optional:
+                raise ConfigError(f"{where}: input_map: its input '{spec.name}' is not mapped")
+    for output in config.output:
+        _agree(declared[output.name], output, f"{label}: output '{output.name}'")
+
+
+def _find(specs: list[TensorConfig], name: str, where: str, kind: str) -> TensorConfig:
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    names = ", ".join(spec.name for spec in specs)
+    raise ConfigError(f"{where}: the model has no {kind} '{name}' (it has: {names})")
+
+
+def _agree(written: TensorConfig, read: TensorConfig, where: str) -> None:
+    if written.datatype != read.datatype:
+        raise ConfigError(f"{where}: {written.datatype} is written, {read.datatype} is read")
+    if len(written.shape) != len(read.shape) or any(
+        -1 not in (a, b) and a != b for a, b in zip(written.shape, read.shape, strict=True)
+    ):
+        raise ConfigError(f"{where}: shape {written.shape} is written, {read.shape} is read")
+
+
+class EnsembleScheduler:
+    """Takes an ensemble's requests like a model's scheduler does, and runs each through
+    the steps. Every accepted request ends with its result or the error of the step that
+    failed (naming it), or with the reason when the ensemble is unloaded."""
+
+    def __init__(
+        self, label: str, config: ModelConfig, statistics: ModelStatistics, resolve: Resolve
+    ) -> None:
+        self._label = label
+        self._config = config
+        self._statistics = statistics
+        self._resolve = resolve
+        self._running: dict[asyncio.Future, asyncio.Task] = {}
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._running)
+
+    @property
+    def serving(self) -> bool:
+        """Whether every step model is ready now."""
+        try:
+            for step in self._config.step:
+                self._resolve(step.model, step_version(step))
+        except ReposerveError:
+            return False
+        return True
+
+    def submit(
+        self, request: InferRequest, finish: Finish, stream: ResponseStream | None = None
+    ) -> asyncio.Future:
+        if self._closed:
+            self._statistics.record_failure(1, 0, FailureReason.OTHER)
+            raise SchedulerError(f"{self._label} is unloading; retry on another version")
+        future = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._run(request, finish))
+        self._running[future] = task
+        self._idle.clear()
+        task.add_done_callback(lambda done: self._settle(future, done))
+        future.add_done_callback(self._forget)
+        return future
+
+    async def drain(self) -> None:
+        self._closed = True
+        await self._idle.wait()
+
+    def abort(self, error: ReposerveError) -> None:
+        """Fail every request still running with ``error``; refuse new ones."""
+        self._closed = True
+        for future, task in list(self._running.items()):
+            task.cancel()
+            if not future.done():
+                self._statistics.record_failure(1, 0, FailureReason.OTHER)
+                future.set_exception(error)
+
+    def _settle(self, future: asyncio.Future, task: asyncio.Task) -> None:
+        if future.done():  # aborted, or its caller went away
+            return
+        if task.cancelled():
+            future.cancel()
+        elif task.exception() is not None:
+            future.set_exception(task.exception())
+        else:
+            future.set_result(task.result())
+
+    def _forget(self, future: asyncio.Future) -> None:
+        task = self._running.pop(future, None)
+        if task is not None and not task.done():  # its caller went away: stop the steps
+            task.cancel()
+        if not self._running:
+            self._idle.set()
+
+    async def _run(self, request: InferRequest, finish: Finish) -> Any:
+        started = time.perf_counter_ns()
+        tensors: dict[str, Tensor] = dict(request.inputs)
+        waiting = list(enumerate(self._config.step))
+        running: dict[asyncio.Task, tuple[int, EnsembleStep]] = {}
+        try:
+            while waiting or running:
+                for index, step in list(waiting):
+                    if all(tensor in tensors for tensor in step.input_map.values()):
+                        waiting.remove((index, step))
+                        call = asyncio.ensure_future(self._call(index, step, tensors, request))
+                        running[call] = (index, step)
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for call in done:
+                    index, step = running.pop(call)
+                    for model_output, tensor in call.result().items():
+                        tensors[step.output_map[model_output]] = tensor
+            result = finish({spec.name: tensors[spec.name] for spec in self._config.output})
+        except BaseException as exc:
+            for call in running:
+                call.cancel()
+            elapsed = time.perf_counter_ns() - started
+            reason = (
+                FailureReason.CANCELED
+                if isinstance(exc, asyncio.CancelledError)
+                else FailureReason.BACKEND
+            )
+            self._statistics.record_failure(1, elapsed, reason)
+            raise
+        elapsed = time.perf_counter_ns() - started
+        self._statistics.record_batch(
+            items=request.batch_size,
+            requests=1,
+            input_ns=0,
+            infer_ns=elapsed,
+            output_ns=0,
+            success_ns=elapsed,
+            queue_ns=0,
+        )
+        return result
+
+    async def _call(
+        self, index: int, step: EnsembleStep, tensors: dict[str, Tensor], request: InferRequest
+    ) -> dict[str, Tensor]:
+        """One step: its inputs from the ensemble's tensors, through its model's scheduler;
+        the outputs the ensemble keeps, copied out of the instance's shared memory."""
+        where = f"{self._label}: step[{index}] ({step.model})"
+        try:
+            model = self._resolve(step.model, step_version(step))
+            inputs = {name: tensors[tensor] for name, tensor in step.input_map.items()}
+            batch_size = request.batch_size if model.config.max_batch_size > 0 else 1
+            step_request = InferRequest(
+                id=request.id,
+                inputs=inputs,
+                batch_size=batch_size,
+                outputs=None,
+                binary_output=True,
+                priority=0,
+                timeout_us=0,
+            )
+            wanted = step.output_map
+
+            def keep(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+                return {
+                    name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
+                    for name, tensor in outputs.items()
+                    if name in wanted
+                }
+
+            return await model.scheduler.submit(step_request, keep)
+        except ReposerveError as exc:
+            raise type(exc)(f"{where}: {exc.message}", exc.kind) from exc
