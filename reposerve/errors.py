@@ -72,3 +72,9 @@ class InvalidInput(ReposerveError):
     """
 
     kind = ErrorKind.INVALID_ARGUMENT
+
+
+class ModelCallError(ReposerveError):
+    """A model's call to another model (``context.infer``) failed: the message says which
+    model and why, the kind how the front would have reported it. Uncaught, it fails the
+    calling batch with that message."""

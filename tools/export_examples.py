@@ -5,8 +5,10 @@ seed, so every export (and the image_classifier model) computes the same functio
 
     python tools/export_examples.py [--repository model_repository] [--force]
 
-Writes resnet50_torch/ (TorchScript) and resnet50_onnx/ (ONNX), each with its config.toml;
-existing ones are kept unless --force.
+Writes resnet50_torch/ (TorchScript) and resnet50_onnx/ (ONNX), each with its config.toml,
+and image_pipeline/, the ensemble preprocess -> resnet50_onnx -> postprocess (its steps
+preprocess and postprocess are in the repository already); existing ones are kept unless
+--force.
 """
 
 from __future__ import annotations
@@ -79,6 +81,50 @@ def export_onnx(folder: Path) -> None:
     (folder / "config.toml").write_text(CONFIG)
 
 
+PIPELINE = """\
+# JPEG bytes -> the five likeliest ImageNet classes, as three models each with its own
+# instances and batching: preprocess (decode, two CPU instances) -> resnet50_onnx (dynamic
+# batching) -> postprocess (softmax, top five). Written by tools/export_examples.py.
+backend = "ensemble"
+max_batch_size = 16
+
+[[input]]
+name = "IMAGE"
+datatype = "BYTES"
+shape = [1]
+
+[[output]]
+name = "CLASS_IDS"
+datatype = "INT64"
+shape = [5]
+
+[[output]]
+name = "SCORES"
+datatype = "FP32"
+shape = [5]
+
+[[step]]
+model = "preprocess"
+input_map = { IMAGE = "IMAGE" }
+output_map = { PIXELS = "pixels" }
+
+[[step]]
+model = "resnet50_onnx"
+input_map = { input = "pixels" }
+output_map = { logits = "logits" }
+
+[[step]]
+model = "postprocess"
+input_map = { LOGITS = "logits" }
+output_map = { CLASS_IDS = "CLASS_IDS", SCORES = "SCORES" }
+"""
+
+
+def write_pipeline(folder: Path) -> None:
+    (folder / "1").mkdir(parents=True, exist_ok=True)  # an ensemble's version: no file
+    (folder / "config.toml").write_text(PIPELINE)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, default=Path("model_repository"))
@@ -89,7 +135,11 @@ def main() -> int:
     except ImportError:
         print("export_examples: torch is not installed (pip install 'reposerve[torch]'); skipped")
         return 0
-    for name, export in (("resnet50_torch", export_torch), ("resnet50_onnx", export_onnx)):
+    for name, export in (
+        ("resnet50_torch", export_torch),
+        ("resnet50_onnx", export_onnx),
+        ("image_pipeline", write_pipeline),
+    ):
         folder = args.repository / name
         if (folder / "config.toml").exists() and not args.force:
             continue

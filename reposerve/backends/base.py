@@ -18,8 +18,22 @@ class BackendError(ReposerveError):
     """A model that cannot be loaded or returned something unusable."""
 
 
+class ModelCaller(Protocol):
+    """Calls to other models of the repository, through their schedulers."""
+
+    async def infer(
+        self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
+    ) -> dict[str, np.ndarray]: ...
+
+    def infer_sync(
+        self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
+    ) -> dict[str, np.ndarray]: ...
+
+
 class ModelContext(msgspec.Struct, frozen=True):
-    """Handed to a model's ``load``: which version and instance it is, and where it runs."""
+    """Handed to a model's ``load``: which version and instance it is, and where it runs;
+    and ``infer`` / ``infer_sync`` to call other models of the repository (or itself)
+    from ``execute``, through their own schedulers like any request."""
 
     model_name: str
     config: ModelConfig
@@ -28,6 +42,26 @@ class ModelContext(msgspec.Struct, frozen=True):
     device: str  # "cpu" or "cuda:N" as the instance process sees it
     instance_index: int
     threads: int  # the instance's share of the CPU cores (intra-op threads)
+    caller: ModelCaller | None = None  # None where no repository is reachable (tests)
+
+    async def infer(
+        self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run ``model`` on ``inputs`` (batch on axis 0 when it batches); its outputs, or
+        ``ModelCallError`` with what went wrong. For ``async def execute``."""
+        return await self._caller().infer(model, inputs, version)
+
+    def infer_sync(
+        self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """``infer`` for a plain ``def execute``: blocks until the answer. Meanwhile the
+        instance runs other batches it is given, so a model may call itself."""
+        return self._caller().infer_sync(model, inputs, version)
+
+    def _caller(self) -> ModelCaller:
+        if self.caller is None:
+            raise BackendError(f"model '{self.model_name}': no repository to call models in")
+        return self.caller
 
 
 class DeviceOutput(Protocol):

@@ -13,6 +13,7 @@ import struct
 import msgspec
 
 from reposerve.backends.base import RequestFailure, RequestSlice
+from reposerve.errors import ErrorKind
 
 FRAME_HEADER = struct.Struct("<I")
 
@@ -71,6 +72,20 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
     pass
 
 
+class CallResult(msgspec.Struct, tag=True, array_like=True):
+    """A model call's answer: the outputs in its call slot, after the inputs."""
+
+    call_id: int
+    slot_size: int
+    outputs: list[TensorRef]
+
+
+class CallFailure(msgspec.Struct, tag=True, array_like=True):
+    call_id: int
+    message: str
+    kind: ErrorKind
+
+
 # instance -> front
 class Ready(msgspec.Struct, tag=True, array_like=True):
     max_inflight: int  # batches it runs at once
@@ -103,6 +118,25 @@ class Response(msgspec.Struct, tag=True, array_like=True):
     failure: RequestFailure | None = None  # that request failed (and is ended)
 
 
+class Call(msgspec.Struct, tag=True, array_like=True):
+    """A model's call to a model (``context.infer``): its inputs lie in a call slot, a
+    memfd of the instance's that the front opens through /proc as ``fd`` of this pid."""
+
+    call_id: int
+    fd: int
+    slot_size: int
+    model: str
+    version: int  # -1: the newest ready one
+    inputs: list[TensorRef]
+
+
+class CallTaken(msgspec.Struct, tag=True, array_like=True):
+    """The caller has its answer and runs on: the instance no longer waits on that call
+    (a sync instance may still wait beneath batches it ran while waiting, until this)."""
+
+    call_id: int
+
+
 class Failure(msgspec.Struct, tag=True, array_like=True):
     batch_id: int
     message: str
@@ -110,8 +144,8 @@ class Failure(msgspec.Struct, tag=True, array_like=True):
     fatal: bool = False  # the process ends after this answer (a poisoned CUDA context)
 
 
-ToInstance = Load | AddSlot | Execute | Resume | Cancel | Shutdown
-FromInstance = Ready | LoadFailed | Result | Response | Failure
+ToInstance = Load | AddSlot | Execute | Resume | Cancel | CallResult | CallFailure | Shutdown
+FromInstance = Ready | LoadFailed | Result | Response | Failure | Call | CallTaken
 
 _encoder = msgspec.msgpack.Encoder()
 

@@ -26,10 +26,14 @@ import msgspec
 import reposerve
 from reposerve.backends.base import RequestFailure, RequestSlice
 from reposerve.config import ModelConfig
-from reposerve.errors import InstanceError
+from reposerve.errors import ErrorKind, InstanceError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import (
     AddSlot,
+    Call,
+    CallFailure,
+    CallResult,
+    CallTaken,
     Cancel,
     Execute,
     Failure,
@@ -164,9 +168,23 @@ class InstanceState(enum.Enum):
     EXITED = "exited"
 
 
+OnCall = Callable[["InstanceProcess", Call], None]
+"""A model's call to a model (``context.infer``): the owner answers with ``answer_call``."""
+
+
 class InstanceProcess:
-    def __init__(self, spec: InstanceSpec, on_exit: Callable[[InstanceProcess], None]) -> None:
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        on_exit: Callable[[InstanceProcess], None],
+        on_call: OnCall | None = None,
+    ) -> None:
         self.spec = spec
+        self._on_call = on_call
+        # Model calls the process waits on: each is room for one more batch, which it runs
+        # while it waits (a sync model calling itself must not wait for itself).
+        self._calls_waiting = 0
+        self._call_slots: dict[int, Slot] = {}  # the process's call memfds, by its fd
         self.state = InstanceState.STARTING
         self.max_inflight = 1  # batches the process runs at once (many for async models)
         self.staging = 0  # batches it accepts beyond those, to start as soon as one ends
@@ -203,7 +221,7 @@ class InstanceProcess:
 
     def has_capacity(self, staged: bool = False) -> bool:
         """Whether it takes a batch now: to run at once, or (``staged``) to run next."""
-        limit = self.max_inflight + (self.staging if staged else 0)
+        limit = self.max_inflight + self._calls_waiting + (self.staging if staged else 0)
         if self.state is not InstanceState.READY or len(self._in_flight) >= limit:
             return False
         if self._free_slots:
@@ -335,6 +353,20 @@ class InstanceProcess:
         self._arm_watchdog()
         self._transport.write(encode_frame(Cancel(batch_id)))
 
+    def call_slot(self, call: Call) -> Slot:
+        """The shared memory a call's inputs lie in (opened through /proc, once per
+        memfd; mapped again when the process grew it). Raises OSError once it is gone."""
+        slot = self._call_slots.get(call.fd)
+        if slot is None:
+            fd = os.open(f"/proc/{self.pid}/fd/{call.fd}", os.O_RDWR | os.O_CLOEXEC)
+            slot = self._call_slots[call.fd] = Slot(fd, call.slot_size)
+        slot.remap(call.slot_size)
+        return slot
+
+    def answer_call(self, reply: CallResult | CallFailure) -> None:
+        if self._transport is not None and self.state is not InstanceState.EXITED:
+            self._transport.write(encode_frame(reply))
+
     def _arm_watchdog(self) -> None:
         if self._watchdog is None and self.spec.execute_timeout_s:
             self._watchdog = asyncio.get_running_loop().call_later(
@@ -406,10 +438,11 @@ class InstanceProcess:
             self._process.kill()  # reaped by _report_exit on a thread, never on the loop
         if self._transport is not None:
             self._transport.abort()
-        for slot in self._slots:
+        for slot in [*self._slots, *self._call_slots.values()]:
             slot.close()
         self._slots.clear()
         self._free_slots.clear()
+        self._call_slots.clear()
 
     def _exit_code(self, timeout: float = 5.0) -> int | None:
         if self._process is None:
@@ -466,8 +499,22 @@ class InstanceProcess:
                     running.on_done(BatchOutcome(outputs, message.compute_ns, message.failed))
                 finally:
                     self._free_slots.append(slot_index)
-            case Response(batch_id=batch_id):
+            case Response():
                 self._on_response(message)
+            case CallTaken():
+                self._calls_waiting -= 1
+            case Call():
+                self._calls_waiting += 1
+                if self._on_call is not None:
+                    self._on_call(self, message)
+                else:
+                    self.answer_call(
+                        CallFailure(
+                            message.call_id,
+                            "no repository to call models in",
+                            ErrorKind.UNAVAILABLE,
+                        )
+                    )
             case Failure(batch_id=batch_id):
                 running = self._answered(batch_id, next_starts=not message.fatal)
                 if running is None:

@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,12 @@ from reposerve.config import ModelConfig, complete_config
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput, ReposerveError
 from reposerve.instance.arena import Slot, align
+from reposerve.instance.calls import Caller
 from reposerve.instance.faults import Aftermath, aftermath, free_device_memory
 from reposerve.instance.messages import (
     AddSlot,
+    CallFailure,
+    CallResult,
     Cancel,
     Execute,
     Failure,
@@ -81,6 +84,9 @@ class Channel:
         self._reader = FrameReader(ToInstance)
         self._messages: deque = deque()
         self._deferred: deque = deque()  # read while a decoupled batch waited, not yet run
+        self._replies: dict[int, CallResult | CallFailure] = {}  # to calls further out
+        # Runs an Execute or AddSlot that arrives while a model waits on a call (sync).
+        self.serve: Callable[[ToInstance], None] | None = None
         self._fds: deque[int] = deque()
         self._write_lock = threading.Lock()
 
@@ -101,6 +107,22 @@ class Channel:
             if isinstance(message, Resume | Cancel) and message.batch_id == batch_id:
                 return isinstance(message, Resume)
             self._deferred.append(message)
+
+    def wait_call(self, call_id: int) -> CallResult | CallFailure | None:
+        """Block until model call ``call_id`` is answered; None once the front has gone.
+        Batches given meanwhile run now, nested (the waiting one cannot go on before its
+        answer, which may need them); other frames wait their turn for ``receive``."""
+        while call_id not in self._replies:
+            message = self._next()
+            if message is None:
+                return None
+            if isinstance(message, CallResult | CallFailure):
+                self._replies[message.call_id] = message
+            elif isinstance(message, Execute | AddSlot) and self.serve is not None:
+                self.serve(message)
+            else:
+                self._deferred.append(message)
+        return self._replies.pop(call_id)
 
     def _next(self) -> ToInstance | None:
         while not self._messages:
@@ -402,8 +424,7 @@ def _answer(channel: Channel, reply: Result | Failure) -> None:
 
 
 def _run_sync(channel: Channel, runner: BatchRunner) -> None:
-    while True:
-        message = channel.receive()
+    def serve(message: ToInstance) -> None:
         if isinstance(message, Execute):
             started = time.perf_counter_ns()
             try:
@@ -416,8 +437,14 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
             except Exception as exc:
                 reply = runner.failure(message, exc)
             _answer(channel, reply)
-        elif isinstance(message, AddSlot):
+        else:
             runner.add_slot(message, channel.take_fd())
+
+    channel.serve = serve
+    while True:
+        message = channel.receive()
+        if isinstance(message, Execute | AddSlot):
+            serve(message)
         elif not isinstance(message, Resume | Cancel):  # those of a batch already ended
             return
 
@@ -433,8 +460,9 @@ class _AsyncStream:
         self.cancelled = False
 
 
-def _run_async(channel: Channel, runner: BatchRunner) -> None:
+def _run_async(channel: Channel, runner: BatchRunner, caller: Caller) -> None:
     loop = asyncio.new_event_loop()
+    caller.serve_async(loop)
     tasks: set[asyncio.Task] = set()
     stopped = asyncio.Event()
 
@@ -470,6 +498,8 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
             task.add_done_callback(tasks.discard)
             if runner.decoupled:
                 streams[message.batch_id] = _AsyncStream(task)
+        elif isinstance(message, CallResult | CallFailure):
+            caller.deliver(message)
         elif isinstance(message, Resume | Cancel):
             stream = streams.get(message.batch_id)
             if stream is None:  # that batch has ended already
@@ -492,7 +522,7 @@ def _run_async(channel: Channel, runner: BatchRunner) -> None:
                 loop.call_soon_threadsafe(runner.add_slot, message, fd)
                 continue
             loop.call_soon_threadsafe(deliver, message)
-            if not isinstance(message, Execute | Resume | Cancel):
+            if not isinstance(message, Execute | Resume | Cancel | CallResult | CallFailure):
                 return
 
     async def main() -> None:
@@ -553,6 +583,7 @@ def main(argv: list[str]) -> int:
     if not isinstance(load, Load):
         return 2
     config = msgspec.json.decode(load.config, type=ModelConfig)
+    caller = Caller(channel, load.model)
     context = ModelContext(
         model_name=load.model,
         config=config,
@@ -561,6 +592,7 @@ def main(argv: list[str]) -> int:
         device=load.device,
         instance_index=load.instance_index,
         threads=load.threads,
+        caller=caller,
     )
     try:
         backend = create_backend(load.backend, context)
@@ -582,7 +614,10 @@ def main(argv: list[str]) -> int:
     per_request = hasattr(backend, "execute_requests")
     channel.send(Ready(inflight, staging, msgspec.json.encode(config), per_request))
     try:
-        (_run_async if backend.is_async else _run_sync)(channel, runner)
+        if backend.is_async:
+            _run_async(channel, runner, caller)
+        else:
+            _run_sync(channel, runner)
     finally:
         backend.unload()
     return 0

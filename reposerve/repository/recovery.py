@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from reposerve.errors import ReposerveError
-from reposerve.instance.process import InstanceProcess
+from reposerve.instance.process import InstanceProcess, OnCall
 
 log = logging.getLogger("reposerve.repository")
 
@@ -38,6 +38,7 @@ class InstanceRestarter:
         on_exit: Callable[[InstanceProcess], None],
         gave_up: Callable[[str], None],
         prepare: Callable[[InstanceProcess], Awaitable[None]],
+        on_call: OnCall | None = None,
     ) -> None:
         self._label = label
         self._load_timeout = load_timeout
@@ -46,6 +47,7 @@ class InstanceRestarter:
         self._on_exit = on_exit
         self._gave_up = gave_up  # (why) once an instance is in a crash loop
         self._prepare = prepare  # runs on a replacement before it serves (warmup)
+        self._on_call = on_call  # a model's calls to models, from any of its instances
         self._recent: dict[int, list[float]] = {}
         self._tasks: set[asyncio.Task] = set()
         self.deaths = 0  # exits and failed restarts, for the metrics
@@ -88,7 +90,7 @@ class InstanceRestarter:
         await asyncio.sleep(delay)
         if not self._wanted():
             return
-        replacement = InstanceProcess(dead.spec, self._on_exit)
+        replacement = InstanceProcess(dead.spec, self._on_exit, self._on_call)
         try:
             await replacement.start(self._load_timeout)
             await self._prepare(replacement)

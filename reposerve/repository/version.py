@@ -16,8 +16,10 @@ import logging
 import time
 
 from reposerve.config import ModelConfig
-from reposerve.errors import InstanceError, ReposerveError, SchedulerError
+from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
+from reposerve.instance.messages import Call, CallFailure
 from reposerve.instance.process import BatchTensor, FailureCause, InstanceProcess
+from reposerve.pipelines.calls import serve_call
 from reposerve.pipelines.ensemble import EnsembleScheduler, Resolve, check_steps
 from reposerve.repository.gpus import discover
 from reposerve.repository.placement import plan_instances
@@ -90,7 +92,9 @@ class ModelVersion:
             on_exit=self._on_instance_exit,
             gave_up=self._give_up,
             prepare=self._warm,
+            on_call=self._on_call,
         )
+        self._calls: set[asyncio.Task] = set()  # model calls its instances made, under way
         self._warmups: list[list[BatchTensor]] = []  # built once the config is complete
 
     @property
@@ -127,7 +131,8 @@ class ModelVersion:
             )
             self.config = placement.config
             self.instances = [
-                InstanceProcess(spec, self._on_instance_exit) for spec in placement.specs
+                InstanceProcess(spec, self._on_instance_exit, self._on_call)
+                for spec in placement.specs
             ]
             results = await asyncio.gather(
                 *(instance.start(self._load_timeout) for instance in self.instances),
@@ -234,6 +239,23 @@ class ModelVersion:
             self.scheduler.abort(
                 InstanceError(f"{self.label}: instance {instance.spec.index} {instance.ended}")
             )
+
+    def _on_call(self, instance: InstanceProcess, call: Call) -> None:
+        if isinstance(self.scheduler, Scheduler):  # the waiting instance has room now
+            self.scheduler.capacity_changed()
+        task = asyncio.ensure_future(self._serve_call(instance, call))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _serve_call(self, instance: InstanceProcess, call: Call) -> None:
+        try:
+            if self._resolve is None:
+                raise OSError("this server has no repository to call models in")
+            slot = instance.call_slot(call)
+        except OSError as exc:  # the process went away meanwhile, or nothing to call
+            instance.answer_call(CallFailure(call.call_id, str(exc), ErrorKind.UNAVAILABLE))
+            return
+        instance.answer_call(await serve_call(call, slot, self._resolve, self.label))
 
     def _replace(self, dead: InstanceProcess, replacement: InstanceProcess) -> None:
         self.instances[self.instances.index(dead)] = replacement

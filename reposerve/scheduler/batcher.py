@@ -157,6 +157,10 @@ class Scheduler:
                 self._fail(item, error, FailureReason.OTHER)
         self._check_idle()
 
+    def capacity_changed(self) -> None:
+        """An instance takes more batches now (one of its models waits on a call)."""
+        self._wake()
+
     def add_instance(self, instance: Executor) -> None:
         self._instances.append(instance)
         self._wake()

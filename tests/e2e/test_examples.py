@@ -1,5 +1,6 @@
 """The bundled image examples: tools/export_examples.py output served by onnxruntime and
-torch, and the image_classifier pipeline on real JPEG bytes, all against direct runs."""
+torch, the image_classifier pipeline and the image_pipeline ensemble on real JPEG bytes,
+all against direct runs."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("repository")
-    shutil.copytree(REPO_ROOT / "model_repository" / "image_classifier", root / "image_classifier")
+    for name in ("image_classifier", "preprocess", "postprocess"):
+        shutil.copytree(REPO_ROOT / "model_repository" / name, root / name)
     subprocess.run(
         [sys.executable, "tools/export_examples.py", "--repository", str(root)],
         cwd=REPO_ROOT,
@@ -118,3 +120,23 @@ def test_one_bad_image_among_eight_clients_fails_alone(server, resnet):
         logits = pending[i].get_result().as_numpy("LOGITS")[0]
         np.testing.assert_allclose(logits, expected[row], rtol=1e-3, atol=1e-3)
     client.close()
+
+
+def test_image_pipeline_ensemble_gives_the_networks_top_five(client, resnet):
+    """preprocess -> resnet50_onnx -> postprocess on JPEG bytes: the five likeliest
+    classes of torchvision's own preprocessing and network, with their probabilities."""
+    blobs = [_jpeg(20, (300, 400)), _jpeg(21, (256, 256)), _jpeg(22, (480, 320))]
+    tensor = httpclient.InferInput("IMAGE", [3, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array(blobs, dtype=object).reshape(3, 1))
+    result = client.infer("image_pipeline", [tensor])
+    with torch.inference_mode():
+        logits = resnet(torch.stack([_preprocess(blob) for blob in blobs])).double()
+        expected = torch.softmax(logits, dim=1).numpy()
+    ids, scores = result.as_numpy("CLASS_IDS"), result.as_numpy("SCORES")
+    assert ids.shape == (3, 5) and scores.shape == (3, 5)
+    np.testing.assert_array_equal(ids[:, 0], expected.argmax(axis=1))
+    np.testing.assert_allclose(scores, np.take_along_axis(expected, ids, 1), atol=1e-4)
+    assert (np.diff(scores, axis=1) <= 0).all()  # most likely first
+    config = client.get_model_config("image_pipeline")
+    steps = [step["model_name"] for step in config["ensemble_scheduling"]["step"]]
+    assert steps == ["preprocess", "resnet50_onnx", "postprocess"]

@@ -1,0 +1,158 @@
+"""A model's calls to models of the repository (``context.infer``), from its instance.
+
+A call's inputs are written into a call slot, a memfd of this process that the front
+opens through /proc; one ``Call`` frame names it. The front runs the call through the
+callee's scheduler like any request and writes the outputs into the same slot, after the
+inputs, answering ``CallResult`` (or ``CallFailure``). Slots are pooled: a call takes one,
+the answer's outputs are copied out, and the slot is free again.
+
+A sync model blocks in ``infer_sync``; meanwhile its instance keeps serving the batches
+it is given, nested, so a model can call itself, or every instance of a model wait on a
+callee, without a deadlock: the front counts each call as room for one more batch until
+the caller says it has taken the answer (``CallTaken``): a caller answered while batches
+run above it still waits for them. An async
+model awaits ``infer``, its instance running other batches as it always does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from typing import Protocol
+
+import numpy as np
+
+from reposerve.datatypes import NUMPY_DTYPES, to_numpy, to_wire
+from reposerve.errors import ModelCallError
+from reposerve.instance.arena import Slot, align
+from reposerve.instance.messages import (
+    Call,
+    CallFailure,
+    CallResult,
+    CallTaken,
+    FromInstance,
+    TensorRef,
+)
+
+# numpy dtype -> V2 datatype (BF16 has none: its uint16 bit patterns call as UINT16).
+_DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name != "BF16"}
+
+Reply = CallResult | CallFailure
+
+
+class CallChannel(Protocol):
+    def send(self, message: FromInstance) -> None: ...
+
+    def wait_call(self, call_id: int) -> Reply | None:
+        """Block until that call's answer (serving what else arrives); None: the front
+        has gone."""
+        ...
+
+
+class Caller:
+    """``ModelContext.caller``: the instance's end of model calls."""
+
+    def __init__(self, channel: CallChannel, model: str) -> None:
+        self._channel = channel
+        self._model = model
+        self._ids = itertools.count()
+        self._free: list[Slot] = []
+        self._slots: dict[int, Slot] = {}  # calls under way -> their slot
+        self._loop: asyncio.AbstractEventLoop | None = None  # an async instance's
+        self._answers: dict[int, asyncio.Future[Reply]] = {}
+
+    def serve_async(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answers arrive on ``loop`` (through ``deliver``), for ``await infer``."""
+        self._loop = loop
+
+    def deliver(self, reply: Reply) -> None:
+        answer = self._answers.pop(reply.call_id, None)
+        if answer is not None and not answer.done():
+            answer.set_result(reply)
+
+    async def infer(
+        self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
+    ) -> dict[str, np.ndarray]:
+        if self._loop is None:  # a sync instance: nothing else runs while it waits
+            return self.infer_sync(model, inputs, version)
+        if asyncio.get_running_loop() is not self._loop:
+            raise ModelCallError(
+                f"model '{self._model}': context.infer is awaited in execute itself, on the "
+                "instance's event loop (not in a thread or a loop of the model's own)"
+            )
+        call_id = self._send(model, inputs, version)
+        answer = self._loop.create_future()
+        self._answers[call_id] = answer
+        try:
+            reply = await answer
+        finally:
+            self._answers.pop(call_id, None)
+        return self._take(call_id, model, reply)
+
+    def infer_sync(
+        self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
+    ) -> dict[str, np.ndarray]:
+        if self._loop is not None:
+            raise ModelCallError(
+                f"model '{self._model}': infer_sync would stop every batch of this async "
+                "instance. Hint: await context.infer(...) in an async execute"
+            )
+        if threading.current_thread() is not threading.main_thread():
+            raise ModelCallError(
+                f"model '{self._model}': infer_sync is called from execute itself, on the "
+                "instance's main thread (the one that reads the answers)"
+            )
+        call_id = self._send(model, inputs, version)
+        return self._take(call_id, model, self._channel.wait_call(call_id))
+
+    def _send(self, model: str, inputs: dict[str, np.ndarray], version: int | None) -> int:
+        slot = self._free.pop() if self._free else Slot.create(f"reposerve-call-{self._model}")
+        refs: list[TensorRef] = []
+        payloads: list[bytes | memoryview] = []
+        offset = 0
+        for name, value in inputs.items():
+            array = np.asarray(value)
+            datatype = _DATATYPES.get(array.dtype.newbyteorder("<")) or (
+                "BYTES" if array.dtype.kind in "OSU" else None
+            )
+            if datatype is None:
+                self._free.append(slot)
+                raise ModelCallError(
+                    f"model '{self._model}': calling '{model}': input '{name}' has dtype "
+                    f"{array.dtype}, which no V2 datatype carries"
+                )
+            payload = to_wire(datatype, array.astype(NUMPY_DTYPES[datatype], copy=False))
+            refs.append(TensorRef(name, datatype, tuple(array.shape), offset, len(payload)))
+            payloads.append(payload)
+            offset = align(offset + len(payload))
+        slot.ensure(offset)
+        for ref, payload in zip(refs, payloads, strict=True):
+            slot.buffer[ref.offset : ref.offset + ref.nbytes] = payload
+        call_id = next(self._ids)
+        self._slots[call_id] = slot
+        self._channel.send(
+            Call(call_id, slot.fd, slot.size, model, -1 if version is None else version, refs)
+        )
+        return call_id
+
+    def _take(self, call_id: int, model: str, reply: Reply | None) -> dict[str, np.ndarray]:
+        """The outputs, copied out of the slot, which is free again."""
+        slot = self._slots.pop(call_id)
+        if reply is not None:
+            self._channel.send(CallTaken(call_id))
+        try:
+            if reply is None:
+                raise ModelCallError(f"calling '{model}': the server went away")
+            if isinstance(reply, CallFailure):
+                raise ModelCallError(reply.message, reply.kind)
+            slot.remap(reply.slot_size)
+            view = memoryview(slot.buffer)
+            outputs = {}
+            for ref in reply.outputs:
+                raw = view[ref.offset : ref.offset + ref.nbytes]
+                array = to_numpy(ref.datatype, ref.shape, raw)
+                outputs[ref.name] = array if ref.datatype == "BYTES" else array.copy()
+            return outputs
+        finally:
+            self._free.append(slot)

@@ -1,0 +1,122 @@
+"""Models that call models (Business Logic Scripting): a python model calls two models of
+the repository and itself through ``context.infer`` / ``infer_sync``, each call going
+through the callee's scheduler; one instance recursing into itself does not deadlock;
+a failed call raises in the caller with what went wrong."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.test_ensembles import DOUBLE, PLUS_ONE, _stats, _vector
+from tests.server import start_server
+from tests.toy_models import write_model
+
+pytestmark = pytest.mark.e2e
+
+CALLER_CONFIG = """
+    max_batch_size = 8
+    [[input]]
+    name = "X"
+    datatype = "FP32"
+    shape = [4]
+    [[input]]
+    name = "DEPTH"
+    datatype = "INT32"
+    shape = [1]
+    [[output]]
+    name = "Y"
+    datatype = "FP32"
+    shape = [4]
+    [[instance_group]]
+    count = 1
+"""
+# f(x, d) = (x + 1) + 2x + f(x, d - 1), f(x, 0) = 3x + 1: (d + 1)(3x + 1). A negative depth
+# calls a model that does not exist.
+SYNC_CALLER = """
+    import numpy as np
+
+    class Model:
+        def load(self, context):
+            self.context = context
+
+        def execute(self, inputs):
+            x, depth = inputs["X"], inputs["DEPTH"]
+            if (depth < 0).any():
+                self.context.infer_sync("no_such_model", {"X": x})
+            y = self.context.infer_sync("plus_one", {"X": x})["Y"]
+            y = y + self.context.infer_sync("double", {"X": x})["Y"]
+            if (depth > 0).any():
+                inner = {"X": x, "DEPTH": np.maximum(depth - 1, 0)}
+                y = y + self.context.infer_sync(self.context.model_name, inner)["Y"]
+            return {"Y": y}
+"""
+ASYNC_CALLER = """
+    import asyncio
+    import numpy as np
+
+    class Model:
+        def load(self, context):
+            self.context = context
+
+        async def execute(self, inputs):
+            x, depth = inputs["X"].copy(), inputs["DEPTH"].copy()
+            if (depth < 0).any():
+                await self.context.infer("no_such_model", {"X": x})
+            plus, doubled = await asyncio.gather(
+                self.context.infer("plus_one", {"X": x}), self.context.infer("double", {"X": x})
+            )
+            y = plus["Y"] + doubled["Y"]
+            if (depth > 0).any():
+                inner = {"X": x, "DEPTH": np.maximum(depth - 1, 0)}
+                y = y + (await self.context.infer(self.context.model_name, inner))["Y"]
+            return {"Y": y}
+"""
+
+
+@pytest.fixture(scope="module")
+def calls_server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("calls")
+    repository = root / "repository"
+    write_model(repository, "plus_one", _vector("X", "Y"), PLUS_ONE)
+    write_model(repository, "double", _vector("X", "Y"), DOUBLE)
+    write_model(repository, "caller_sync", CALLER_CONFIG, SYNC_CALLER)
+    write_model(repository, "caller_async", CALLER_CONFIG, ASYNC_CALLER)
+    server = start_server(repository, root)
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def _call(client, model: str, x: np.ndarray, depth: int):
+    inputs = [httpclient.InferInput("X", list(x.shape), "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    inputs.append(httpclient.InferInput("DEPTH", [len(x), 1], "INT32"))
+    inputs[1].set_data_from_numpy(np.full((len(x), 1), depth, np.int32))
+    return client.async_infer(model, inputs)
+
+
+@pytest.mark.parametrize("model", ["caller_sync", "caller_async"])
+def test_a_model_calls_two_models_and_itself_on_one_instance(calls_server, model):
+    client = httpclient.InferenceServerClient(calls_server.address, concurrency=8)
+    before = _stats(calls_server, "plus_one")["inference_stats"]["success"]["count"]
+    xs = [np.full((1, 4), index, np.float32) for index in range(8)]
+    calls = [_call(client, model, x, depth=2) for x in xs]  # 8 at once, each 3 deep
+    for x, call in zip(xs, calls, strict=True):
+        np.testing.assert_array_equal(call.get_result().as_numpy("Y"), 3 * (3 * x + 1))
+    after = _stats(calls_server, "plus_one")["inference_stats"]["success"]["count"]
+    assert after - before == 8 * 3  # every call went through plus_one's scheduler
+
+
+@pytest.mark.parametrize("model", ["caller_sync", "caller_async"])
+def test_a_failed_call_raises_in_the_caller_with_what_went_wrong(calls_server, model):
+    client = httpclient.InferenceServerClient(calls_server.address)
+    with pytest.raises(InferenceServerException) as caught:
+        _call(client, model, np.ones((1, 4), np.float32), depth=-1).get_result()
+    message = caught.value.message()
+    assert "ModelCallError" in message and "calling model 'no_such_model'" in message
+    assert "unknown model 'no_such_model'" in message
+    # The caller still serves.
+    answer = _call(client, model, np.ones((1, 4), np.float32), depth=0).get_result()
+    np.testing.assert_array_equal(answer.as_numpy("Y"), np.full((1, 4), 4, np.float32))
