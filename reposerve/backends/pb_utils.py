@@ -16,9 +16,12 @@ request's ``get_response_sender()``: ``send(response, flags)`` any number of tim
 ``execute`` or from threads it starts, ending with ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``;
 ``is_cancelled()`` turns true once the client has gone.
 
-Not provided, each failing with a message that says so: business logic scripting
-(``InferenceRequest.exec``), GPU tensors through DLPack, custom metrics,
-``auto_complete_config``.
+Business logic scripting: ``pb_utils.InferenceRequest(model_name=..., inputs=[...],
+requested_output_names=[...]).exec()`` (or ``await ... .async_exec()``) calls a model of
+the repository through reposerve's model calls and gives its ``InferenceResponse``.
+
+Not provided, each failing with a message that says so: decoupled BLS calls, GPU tensors
+through DLPack, custom metrics, ``auto_complete_config``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from reposerve.errors import ReposerveError
 
 # Triton's TRITONSERVER_DataType numbers, as numpy_to_triton_type / triton_to_numpy_type
 # speak them. BF16 (14) has no numpy dtype: reposerve hands its bit patterns over as uint16.
@@ -220,19 +225,27 @@ class InferenceResponseSender:
 
 
 class InferenceRequest:
-    """One client request of the batch, as ``execute`` receives it."""
+    """One client request of the batch, as ``execute`` receives it; or, built by the model
+    with ``model_name`` (Triton's BLS), a call to another model: ``exec()`` /
+    ``await async_exec()`` give its ``InferenceResponse`` (an error one if it failed)."""
 
     def __init__(
         self,
-        inputs: list[Tensor],
-        request_id: str,
-        requested_output_names: list[str],
+        inputs: list[Tensor] | None = None,
+        request_id: str = "",
+        requested_output_names: list[str] | None = None,
         sender: InferenceResponseSender | None = None,
+        *,
+        model_name: str = "",
+        model_version: int = -1,
+        **_: object,  # Triton's other BLS options (flags, correlation_id, timeout, ...)
     ) -> None:
-        self._inputs = inputs
+        self._inputs = list(inputs or ())
         self._request_id = request_id
-        self._requested_output_names = requested_output_names
+        self._requested_output_names = list(requested_output_names or ())
         self._sender = sender  # a decoupled model's
+        self._model_name = model_name
+        self._model_version = model_version
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -264,12 +277,42 @@ class InferenceRequest:
             )
         return self._sender
 
-    def exec(self, *args: object, **kwargs: object) -> Any:
-        raise TritonModelException(
-            "business logic scripting (InferenceRequest.exec) is not supported by reposerve"
-        )
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on ``model_name`` (Triton's BLS), blocking until it answers."""
+        caller = self._bls_caller(decoupled)
+        try:
+            outputs = caller.infer_sync(self._model_name, self._arrays(), self._version())
+        except ReposerveError as exc:
+            return InferenceResponse(error=TritonError(exc.message))
+        return self._response(outputs)
 
-    async_exec = exec
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        caller = self._bls_caller(decoupled)
+        try:
+            outputs = await caller.infer(self._model_name, self._arrays(), self._version())
+        except ReposerveError as exc:
+            return InferenceResponse(error=TritonError(exc.message))
+        return self._response(outputs)
+
+    def _bls_caller(self, decoupled: bool) -> Any:
+        if not self._model_name:
+            raise TritonModelException("exec() needs a request built with model_name=...")
+        if decoupled:
+            raise TritonModelException("exec(decoupled=True) is not supported by reposerve")
+        if _caller is None:
+            raise TritonModelException("no repository to call models in")
+        return _caller
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        return {tensor.name(): tensor.as_numpy() for tensor in self._inputs}
+
+    def _version(self) -> int | None:
+        return None if self._model_version < 0 else self._model_version
+
+    def _response(self, outputs: dict[str, np.ndarray]) -> InferenceResponse:
+        wanted = self._requested_output_names or list(outputs)
+        tensors = [Tensor(name, outputs[name]) for name in wanted if name in outputs]
+        return InferenceResponse(tensors)
 
 
 class InferenceResponse:
@@ -321,6 +364,7 @@ def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
 
 
 _log = logging.getLogger("reposerve.model")
+_caller: Any = None  # the instance's ModelCaller, for BLS requests (set by the shim)
 
 
 class Logger:

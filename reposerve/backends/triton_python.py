@@ -80,6 +80,7 @@ class TritonPythonBackend:
         self._batched = config.max_batch_size > 0
         self._output_names = [spec.name for spec in config.output]
         pb_utils._start_logging(context.model_name)
+        pb_utils._caller = context.caller
         self._model = model_class()
         execute = getattr(self._model, "execute", None)
         if not callable(execute):

@@ -76,6 +76,34 @@ ASYNC_CALLER = """
 """
 
 
+# Triton's BLS form: a request built with model_name, exec() for its response; an error
+# response (not an exception) when the call fails.
+TRITON_BLS = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+                depth = pb_utils.get_input_tensor_by_name(request, "DEPTH").as_numpy()
+                target = "no_such_model" if (depth < 0).any() else "plus_one"
+                call = pb_utils.InferenceRequest(
+                    model_name=target,
+                    inputs=[pb_utils.Tensor("X", x)],
+                    requested_output_names=["Y"],
+                )
+                answer = call.exec()
+                if answer.has_error():
+                    responses.append(pb_utils.InferenceResponse(error=answer.error()))
+                    continue
+                y = pb_utils.get_output_tensor_by_name(answer, "Y").as_numpy()
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y * 10)]))
+            return responses
+"""
+
+
 @pytest.fixture(scope="module")
 def calls_server(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("calls")
@@ -84,6 +112,7 @@ def calls_server(tmp_path_factory: pytest.TempPathFactory):
     write_model(repository, "double", _vector("X", "Y"), DOUBLE)
     write_model(repository, "caller_sync", CALLER_CONFIG, SYNC_CALLER)
     write_model(repository, "caller_async", CALLER_CONFIG, ASYNC_CALLER)
+    write_model(repository, "triton_bls", CALLER_CONFIG, TRITON_BLS)
     server = start_server(repository, root)
     yield server
     assert server.stop() == 0, server.log()
@@ -120,3 +149,13 @@ def test_a_failed_call_raises_in_the_caller_with_what_went_wrong(calls_server, m
     # The caller still serves.
     answer = _call(client, model, np.ones((1, 4), np.float32), depth=0).get_result()
     np.testing.assert_array_equal(answer.as_numpy("Y"), np.full((1, 4), 4, np.float32))
+
+
+def test_a_triton_model_calls_a_model_with_inference_request_exec(calls_server):
+    client = httpclient.InferenceServerClient(calls_server.address)
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    answer = _call(client, "triton_bls", x, depth=0).get_result()
+    np.testing.assert_array_equal(answer.as_numpy("Y"), (x + 1) * 10)
+    with pytest.raises(InferenceServerException) as caught:
+        _call(client, "triton_bls", x, depth=-1).get_result()
+    assert "calling model 'no_such_model': unknown model 'no_such_model'" in str(caught.value)

@@ -301,7 +301,7 @@ def _pure_resnet(batch: int, duration: float) -> float:
     return done / (time.perf_counter() - started)
 
 
-def _jpeg_payloads(model: str, count: int = 32) -> list[bytes]:
+def _jpeg_payloads(model: str, output: str = "CLASS", count: int = 32) -> list[bytes]:
     import io
     import struct
 
@@ -314,7 +314,7 @@ def _jpeg_payloads(model: str, count: int = 32) -> list[bytes]:
         Image.fromarray(rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)).save(buffer, "JPEG")
         raw = struct.pack("<I", len(buffer.getvalue())) + buffer.getvalue()
         payloads.append(
-            encode_binary_infer(HOST, model, [("IMAGE", "BYTES", [1, 1], raw)], ["CLASS"])
+            encode_binary_infer(HOST, model, [("IMAGE", "BYTES", [1, 1], raw)], [output])
         )
     return payloads
 
@@ -333,10 +333,11 @@ def _tensor_payloads(model: str, count: int = 8) -> list[bytes]:
     ]
 
 
-async def images(duration: float, concurrency: int = 16) -> Report:
-    """ResNet-50 images/s: the model alone (batch 8, 16) against the server at c=16,
-    on JPEG bytes (image_classifier) and on preprocessed tensors (resnet50_onnx)."""
-    import shutil
+async def images(duration: float, concurrencies: tuple[int, ...] = (16, 64)) -> Report:
+    """ResNet-50 images/s: the model alone (batch 8, 16) against the server at each
+    concurrency, on JPEG bytes through the monolithic image_classifier and through the
+    image_pipeline ensemble (preprocess -> resnet50_onnx -> postprocess), and on
+    preprocessed tensors (resnet50_onnx alone)."""
     import subprocess
     import sys
 
@@ -345,7 +346,8 @@ async def images(duration: float, concurrency: int = 16) -> Report:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         bundled = servers.ROOT / "model_repository"
-        shutil.copytree(bundled / "image_classifier", root / "image_classifier")
+        for name in ("image_classifier", "preprocess", "postprocess"):
+            shutil.copytree(bundled / name, root / name)
         subprocess.run(
             [sys.executable, "tools/export_examples.py", "--repository", str(root)],
             cwd=servers.ROOT,
@@ -355,20 +357,28 @@ async def images(duration: float, concurrency: int = 16) -> Report:
         shutil.rmtree(root / "resnet50_torch")
         server = servers.reposerve(root)
         try:
-            for model, payloads in (
-                ("image_classifier", _jpeg_payloads("image_classifier")),
-                ("resnet50_onnx", _tensor_payloads("resnet50_onnx")),
-            ):
-                result = await closed_loop(
-                    f"{model} (1 image/request)", HOST, server.port, payloads, concurrency,
-                    duration, warmup=3.0,
-                )  # fmt: skip
-                results.append(result)
+            for concurrency in concurrencies:
+                for model, payloads in (
+                    ("image_classifier", _jpeg_payloads("image_classifier")),
+                    ("image_pipeline", _jpeg_payloads("image_pipeline", "CLASS_IDS")),
+                    ("resnet50_onnx", _tensor_payloads("resnet50_onnx")),
+                ):
+                    result = await closed_loop(
+                        f"{model} (1 image/request)", HOST, server.port, payloads, concurrency,
+                        duration, warmup=3.0,
+                    )  # fmt: skip
+                    results.append(result)
+                    key = f"c={concurrency} {model}"
+                    facts[f"{key} images/s / pure batch 8"] = (
+                        result.throughput / facts["pure torch batch 8 (images/s)"]
+                    )
+                by_model = {r.label.split()[0]: r.throughput for r in results[-3:]}
+                facts[f"c={concurrency} image_pipeline / image_classifier images/s"] = (
+                    by_model["image_pipeline"] / by_model["image_classifier"]
+                )
+            for model in ("image_classifier", "resnet50_onnx", "preprocess", "postprocess"):
                 items, executions = _mean_batch(server.port, model)
                 facts[f"{model} mean batch"] = items / max(executions, 1)
-                facts[f"{model} images/s / pure batch 8"] = (
-                    result.throughput / facts["pure torch batch 8 (images/s)"]
-                )
         finally:
             server.stop()
     return Report("images", results, facts)
