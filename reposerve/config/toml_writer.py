@@ -12,7 +12,7 @@ import msgspec
 
 from reposerve.config.schema import ModelConfig
 
-_ARRAYS_OF_TABLES = ("input", "output", "instance_group", "warmup")
+_ARRAYS_OF_TABLES = ("input", "output", "instance_group", "warmup", "step")
 _TABLES = ("dynamic_batching", "optimization", "execution")
 _encoder = msgspec.json.Encoder()
 

@@ -68,8 +68,7 @@ JOIN_CONFIG = """
     [dynamic_batching]
     max_queue_delay_microseconds = 20000
 """
-# One input, two branches (plus_one, double) that run at once, and a join.
-DIAMOND = """
+ENSEMBLE_HEAD = """
     backend = "ensemble"
     max_batch_size = 16
     [[input]]
@@ -80,6 +79,11 @@ DIAMOND = """
     name = "OUT"
     datatype = "FP32"
     shape = [4]
+"""
+# One input, two branches (plus_one, double) that run at once, and a join.
+DIAMOND = (
+    ENSEMBLE_HEAD
+    + """
     [[step]]
     model = "join"
     input_map = { A = "plus", B = "doubled" }
@@ -93,6 +97,7 @@ DIAMOND = """
     input_map = { X = "IN" }
     output_map = { Y = "doubled" }
 """
+)
 
 
 def _write_diamond(repository) -> None:
@@ -208,20 +213,6 @@ def test_an_unloaded_step_takes_the_ensemble_out_with_the_reason(diamond_server)
     assert reply.status_code == 200
     index = {entry["name"]: entry for entry in httpx.post(f"{base}/v2/repository/index").json()}
     assert index["diamond"]["reason"] == "unloaded"
-
-
-ENSEMBLE_HEAD = """
-    backend = "ensemble"
-    max_batch_size = 16
-    [[input]]
-    name = "IN"
-    datatype = "FP32"
-    shape = [4]
-    [[output]]
-    name = "OUT"
-    datatype = "FP32"
-    shape = [4]
-"""
 
 
 @pytest.mark.parametrize(

@@ -109,3 +109,13 @@ def test_tritons_ensemble_scheduling_reads_as_steps():
         ("pre", -1, {"X": "IN"}, {"Y": "mid"}),
         ("net", 2, {"X": "mid"}, {"Y": "OUT"}),
     ]
+
+
+def test_an_ensemble_converts_to_config_toml_steps_that_load_the_same():
+    from reposerve.config.toml_writer import to_toml
+
+    text = textwrap.dedent(HEAD) + _step("m", 'X = "IN"', 'Y = "OUT"')
+    config = parse_model_config(text, "e/config.toml")
+    written = to_toml(config)
+    assert "[[step]]" in written
+    assert parse_model_config(written, "e/config.toml") == config
