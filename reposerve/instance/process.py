@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 import reposerve
-from reposerve.backends.base import RequestFailure, RequestSlice
+from reposerve.backends.base import RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError
 from reposerve.instance.arena import Slot, align
@@ -49,6 +49,17 @@ from reposerve.instance.messages import (
     TensorRef,
     encode_frame,
 )
+from reposerve.instance.outcomes import (
+    BatchFailure,
+    BatchOutcome,
+    BatchTensor,
+    FailureCause,
+    OnDone,
+    OnResponse,
+    OnStart,
+    StreamedResponse,
+)
+from reposerve.instance.spec import InstanceSpec
 from reposerve.tensor import Tensor
 
 log = logging.getLogger("reposerve.instance")
@@ -56,93 +67,6 @@ log = logging.getLogger("reposerve.instance")
 _PACKAGE_ROOT = str(Path(reposerve.__file__).resolve().parent.parent)
 REAP_TIMEOUT_S = 5.0  # a killed process is gone within this, even with a large CUDA context
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-class GpuDevice(msgspec.Struct, frozen=True):
-    """The GPU, or MIG device, an instance runs on."""
-
-    index: int  # the server's CUDA device number: what `gpus` in an instance group counts
-    uuid: str  # GPU-... or MIG-...: the process's CUDA_VISIBLE_DEVICES, so it sees only this
-
-
-class InstanceSpec(msgspec.Struct, frozen=True):
-    """Everything needed to start one instance process."""
-
-    model: str
-    version: int
-    version_path: str
-    backend: str
-    config_json: bytes
-    index: int
-    kind: str  # "cpu" or "gpu"
-    gpu: GpuDevice | None
-    cpus: tuple[int, ...]  # the cores it is pinned to; () = not pinned
-    threads: int
-    execute_timeout_s: float  # 0 = none
-
-    @property
-    def label(self) -> str:
-        where = f"gpu {self.gpu.index} {self.gpu.uuid}" if self.gpu is not None else "cpu"
-        return f"model '{self.model}' version {self.version} instance {self.index} ({where})"
-
-
-class BatchOutcome(msgspec.Struct):
-    """A finished batch: outputs are views on the slot, valid only during ``on_done``.
-    ``failed`` names requests that failed on their own (their rows are placeholders)."""
-
-    outputs: dict[str, Tensor]
-    compute_ns: int
-    failed: list[RequestFailure] = []
-
-
-class BatchTensor(msgspec.Struct, frozen=True):
-    """One input of a batch: its batch shape, and each request's wire bytes in batch order."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    parts: Sequence[bytes | memoryview]
-
-
-class FailureCause(enum.Enum):
-    MODEL = "model"  # execute raised, or returned outputs that break the config
-    INVALID_INPUT = "invalid_input"  # execute raised reposerve.InvalidInput
-    INSTANCE = "instance"  # the process died, was killed, or overran the timeout
-    STOPPED = "stopped"  # its owner stopped it on purpose (unload, shutdown) before it ended
-    NOT_STARTED = "not_started"  # staged behind a batch that took the process down: it
-    # never ran, and may run elsewhere
-
-
-class BatchFailure(msgspec.Struct, frozen=True):
-    """A batch that produced no outputs, and why."""
-
-    message: str
-    cause: FailureCause
-
-    @property
-    def raised(self) -> bool:
-        """Whether execute itself failed (and may succeed for part of the batch)."""
-        return self.cause in (FailureCause.MODEL, FailureCause.INVALID_INPUT)
-
-
-OnDone = Callable[[BatchOutcome | BatchFailure], None]
-OnStart = Callable[[], None]
-
-
-class StreamedResponse(msgspec.Struct):
-    """One response of a decoupled batch: outputs are views on the slot, valid only during
-    ``on_response``. ``request``: the one request it answers (its rows), -1 for all;
-    ``final``: that request's last; ``failure``: that request failed."""
-
-    outputs: dict[str, Tensor]
-    request: int = -1
-    final: bool = False
-    failure: RequestFailure | None = None
-
-
-OnResponse = Callable[[StreamedResponse, Callable[[], None]], bool]
-"""A decoupled batch's response and ``resume``: returns whether the instance may write the
-next one now; if not, it waits for ``resume``."""
 
 
 class _Running(msgspec.Struct):

@@ -15,7 +15,7 @@ import msgspec
 
 from reposerve.config import InstanceGroup, ModelConfig
 from reposerve.errors import ConfigError
-from reposerve.instance.process import GpuDevice, InstanceSpec
+from reposerve.instance.spec import GpuDevice, InstanceSpec
 from reposerve.repository.gpus import Gpus
 
 GPU_INSTANCE_THREADS = 2  # intra-op threads of a GPU instance unless intra_op_threads says

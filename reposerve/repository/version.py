@@ -18,7 +18,8 @@ import time
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.messages import Call, CallFailure
-from reposerve.instance.process import BatchTensor, FailureCause, InstanceProcess
+from reposerve.instance.outcomes import BatchTensor, FailureCause
+from reposerve.instance.process import InstanceProcess
 from reposerve.pipelines.calls import serve_call
 from reposerve.pipelines.ensemble import EnsembleScheduler, Resolve, check_steps
 from reposerve.repository.gpus import discover

@@ -19,13 +19,8 @@ import numpy as np
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
 from reposerve.errors import InstanceError
-from reposerve.instance.process import (
-    BatchFailure,
-    BatchOutcome,
-    BatchTensor,
-    FailureCause,
-    InstanceProcess,
-)
+from reposerve.instance.outcomes import BatchFailure, BatchOutcome, BatchTensor, FailureCause
+from reposerve.instance.process import InstanceProcess
 from reposerve.statistics import ModelStatistics
 
 

@@ -31,7 +31,7 @@ from reposerve.errors import (
     ReposerveError,
     SchedulerError,
 )
-from reposerve.instance.process import (
+from reposerve.instance.outcomes import (
     BatchFailure,
     BatchOutcome,
     BatchTensor,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from reposerve.backends.base import RequestSlice
-from reposerve.instance.process import BatchTensor, OnDone, OnResponse, OnStart
+from reposerve.instance.outcomes import BatchTensor, OnDone, OnResponse, OnStart
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Timer
 from reposerve.scheduler.stream import ResponseStream

@@ -22,7 +22,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from reposerve.config import parse_model_config
-from reposerve.instance.process import BatchOutcome, BatchTensor, InstanceProcess, InstanceSpec
+from reposerve.instance.outcomes import BatchOutcome, BatchTensor
+from reposerve.instance.process import InstanceProcess
+from reposerve.instance.spec import InstanceSpec
 from tests.server import Server, start_server
 from tests.toy_models import write_model
 

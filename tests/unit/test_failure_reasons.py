@@ -9,7 +9,7 @@ import time
 import pytest
 
 from reposerve.errors import InstanceError, SchedulerError
-from reposerve.instance.process import FailureCause
+from reposerve.instance.outcomes import FailureCause
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.statistics import FailureReason, ModelStatistics
 from tests.unit.test_scheduler import US, FakeClock, StandInInstance, _config, _finish, _request

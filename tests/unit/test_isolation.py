@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from reposerve.errors import InstanceError, InvalidInput, SchedulerError
-from reposerve.instance.process import BatchFailure, BatchOutcome, FailureCause
+from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.policy import split_for_isolation
 from reposerve.statistics import ModelStatistics

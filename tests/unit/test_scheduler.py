@@ -11,7 +11,7 @@ import pytest
 
 from reposerve.config import parse_model_config
 from reposerve.errors import InstanceError, SchedulerError
-from reposerve.instance.process import BatchFailure, BatchOutcome, FailureCause
+from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.statistics import ModelStatistics

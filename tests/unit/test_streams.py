@@ -12,12 +12,7 @@ import pytest
 
 from reposerve.config import parse_model_config
 from reposerve.errors import ProtocolError, SchedulerError
-from reposerve.instance.process import (
-    BatchFailure,
-    BatchOutcome,
-    FailureCause,
-    StreamedResponse,
-)
+from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause, StreamedResponse
 from reposerve.protocol.generate import decode_generate, encode_generate
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.stream import ResponseStream

@@ -1,0 +1,72 @@
+"""What goes into an instance's batch and what comes out: its tensors, its outcome (the
+outputs, or a failure and its cause), a decoupled batch's responses, and the callbacks
+that receive them."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from reposerve.backends.base import RequestFailure
+from reposerve.tensor import Tensor
+
+
+class BatchOutcome(msgspec.Struct):
+    """A finished batch: outputs are views on the slot, valid only during ``on_done``.
+    ``failed`` names requests that failed on their own (their rows are placeholders)."""
+
+    outputs: dict[str, Tensor]
+    compute_ns: int
+    failed: list[RequestFailure] = []
+
+
+class BatchTensor(msgspec.Struct, frozen=True):
+    """One input of a batch: its batch shape, and each request's wire bytes in batch order."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parts: Sequence[bytes | memoryview]
+
+
+class FailureCause(enum.Enum):
+    MODEL = "model"  # execute raised, or returned outputs that break the config
+    INVALID_INPUT = "invalid_input"  # execute raised reposerve.InvalidInput
+    INSTANCE = "instance"  # the process died, was killed, or overran the timeout
+    STOPPED = "stopped"  # its owner stopped it on purpose (unload, shutdown) before it ended
+    NOT_STARTED = "not_started"  # staged behind a batch that took the process down: it
+    # never ran, and may run elsewhere
+
+
+class BatchFailure(msgspec.Struct, frozen=True):
+    """A batch that produced no outputs, and why."""
+
+    message: str
+    cause: FailureCause
+
+    @property
+    def raised(self) -> bool:
+        """Whether execute itself failed (and may succeed for part of the batch)."""
+        return self.cause in (FailureCause.MODEL, FailureCause.INVALID_INPUT)
+
+
+OnDone = Callable[[BatchOutcome | BatchFailure], None]
+OnStart = Callable[[], None]
+
+
+class StreamedResponse(msgspec.Struct):
+    """One response of a decoupled batch: outputs are views on the slot, valid only during
+    ``on_response``. ``request``: the one request it answers (its rows), -1 for all;
+    ``final``: that request's last; ``failure``: that request failed."""
+
+    outputs: dict[str, Tensor]
+    request: int = -1
+    final: bool = False
+    failure: RequestFailure | None = None
+
+
+OnResponse = Callable[[StreamedResponse, Callable[[], None]], bool]
+"""A decoupled batch's response and ``resume``: returns whether the instance may write the
+next one now; if not, it waits for ``resume``."""
