@@ -238,8 +238,14 @@ class InferenceRequest:
         *,
         model_name: str = "",
         model_version: int = -1,
-        **_: object,  # Triton's other BLS options (flags, correlation_id, timeout, ...)
+        **options: object,
     ) -> None:
+        # Triton's other BLS options: at their defaults they ask nothing reposerve lacks.
+        refused = [key for key, value in options.items() if value not in (None, 0, "", {})]
+        if refused:
+            raise TritonModelException(
+                f"InferenceRequest: {', '.join(sorted(refused))} not supported by reposerve"
+            )
         self._inputs = list(inputs or ())
         self._request_id = request_id
         self._requested_output_names = list(requested_output_names or ())
@@ -311,8 +317,15 @@ class InferenceRequest:
 
     def _response(self, outputs: dict[str, np.ndarray]) -> InferenceResponse:
         wanted = self._requested_output_names or list(outputs)
-        tensors = [Tensor(name, outputs[name]) for name in wanted if name in outputs]
-        return InferenceResponse(tensors)
+        missing = [name for name in wanted if name not in outputs]
+        if missing:
+            return InferenceResponse(
+                error=TritonError(
+                    f"model '{self._model_name}' has no output {', '.join(missing)} "
+                    f"(it has: {', '.join(outputs)})"
+                )
+            )
+        return InferenceResponse([Tensor(name, outputs[name]) for name in wanted])
 
 
 class InferenceResponse:

@@ -22,6 +22,9 @@ def check_ensemble(config: ModelConfig) -> str | None:
         return "step: an ensemble needs at least one step"
     if not config.input or not config.output:
         return "input, output: an ensemble declares the tensors it takes and gives"
+    for index, tensor in enumerate(config.input):
+        if tensor.optional:
+            return f"input[{index}].optional: an ensemble's inputs are all required"
     for key in ("instance_group", "dynamic_batching"):
         if getattr(config, key):
             return f"{key}: an ensemble has none (each step model has its own)"

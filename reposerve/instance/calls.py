@@ -68,8 +68,13 @@ class Caller:
 
     def deliver(self, reply: Reply) -> None:
         answer = self._answers.pop(reply.call_id, None)
-        if answer is not None and not answer.done():
-            answer.set_result(reply)
+        if answer is None or answer.done():  # its caller was cancelled: nobody takes it
+            slot = self._slots.pop(reply.call_id, None)
+            if slot is not None:
+                self._free.append(slot)
+                self._release(reply.call_id)
+            return
+        answer.set_result(reply)
 
     async def infer(
         self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
@@ -84,10 +89,9 @@ class Caller:
         call_id = self._send(model, inputs, version)
         answer = self._loop.create_future()
         self._answers[call_id] = answer
-        try:
-            reply = await answer
-        finally:
-            self._answers.pop(call_id, None)
+        # Cancelled meanwhile, the answer still comes: deliver frees the slot then (the
+        # front writes into it until it answers).
+        reply = await answer
         return self._take(call_id, model, reply)
 
     def infer_sync(
@@ -108,6 +112,20 @@ class Caller:
 
     def _send(self, model: str, inputs: dict[str, np.ndarray], version: int | None) -> int:
         slot = self._free.pop() if self._free else Slot.create(f"reposerve-call-{self._model}")
+        try:
+            refs = self._write(slot, model, inputs)
+        except BaseException:
+            self._free.append(slot)
+            raise
+        call_id = next(self._ids)
+        self._slots[call_id] = slot
+        self._channel.send(
+            Call(call_id, slot.fd, slot.size, model, -1 if version is None else version, refs)
+        )
+        return call_id
+
+    def _write(self, slot: Slot, model: str, inputs: dict[str, np.ndarray]) -> list[TensorRef]:
+        """The inputs in the slot, in the wire layout, one after another."""
         refs: list[TensorRef] = []
         payloads: list[bytes | memoryview] = []
         offset = 0
@@ -117,7 +135,6 @@ class Caller:
                 "BYTES" if array.dtype.kind in "OSU" else None
             )
             if datatype is None:
-                self._free.append(slot)
                 raise ModelCallError(
                     f"model '{self._model}': calling '{model}': input '{name}' has dtype "
                     f"{array.dtype}, which no V2 datatype carries"
@@ -129,18 +146,13 @@ class Caller:
         slot.ensure(offset)
         for ref, payload in zip(refs, payloads, strict=True):
             slot.buffer[ref.offset : ref.offset + ref.nbytes] = payload
-        call_id = next(self._ids)
-        self._slots[call_id] = slot
-        self._channel.send(
-            Call(call_id, slot.fd, slot.size, model, -1 if version is None else version, refs)
-        )
-        return call_id
+        return refs
 
     def _take(self, call_id: int, model: str, reply: Reply | None) -> dict[str, np.ndarray]:
         """The outputs, copied out of the slot, which is free again."""
         slot = self._slots.pop(call_id)
         if reply is not None:
-            self._channel.send(CallTaken(call_id))
+            self._release(call_id)
         try:
             if reply is None:
                 raise ModelCallError(f"calling '{model}': the server went away")
@@ -156,3 +168,7 @@ class Caller:
             return outputs
         finally:
             self._free.append(slot)
+
+    def _release(self, call_id: int) -> None:
+        """The front's room for this call ends: its caller runs on (or is gone)."""
+        self._channel.send(CallTaken(call_id))

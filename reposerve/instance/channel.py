@@ -59,7 +59,10 @@ class Channel:
                 return False
             if isinstance(message, Resume | Cancel) and message.batch_id == batch_id:
                 return isinstance(message, Resume)
-            self._deferred.append(message)
+            if isinstance(message, CallResult | CallFailure):  # for a call further out
+                self._replies[message.call_id] = message
+            else:
+                self._deferred.append(message)
 
     def wait_call(self, call_id: int) -> CallResult | CallFailure | None:
         """Block until model call ``call_id`` is answered; None once the front has gone.

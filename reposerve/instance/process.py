@@ -65,6 +65,7 @@ from reposerve.tensor import Tensor
 log = logging.getLogger("reposerve.instance")
 
 _PACKAGE_ROOT = str(Path(reposerve.__file__).resolve().parent.parent)
+NESTED_LIMIT = 64  # batches an instance runs while its models wait on calls, at most
 REAP_TIMEOUT_S = 5.0  # a killed process is gone within this, even with a large CUDA context
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -145,7 +146,7 @@ class InstanceProcess:
 
     def has_capacity(self, staged: bool = False) -> bool:
         """Whether it takes a batch now: to run at once, or (``staged``) to run next."""
-        limit = self.max_inflight + self._calls_waiting + (self.staging if staged else 0)
+        limit = self._running_limit + (self.staging if staged else 0)
         if self.state is not InstanceState.READY or len(self._in_flight) >= limit:
             return False
         if self._free_slots:
@@ -244,7 +245,7 @@ class InstanceProcess:
         batch_id = self._next_batch_id
         self._next_batch_id += 1
         loop = asyncio.get_running_loop()
-        starts_now = len(self._in_flight) < self.max_inflight
+        starts_now = len(self._in_flight) < self._running_limit
         self._in_flight[batch_id] = _Running(
             slot_index, on_done, on_start, loop.time(), starts_now, on_response
         )
@@ -277,13 +278,22 @@ class InstanceProcess:
         self._arm_watchdog()
         self._transport.write(encode_frame(Cancel(batch_id)))
 
+    @property
+    def _running_limit(self) -> int:
+        """Batches it runs at once: one more for each model call it waits on (a sync
+        instance runs the next batch nested meanwhile), up to NESTED_LIMIT more."""
+        return self.max_inflight + min(self._calls_waiting, NESTED_LIMIT)
+
     def call_slot(self, call: Call) -> Slot:
         """The shared memory a call's inputs lie in (opened through /proc, once per
         memfd; mapped again when the process grew it). Raises OSError once it is gone."""
+        path = f"/proc/{self.pid}/fd/{call.fd}"
         slot = self._call_slots.get(call.fd)
-        if slot is None:
-            fd = os.open(f"/proc/{self.pid}/fd/{call.fd}", os.O_RDWR | os.O_CLOEXEC)
-            slot = self._call_slots[call.fd] = Slot(fd, call.slot_size)
+        # The number may name another file of the process by now: the same file or none.
+        if slot is None or os.stat(path).st_ino != os.fstat(slot.fd).st_ino:
+            if slot is not None:
+                slot.close()
+            slot = self._call_slots[call.fd] = Slot.open_shared(path, call.slot_size)
         slot.remap(call.slot_size)
         return slot
 
@@ -392,16 +402,20 @@ class InstanceProcess:
     def _answered(self, batch_id: int, next_starts: bool = True) -> _Running | None:
         """Take an answered batch off the books; a staged one behind it starts now."""
         running = self._in_flight.pop(batch_id, None)
-        if running is not None and self.staging and next_starts:
-            waiting = [other for other in self._in_flight.values() if not other.started]
-            if waiting:
-                # Frames are run in the order sent: the oldest staged batch is next.
-                following = waiting[0]
-                following.started = True
-                following.since = asyncio.get_running_loop().time()
-                if following.on_start is not None:
-                    following.on_start()
+        if running is not None and next_starts:
+            self._start_next()
         return running
+
+    def _start_next(self) -> None:
+        """The oldest batch sent but not begun begins now (frames are run in the order
+        sent): one finished, or the one running waits on a model call."""
+        waiting = [other for other in self._in_flight.values() if not other.started]
+        if waiting:
+            following = waiting[0]
+            following.started = True
+            following.since = asyncio.get_running_loop().time()
+            if following.on_start is not None:
+                following.on_start()
 
     def _on_message(self, message: FromInstance) -> None:
         match message:
@@ -429,6 +443,7 @@ class InstanceProcess:
                 self._calls_waiting -= 1
             case Call():
                 self._calls_waiting += 1
+                self._start_next()
                 if self._on_call is not None:
                     self._on_call(self, message)
                 else:

@@ -81,8 +81,8 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
         message = channel.receive()
         if isinstance(message, Execute | AddSlot):
             serve(message)
-        elif not isinstance(message, Resume | Cancel):  # those of a batch already ended
-            return
+        elif not isinstance(message, Resume | Cancel | CallResult | CallFailure):
+            return  # (those are of a batch, or a call, already ended)
 
 
 class _AsyncStream:

@@ -8,7 +8,7 @@ after the inputs.
 
 from __future__ import annotations
 
-from reposerve.errors import ErrorKind, ProtocolError, ReposerveError
+from reposerve.errors import ErrorKind, InstanceError, ProtocolError, ReposerveError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import Call, CallFailure, CallResult, TensorRef
 from reposerve.pipelines.ensemble import Resolve
@@ -44,9 +44,12 @@ async def serve_call(
             for name, tensor in outputs.items():
                 refs.append(TensorRef(name, tensor.datatype, tensor.shape, offset, len(tensor.raw)))
                 offset = align(offset + len(tensor.raw))
-            slot.ensure(offset)
-            for ref, tensor in zip(refs, outputs.values(), strict=True):
-                slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.raw
+            try:
+                slot.ensure(offset)
+                for ref, tensor in zip(refs, outputs.values(), strict=True):
+                    slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.raw
+            except (OSError, ValueError) as exc:  # the caller's process went away meanwhile
+                raise InstanceError(f"the calling instance is gone ({exc})") from exc
             return refs
 
         refs = await model.scheduler.submit(request, write)

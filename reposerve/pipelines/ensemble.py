@@ -18,9 +18,8 @@ from typing import Any, Protocol
 
 from reposerve.config import ModelConfig, TensorConfig
 from reposerve.config.schema import EnsembleStep
-from reposerve.errors import ConfigError, ReposerveError, SchedulerError
+from reposerve.errors import ConfigError, InstanceError, ReposerveError, SchedulerError
 from reposerve.protocol.request import InferRequest
-from reposerve.scheduler.stream import ResponseStream
 from reposerve.scheduler.work import Finish
 from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor
@@ -65,10 +64,16 @@ def check_steps(label: str, config: ModelConfig, resolve: Resolve) -> None:
             raise ConfigError(f"{where}: {exc.message}") from None
         if model.config.decoupled:
             raise ConfigError(f"{where}: a decoupled model cannot be an ensemble step")
-        if batched and model.config.max_batch_size == 0:
+        if batched != (model.config.max_batch_size > 0):
             raise ConfigError(
-                f"{where}: the ensemble batches (max_batch_size {config.max_batch_size}) but "
-                "this model has no batch dimension"
+                f"{where}: the ensemble's max_batch_size is {config.max_batch_size}, this "
+                f"model's {model.config.max_batch_size}: both batch, or neither does"
+            )
+        if config.max_batch_size > model.config.max_batch_size > 0:
+            raise ConfigError(
+                f"{where}: the ensemble takes batches of up to {config.max_batch_size}, this "
+                f"model of up to {model.config.max_batch_size}. Hint: lower the ensemble's "
+                "max_batch_size"
             )
         models[index] = model
         for model_output, tensor in step.output_map.items():
@@ -118,6 +123,7 @@ class EnsembleScheduler:
         self._resolve = resolve
         self._running: dict[asyncio.Future, asyncio.Task] = {}
         self._closed = False
+        self._aborted = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -135,9 +141,7 @@ class EnsembleScheduler:
             return False
         return True
 
-    def submit(
-        self, request: InferRequest, finish: Finish, stream: ResponseStream | None = None
-    ) -> asyncio.Future:
+    def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future:
         if self._closed:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
@@ -156,10 +160,10 @@ class EnsembleScheduler:
     def abort(self, error: ReposerveError) -> None:
         """Fail every request still running with ``error``; refuse new ones."""
         self._closed = True
+        self._aborted = True
         for future, task in list(self._running.items()):
-            task.cancel()
+            task.cancel()  # counted as it ends
             if not future.done():
-                self._statistics.record_failure(1, 0, FailureReason.OTHER)
                 future.set_exception(error)
 
     def _settle(self, future: asyncio.Future, task: asyncio.Task) -> None:
@@ -191,6 +195,8 @@ class EnsembleScheduler:
                         waiting.remove((index, step))
                         call = asyncio.ensure_future(self._call(index, step, tensors, request))
                         running[call] = (index, step)
+                if not running:  # the load-time checks make this unreachable; never hang
+                    raise InstanceError(f"{self._label}: steps wait for tensors none writes")
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for call in done:
                     index, step = running.pop(call)
@@ -201,11 +207,12 @@ class EnsembleScheduler:
             for call in running:
                 call.cancel()
             elapsed = time.perf_counter_ns() - started
-            reason = (
-                FailureReason.CANCELED
-                if isinstance(exc, asyncio.CancelledError)
-                else FailureReason.BACKEND
-            )
+            if self._aborted:
+                reason = FailureReason.OTHER
+            elif isinstance(exc, asyncio.CancelledError):
+                reason = FailureReason.CANCELED
+            else:
+                reason = FailureReason.BACKEND
             self._statistics.record_failure(1, elapsed, reason)
             raise
         elapsed = time.perf_counter_ns() - started

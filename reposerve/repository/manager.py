@@ -20,6 +20,7 @@ import msgspec
 
 from reposerve.config.complete import require_declared
 from reposerve.errors import ConfigError, ErrorKind, RepositoryError
+from reposerve.pipelines.ensemble import check_steps
 from reposerve.repository.override import OverrideFolder
 from reposerve.repository.roots import all_model_names, check_exists, find_root
 from reposerve.repository.scan import ConfigOverride, read_model
@@ -90,13 +91,55 @@ class Repository:
         failed one may have left its predecessor serving). Raises ConfigError when the
         model cannot even be read. ``config`` replaces the folder's config for this load;
         ``files`` (paths in the model folder -> content) replace the folder itself.
-        Ensembles that stopped serving when ``name`` went away are loaded again."""
+        An ensemble's step models that are not loaded load first (as in Triton); once
+        ``name`` serves, the ensembles using it are checked against it again, and those
+        that were waiting for it load."""
+        return await self._load_with_steps(name, config, files, chain=())
+
+    async def _load_with_steps(
+        self,
+        name: str,
+        config: ConfigOverride | None,
+        files: Mapping[str, bytes] | None,
+        chain: tuple[str, ...],
+    ) -> list[ModelVersion]:
+        for step in self.steps_of(name):
+            if step not in chain and not self._serving(step):
+                with contextlib.suppress(ConfigError):  # the ensemble's load says why
+                    await self._load_with_steps(step, None, None, (*chain, name))
         fresh = await self._load(name, config, files)
         if any(version.state is ModelState.READY for version in fresh):
-            for ensemble in self._dependents(name, waiting=True):
-                with contextlib.suppress(ConfigError):  # its own reason is in the index
-                    await self.load(ensemble)
+            await self._refresh_dependents(name)
         return fresh
+
+    def _serving(self, name: str) -> bool:
+        model = self._models.get(name)
+        return model is not None and any(
+            v.state is ModelState.READY for v in model.versions.values()
+        )
+
+    async def _refresh_dependents(self, name: str) -> None:
+        """``name`` was (re)loaded: ensembles using it are checked against it again (one
+        that no longer fits stops, saying why), and those not serving load again."""
+        waiting = []
+        for ensemble, model in list(self._models.items()):
+            for version in list(model.versions.values()):
+                if not any(step.model == name for step in version.config.step):
+                    continue
+                if version.state is ModelState.READY:
+                    try:
+                        check_steps(version.label, version.config, self.get)
+                    except ConfigError as exc:
+                        version.lost_step(f"its step model '{name}' changed: {exc.message}")
+                elif (
+                    version.state is ModelState.UNAVAILABLE
+                    and not version.unloaded
+                    and ensemble not in waiting
+                ):
+                    waiting.append(ensemble)
+        for ensemble in waiting:
+            with contextlib.suppress(ConfigError):  # its own reason is in the index
+                await self.load(ensemble)
 
     async def _load(
         self,
@@ -179,20 +222,31 @@ class Repository:
     ) -> None:
         """Unload every version of ``name`` by ``deadline`` (``time.monotonic``; default:
         the unload timeout from now, counting the wait for a load in progress). Ensembles
-        using it stop serving, with the reason; ``dependents`` (Triton's
-        ``unload_dependents``) unloads them too."""
+        using it stop serving, with the reason. ``dependents`` (Triton's
+        ``unload_dependents``): an ensemble's step models go too, those no other loaded
+        ensemble uses."""
         model = self._models.get(name)
         if model is None:
             raise RepositoryError(f"unload: unknown model '{name}'")
         if deadline is None:
             deadline = time.monotonic() + self._unload_timeout
+        steps = {step.model for v in model.versions.values() for step in v.config.step}
         await self._unload(name, model, deadline)
-        for ensemble in self._dependents(name, waiting=False):
-            if dependents:
-                await self.unload(ensemble, deadline, dependents=True)
-            else:
-                for version in self._models[ensemble].versions.values():
+        for other in self._models.values():
+            for version in other.versions.values():
+                if any(step.model == name for step in version.config.step):
                     version.lost_step(f"its step model '{name}' was unloaded")
+        if dependents:
+            used = {
+                step.model
+                for other in self._models.values()
+                for version in other.versions.values()
+                if not version.unloaded
+                for step in version.config.step
+            }
+            for step in sorted(steps - used):
+                if step in self._models:
+                    await self.unload(step, deadline, dependents=True)
 
     def steps_of(self, name: str) -> list[str]:
         """The models an ensemble on disk calls (none for another model, or one whose
@@ -203,19 +257,6 @@ class Repository:
             ]
         except ConfigError:
             return []
-
-    def _dependents(self, name: str, waiting: bool) -> list[str]:
-        """Loaded ensembles with a step ``name``: those serving, or (``waiting``) those that
-        stopped because a step went away."""
-        found = []
-        for other, model in self._models.items():
-            for version in model.versions.values():
-                if not any(step.model == name for step in version.config.step):
-                    continue
-                serving = version.state is ModelState.READY
-                if (version.lost_a_step if waiting else serving) and other not in found:
-                    found.append(other)
-        return found
 
     async def _unload(self, name: str, model: _Model, deadline: float) -> None:
         try:
@@ -233,9 +274,17 @@ class Repository:
             model.lock.release()
 
     async def close(self, deadline: float) -> None:
-        """Unload everything by ``deadline``, and refuse loads from now on: the shutdown."""
+        """Unload everything by ``deadline``, and refuse loads from now on: the shutdown.
+        Ensembles go first, so what they hold finishes while their steps still serve."""
         self._closing = True
-        await asyncio.gather(*(self.unload(name, deadline) for name in list(self._models)))
+        ensembles = [
+            name
+            for name, model in self._models.items()
+            if any(version.backend == "ensemble" for version in model.versions.values())
+        ]
+        await asyncio.gather(*(self.unload(name, deadline) for name in ensembles))
+        rest = [name for name in self._models if name not in ensembles]
+        await asyncio.gather(*(self.unload(name, deadline) for name in rest))
 
     @staticmethod
     async def _unload_versions(model: _Model, deadline: float, drop_overrides: bool = True) -> None:
@@ -284,7 +333,8 @@ class Repository:
             if model.error and not model.versions:
                 return False
             for version in model.versions.values():
-                if not version.unloaded and not version.ready:
+                # An ensemble out because a step was unloaded on purpose is not a failure.
+                if not version.unloaded and not version.lost_a_step and not version.ready:
                     return False
         return True
 

@@ -172,7 +172,8 @@ class ModelVersion:
         self.unloaded = True
         self._restarter.cancel()
         try:
-            if not self.scheduler.serving:  # every instance was dead: no one is coming
+            if self.backend != "ensemble" and not self.scheduler.serving:
+                # Every instance was dead: no one is coming.
                 self._stop_now("no instance was running")
             try:
                 await asyncio.wait_for(self.scheduler.drain(), max(deadline - time.monotonic(), 0))
@@ -194,7 +195,7 @@ class ModelVersion:
         if self.state is ModelState.READY:
             self.lost_a_step = True
             self._move(ModelState.UNAVAILABLE, reason)
-            log.error("%s is unavailable: %s", self.label, reason)
+            log.warning("%s is unavailable: %s", self.label, reason)
 
     def _stop_now(self, why: str) -> None:
         """Fail everything this version still holds, queued or running, and kill it."""
@@ -249,11 +250,10 @@ class ModelVersion:
         task.add_done_callback(self._calls.discard)
 
     async def _serve_call(self, instance: InstanceProcess, call: Call) -> None:
+        assert self._resolve is not None  # the repository gives every version one
         try:
-            if self._resolve is None:
-                raise OSError("this server has no repository to call models in")
             slot = instance.call_slot(call)
-        except OSError as exc:  # the process went away meanwhile, or nothing to call
+        except OSError as exc:  # the process went away meanwhile, or named no slot
             instance.answer_call(CallFailure(call.call_id, str(exc), ErrorKind.UNAVAILABLE))
             return
         instance.answer_call(await serve_call(call, slot, self._resolve, self.label))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -45,6 +46,8 @@ from reposerve.scheduler.stream import ResponseStream
 from reposerve.scheduler.work import Batch, Executor, Finish, Queued
 from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor, split_batch
+
+log = logging.getLogger("reposerve.scheduler")
 
 
 class Scheduler:
@@ -429,6 +432,9 @@ class Scheduler:
                 result = item.finish({name: cut[index] for name, cut in pieces.items()})
             except ReposerveError as exc:
                 self._settle(item, None, exc)
+            except Exception as exc:  # a bug in an encoder: this request fails, not its batch
+                log.exception("%s: making a response failed", self._label)
+                self._settle(item, None, InstanceError(f"{self._label}: internal error: {exc!r}"))
             else:
                 self._settle(item, result, None)
         finished = self._clock.now()

@@ -205,14 +205,22 @@ def test_an_unloaded_step_takes_the_ensemble_out_with_the_reason(diamond_server)
     assert httpx.post(f"{base}/v2/repository/models/double/load").status_code == 200
     assert httpx.get(f"{base}/v2/models/diamond/ready").status_code == 200
     assert httpx.post(f"{base}/v2/models/diamond/infer", json=body).status_code == 200
-    # unload_dependents: the ensemble goes with its step.
+    # unload_dependents (Triton's): an ensemble's step models go with it.
     reply = httpx.post(
-        f"{base}/v2/repository/models/join/unload",
+        f"{base}/v2/repository/models/diamond/unload",
         json={"parameters": {"unload_dependents": True}},
     )
     assert reply.status_code == 200
     index = {entry["name"]: entry for entry in httpx.post(f"{base}/v2/repository/index").json()}
-    assert index["diamond"]["reason"] == "unloaded"
+    assert {name: index[name]["reason"] for name in ("diamond", "join", "double", "plus_one")} == {
+        name: "unloaded" for name in ("diamond", "join", "double", "plus_one")
+    }
+    # Loading the ensemble loads its steps first.
+    assert httpx.post(f"{base}/v2/repository/models/diamond/load").status_code == 200
+    assert httpx.post(f"{base}/v2/models/diamond/infer", json=body).status_code == 200
+    # A step unloaded on purpose leaves the server ready (the ensemble is out, not broken).
+    assert httpx.post(f"{base}/v2/repository/models/plus_one/unload").status_code == 200
+    assert httpx.get(f"{base}/v2/health/ready").status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -234,6 +242,10 @@ def test_an_unloaded_step_takes_the_ensemble_out_with_the_reason(diamond_server)
             '[[step]]\nmodel = "join"\ninput_map = { A = "IN" }\noutput_map = { SUM = "OUT" }',
             "step[0] (join): input_map: its input 'B' is not mapped",
         ),
+        (
+            '[[step]]\nmodel = "small"\ninput_map = { X = "IN" }\noutput_map = { Y = "OUT" }',
+            "the ensemble takes batches of up to 16, this model of up to 2",
+        ),
     ],
 )
 def test_an_ensemble_that_does_not_fit_its_steps_fails_to_load_naming_them(
@@ -246,6 +258,7 @@ def test_an_ensemble_that_does_not_fit_its_steps_fails_to_load_naming_them(
         _vector("X", "Y").replace("FP32", "INT32"),
         "class Model:\n    def execute(self, inputs):\n        return {'Y': inputs['X']}\n",
     )
+    write_model(repository, "small", _vector("X", "Y").replace("= 16", "= 2"), PLUS_ONE)
     write_model(repository, "bad", ENSEMBLE_HEAD + steps, None)
     server = start_server(repository, tmp_path, *SERVE_BROKEN)
     try:
@@ -255,3 +268,16 @@ def test_an_ensemble_that_does_not_fit_its_steps_fails_to_load_naming_them(
         assert index["diamond"]["state"] == "READY"
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_a_step_reloaded_into_a_misfit_takes_the_ensemble_out_saying_why(
+    diamond_server, repository
+):
+    base = diamond_server.url
+    config = repository / "double" / "config.toml"
+    config.write_text(config.read_text().replace("FP32", "FP64"))
+    assert httpx.post(f"{base}/v2/repository/models/double/load").status_code == 200
+    index = {entry["name"]: entry for entry in httpx.post(f"{base}/v2/repository/index").json()}
+    assert index["diamond"]["state"] == "UNAVAILABLE"
+    assert "its step model 'double' changed" in index["diamond"]["reason"]
+    assert "FP64 is written, FP32 is read" in index["diamond"]["reason"]

@@ -5,6 +5,7 @@ a failed call raises in the caller with what went wrong."""
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -159,3 +160,119 @@ def test_a_triton_model_calls_a_model_with_inference_request_exec(calls_server):
     with pytest.raises(InferenceServerException) as caught:
         _call(client, "triton_bls", x, depth=-1).get_result()
     assert "calling model 'no_such_model': unknown model 'no_such_model'" in str(caught.value)
+
+
+BIG_SLOW = """
+    import time
+    import numpy as np
+
+    class Model:
+        def execute(self, inputs):
+            time.sleep(1.5)
+            rows = inputs["X"].shape[0]
+            return {"Y": np.zeros((rows, 600_000), np.float32)}  # 2.4 MB a row
+"""
+BIG_CONFIG = """
+    max_batch_size = 8
+    [[input]]
+    name = "X"
+    datatype = "FP32"
+    shape = [4]
+    [[output]]
+    name = "Y"
+    datatype = "FP32"
+    shape = [600000]
+    [dynamic_batching]
+    max_queue_delay_microseconds = 300000
+"""
+IMPATIENT = """
+    class Model:
+        def load(self, context):
+            self.context = context
+
+        def execute(self, inputs):
+            self.context.infer_sync("big_slow", {"X": inputs["X"]})
+            return {"Y": inputs["X"]}
+"""
+# Sends a call naming a file it opened, not a call slot: the front must refuse it.
+FORGER = """
+    import os
+    import numpy as np
+    from reposerve.instance.messages import Call, TensorRef
+
+    class Model:
+        def load(self, context):
+            self.context = context
+            self.victim = context.config.parameters["victim"]
+
+        def execute(self, inputs):
+            caller = self.context.caller
+            fd = os.open(self.victim, os.O_RDONLY)
+            call_id = 10_000
+            caller._slots[call_id] = caller._free.pop() if caller._free else None
+            caller._channel.send(
+                Call(call_id, fd, 4096, "plus_one", -1, [TensorRef("X", "FP32", (1, 4), 0, 16)])
+            )
+            reply = caller._channel.wait_call(call_id)
+            caller._slots.pop(call_id)
+            caller._release(call_id)
+            os.close(fd)
+            if type(reply).__name__ != "CallFailure" or "not shared memory" not in reply.message:
+                raise RuntimeError(f"the front took a plain file as a call slot: {reply}")
+            return {"Y": inputs["X"]}
+"""
+
+
+def test_a_caller_killed_mid_call_costs_the_callees_other_requests_nothing(repository, tmp_path):
+    """The caller overruns its timeout and is killed while its call runs batched with an
+    ordinary request: that request still gets its answer, and the callee stays up."""
+    write_model(repository, "big_slow", BIG_CONFIG, BIG_SLOW)
+    write_model(
+        repository,
+        "impatient",
+        _vector("X", "Y").split("[dynamic_batching]")[0] + "[execution]\ntimeout_seconds = 1\n",
+        IMPATIENT,
+    )
+    server = start_server(repository, tmp_path)
+    try:
+        client = httpclient.InferenceServerClient(server.address, concurrency=2)
+        x = np.ones((1, 4), np.float32)
+        caller = _plain(client, "impatient", x)
+        ordinary = _plain(client, "big_slow", x)
+        with pytest.raises(InferenceServerException, match="timeout_seconds"):
+            caller.get_result()
+        assert ordinary.get_result().as_numpy("Y").shape == (1, 600000)
+        metrics = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
+        restarts = [
+            line for line in metrics.splitlines()
+            if line.startswith("reposerve_instance_restart_count") and "big_slow" in line
+        ]  # fmt: skip
+        assert restarts and float(restarts[0].split()[-1]) == 0, restarts  # the callee stayed up
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_the_front_refuses_a_call_that_names_a_plain_file(repository, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    write_model(repository, "plus_one", _vector("X", "Y"), PLUS_ONE)
+    write_model(
+        repository,
+        "forger",
+        _vector("X", "Y") + f'\n[parameters]\nvictim = "{victim}"\n',
+        FORGER,
+    )
+    server = start_server(repository, tmp_path)
+    try:
+        client = httpclient.InferenceServerClient(server.address)
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_array_equal(_plain(client, "forger", x).get_result().as_numpy("Y"), x)
+        assert victim.read_text() == "keep me"
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def _plain(client, model: str, x: np.ndarray):
+    tensor = httpclient.InferInput("X", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return client.async_infer(model, [tensor])

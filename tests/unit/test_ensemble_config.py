@@ -119,3 +119,9 @@ def test_an_ensemble_converts_to_config_toml_steps_that_load_the_same():
     written = to_toml(config)
     assert "[[step]]" in written
     assert parse_model_config(written, "e/config.toml") == config
+
+
+def test_an_ensembles_inputs_are_all_required():
+    text = textwrap.dedent(HEAD).replace("shape = [4]\n", "shape = [4]\noptional = true\n", 1)
+    with pytest.raises(ConfigError, match=r"input\[0\].optional: an ensemble's inputs are all"):
+        parse_model_config(text + _step("m", 'X = "IN"', 'Y = "OUT"'), "e/config.toml")

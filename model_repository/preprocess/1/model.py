@@ -16,13 +16,17 @@ STD = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
 
 
 class Model:
+    def load(self, context):
+        from PIL import Image  # the torch extra brings Pillow: fail the load, not requests
+
+        self.image = Image
+
     def execute(self, inputs):
         blobs = inputs["IMAGE"].reshape(-1)
         return {"PIXELS": np.stack([self.pixels(blob) for blob in blobs])}
 
     def pixels(self, blob):
-        from PIL import Image
-
+        Image = self.image  # noqa: N806 - Pillow's module, as it is usually named
         try:
             with Image.open(io.BytesIO(blob)) as image:
                 image = image.convert("RGB")
