@@ -159,6 +159,8 @@ def test_a_diamond_gives_what_its_models_give_by_hand_and_batches_its_steps(diam
     assert ensemble["inference_stats"]["success"]["count"] == 33
     for step in ("plus_one", "double"):
         assert _stats(diamond_server, step)["inference_stats"]["success"]["count"] == 34
+    metrics = httpx.get(f"http://127.0.0.1:{diamond_server.metrics_port}/metrics").text
+    assert 'nv_inference_request_success{model="diamond",version="1"} 33' in metrics
 
 
 def test_a_step_reloaded_under_load_fails_no_ensemble_request(diamond_server, repository):
