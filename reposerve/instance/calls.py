@@ -114,7 +114,7 @@ class Caller:
         slot = self._free.pop() if self._free else Slot.create(f"reposerve-call-{self._model}")
         try:
             refs = self._write(slot, model, inputs)
-        except BaseException:
+        except Exception:  # the model's inputs (its error to see); the slot stays pooled
             self._free.append(slot)
             raise
         call_id = next(self._ids)
