@@ -22,6 +22,7 @@ from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import error_body, error_response, retry_after_on_503
 from reposerve.http.generate import GenerateEndpoint
 from reposerve.http.infer import InferEndpoint
+from reposerve.protocol.documents import encode
 from reposerve.service import InferenceService
 
 log = logging.getLogger("reposerve.http")
@@ -43,11 +44,15 @@ class Handlers:
     def __init__(self, service: InferenceService) -> None:
         self.service = service
 
+    # Health answers carry the Open Inference Protocol's bodies (KServe's clients read
+    # them) with Triton's status codes (tritonclient reads only those).
     async def live(self, request: Request) -> Response:
-        return Response(status_code=200)
+        return _json(b'{"live":true}')
 
     async def ready(self, request: Request) -> Response:
-        return Response(status_code=200 if self.service.ready() else 503)
+        if self.service.ready():
+            return _json(b'{"ready":true}')
+        return _json(b'{"ready":false}', 503)
 
     async def server_metadata(self, request: Request) -> Response:
         return _json(self.service.server_metadata())
@@ -56,8 +61,9 @@ class Handlers:
         return _json(self.service.model_metadata(request.path_params["model"], _version(request)))
 
     async def model_ready(self, request: Request) -> Response:
-        ready = self.service.model_ready(request.path_params["model"], _version(request))
-        return Response(status_code=200 if ready else 400)
+        name = request.path_params["model"]
+        ready = self.service.model_ready(name, _version(request))
+        return _json(encode({"name": name, "ready": ready}), 200 if ready else 400)
 
     async def model_config(self, request: Request) -> Response:
         return _json(self.service.model_config(request.path_params["model"], _version(request)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -33,6 +34,17 @@ def test_health_and_server_metadata(client):
     metadata = client.get_server_metadata()
     assert metadata["name"] == "reposerve"
     assert "binary_tensor_data" in metadata["extensions"]
+
+
+def test_health_answers_carry_the_open_inference_protocol_bodies(bundled_server):
+    """KServe's clients read these bodies; tritonclient reads the status codes."""
+    base = bundled_server.url
+    assert httpx.get(f"{base}/v2/health/live").json() == {"live": True}
+    assert httpx.get(f"{base}/v2/health/ready").json() == {"ready": True}
+    ready = httpx.get(f"{base}/v2/models/add_sub/ready")
+    assert (ready.status_code, ready.json()) == (200, {"name": "add_sub", "ready": True})
+    unknown = httpx.get(f"{base}/v2/models/nope/ready")
+    assert (unknown.status_code, unknown.json()) == (400, {"name": "nope", "ready": False})
 
 
 def test_model_metadata_and_config(client):
