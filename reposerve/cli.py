@@ -259,6 +259,15 @@ def serve_parser() -> argparse.ArgumentParser:
         help="require header KEY: VALUE on these APIs (e.g. model-repository:admin-key=s3cret)",
     )
     add(
+        "--shutdown-grace-secs",
+        type=_non_negative(float),
+        default=None,
+        metavar="S",
+        help="after SIGTERM, report not ready but keep serving for S seconds (while load "
+        "balancers stop sending) before the shutdown; a second signal skips it (default: 5 "
+        "under Kubernetes, where KUBERNETES_SERVICE_HOST is set; else 0)",
+    )
+    parser.add_argument(
         "--exit-timeout-secs",
         type=float,
         default=30.0,
@@ -321,6 +330,17 @@ def serve_parser() -> argparse.ArgumentParser:
         help="default (text is the same), ISO8601 (UTC times), json (one object a line)",
     )
     return parser
+
+
+KUBERNETES_GRACE_SECS = 5.0  # endpoint removal reaches kube-proxy and ingresses in seconds
+
+
+def _shutdown_grace(value: float | None) -> float:
+    """The flag, else a few seconds when running under Kubernetes (which sends SIGTERM
+    while the replica is still in its Service's endpoints), else none."""
+    if value is not None:
+        return value
+    return KUBERNETES_GRACE_SECS if os.environ.get("KUBERNETES_SERVICE_HOST") else 0.0
 
 
 def _positive_int(value: str) -> int:
@@ -388,6 +408,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grpc_root_cert=args.grpc_root_cert,
         grpc_restricted=args.grpc_restricted_protocol,
         exit_timeout_secs=args.exit_timeout_secs,
+        shutdown_grace_secs=_shutdown_grace(args.shutdown_grace_secs),
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         allow_model_file_override=args.allow_model_file_override,

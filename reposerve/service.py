@@ -78,6 +78,10 @@ class InferenceService:
         self._started = True
         return [entry for entry in self.repository.index() if entry.state == "UNAVAILABLE"]
 
+    def leave(self) -> None:
+        """Report not ready from now on, still serving: the start of a shutdown."""
+        self._stopping = True
+
     async def stop(self, deadline: float) -> None:
         """Refuse new work and unload every model by ``deadline`` (``time.monotonic``)."""
         self._stopping = True

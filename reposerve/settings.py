@@ -47,6 +47,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     grpc_root_cert: str | None = None
     grpc_restricted: list[RestrictedApi] = []  # --grpc-restricted-protocol
     exit_timeout_secs: float = 30.0  # one budget for a whole shutdown or unload
+    # After SIGTERM, seconds of reporting not ready while still serving (load balancers
+    # take the replica out of rotation meanwhile) before the shutdown above begins.
+    shutdown_grace_secs: float = 0.0
     strict_readiness: bool = True  # server ready only while every loaded model is
     exit_on_error: bool = True  # start-up fails when a model fails to load
     allow_model_file_override: bool = False  # load requests may bring model files (code)

@@ -1,7 +1,9 @@
 """Serve the app: uvicorn (httptools, uvloop) for HTTP/1.1, Hypercorn for HTTP/2.
 
 The lifespan loads the models in the background (``/v2/health/ready`` says when they
-are done) and prints the start-up table. SIGINT/SIGTERM starts the shutdown at once, with
+are done) and prints the start-up table. SIGINT/SIGTERM first makes the server report
+not ready while it goes on serving for ``--shutdown-grace-secs`` (load balancers take it
+out of rotation meanwhile; a second signal ends the wait), then starts the shutdown, with
 one budget (``--exit-timeout-secs``) for all of it: accepted requests may finish within
 it, then each one left gets a JSON error, and every instance process is stopped; the
 HTTP server meanwhile stops accepting and closes connections as their answers go out.
@@ -52,10 +54,25 @@ class Lifecycle:
         self._settings = settings
         self._loading: asyncio.Task | None = None
         self._shutdown: asyncio.Task | None = None
+        self._graceless = asyncio.Event()  # a second signal: no more waiting
 
     def start_loading(self) -> None:
         if self._shutdown is None:  # a signal during start-up may have come first
             self._loading = asyncio.get_running_loop().create_task(self._start())
+
+    async def grace(self) -> None:
+        """Not ready, still serving, for the grace period (cut short by ``skip_grace``)."""
+        self.service.leave()
+        if self._settings.shutdown_grace_secs and not self._graceless.is_set():
+            log.info(
+                "leaving: not ready, serving for %g s more (--shutdown-grace-secs)",
+                self._settings.shutdown_grace_secs,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._graceless.wait(), self._settings.shutdown_grace_secs)
+
+    def skip_grace(self) -> None:
+        self._graceless.set()
 
     def begin_shutdown(self) -> asyncio.Task:
         if self._shutdown is None:
@@ -237,8 +254,17 @@ def _serve_uvicorn(app: App, lifecycle: Lifecycle, settings: Settings) -> None:
         budget is spent once."""
 
         def handle_exit(self, sig: int, frame: object) -> None:
+            if self._leaving is not None:  # a second signal: stop waiting
+                lifecycle.skip_grace()
+                return
+            self._leaving = asyncio.get_running_loop().create_task(self._leave(sig, frame))
+
+        async def _leave(self, sig: int, frame: object) -> None:
+            await lifecycle.grace()
             lifecycle.begin_shutdown()
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+        _leaving: asyncio.Task | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -297,7 +323,14 @@ def _serve_hypercorn(app: App, lifecycle: Lifecycle, settings: Settings) -> None
 
         async def shutdown_trigger() -> None:
             await stop.wait()
-            lifecycle.begin_shutdown()  # the models' budget starts with the signal
+            stop.clear()
+            grace = asyncio.ensure_future(lifecycle.grace())
+            second = asyncio.ensure_future(stop.wait())
+            await asyncio.wait((grace, second), return_when=asyncio.FIRST_COMPLETED)
+            second.cancel()
+            lifecycle.skip_grace()
+            await grace
+            lifecycle.begin_shutdown()  # the models' budget starts after the grace
 
         await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger)
 

@@ -69,3 +69,13 @@ def test_text_format_is_tritons_default():
 def test_bad_values_are_refused(argv):
     with pytest.raises(SystemExit):
         serve_parser().parse_args(list(argv))
+
+
+def test_the_shutdown_grace_defaults_to_a_few_seconds_under_kubernetes(monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert _settings().shutdown_grace_secs == 0
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert _settings().shutdown_grace_secs == 5
+    assert _settings("--shutdown-grace-secs", "0").shutdown_grace_secs == 0
+    with pytest.raises(SystemExit):
+        _settings("--shutdown-grace-secs", "-1")
