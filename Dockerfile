@@ -1,27 +1,56 @@
-# reposerve on the bundled model repository.
-#   docker build -t reposerve .                                    # CPU
+# reposerve, serving the model repository at /mnt/models (KServe's mount point), as a
+# non-root user, on 8000 (HTTP), 8001 (gRPC) and 8002 (metrics).
+#   docker build -t reposerve .                                      # CPU
 #   docker build -t reposerve:cuda \
-#     --build-arg BASE=nvidia/cuda:13.0.0-cudnn-runtime-ubuntu24.04 .   # CUDA variant
-#   docker run -p 8000:8000 reposerve
-# EXTRAS picks the backends (default: onnx and torch, which the ResNet examples need) and
-# gpu (nvidia-ml-py, for the nv_gpu_* metrics; harmless without a GPU).
+#     --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 .   # CUDA
+#   docker run -p 8000:8000 -p 8001:8001 -p 8002:8002 reposerve
+#   docker run -v $PWD/my_models:/mnt/models ... reposerve             # your repository
+# EXTRAS picks the backends (default: onnx and torch, which the bundled examples need) and
+# gpu (nvidia-ml-py, for the nv_gpu_* metrics; harmless without a GPU). The image holds the
+# bundled repository with its ResNet-50 examples exported (weights=None: nothing is
+# downloaded); a volume on /mnt/models replaces it.
 ARG BASE=python:3.11-slim
-FROM ${BASE}
+
+# -- build: the virtual environment and the exported examples ------------------------------
+FROM ${BASE} AS build
 ARG EXTRAS=onnx,torch,gpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The CUDA bases have no Python: the distribution's (no compiler: every wheel is binary).
+# hadolint ignore=DL3008
 RUN if ! command -v python3 >/dev/null; then \
-      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
+      apt-get update \
+      && apt-get install -y --no-install-recommends python3 python3-venv \
       && rm -rf /var/lib/apt/lists/*; \
     fi
-WORKDIR /opt/reposerve
 RUN python3 -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
+ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY reposerve ./reposerve
-RUN pip install --no-cache-dir ".[${EXTRAS}]"
-COPY model_repository ./model_repository
+# This project from its source: pyproject.toml bounds every dependency.
+# hadolint ignore=DL3013
+RUN pip install ".[${EXTRAS}]"
+COPY model_repository /mnt/models
 COPY tools/export_examples.py ./tools/export_examples.py
-# The ResNet-50 examples are exported here (weights=None: nothing is downloaded).
-RUN python tools/export_examples.py --repository model_repository
-EXPOSE 8000
+RUN python tools/export_examples.py --repository /mnt/models
+
+# -- run: the environment and the repository, nothing used to build them ---------------------
+FROM ${BASE}
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN if ! command -v python3 >/dev/null; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends python3 \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && useradd --create-home --uid 1000 --user-group reposerve
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build --chown=reposerve:reposerve /mnt/models /mnt/models
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 REPOSERVE_CACHE_DIR=/home/reposerve/.cache/reposerve
+USER 1000:1000
+WORKDIR /home/reposerve
+EXPOSE 8000 8001 8002
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
+  CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)"]
 ENTRYPOINT ["reposerve"]
-CMD ["--model-repository", "/opt/reposerve/model_repository", "--http-port", "8000"]
+CMD ["--model-repository", "/mnt/models", "--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002"]
