@@ -158,6 +158,18 @@ def _client_host(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
+async def _admit(policy: Policy, category: str, context: grpc.aio.ServicerContext) -> None:
+    """Abort the call unless ``policy`` lets it in: a restricted protocol without its key
+    is UNAVAILABLE (Triton's answer), a refusal of reposerve's its error's status."""
+    metadata = dict(context.invocation_metadata() or ())
+    try:
+        policy.check_call(category, metadata.get, _client_host(context), _RESTRICTED_FLAG)
+    except RestrictedError as exc:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
+    except ReposerveError as exc:
+        await context.abort(STATUS[exc.kind], exc.message)
+
+
 def _unary(
     method: str,
     call: Callable[[Any], Awaitable[Any]],
@@ -170,11 +182,8 @@ def _unary(
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             if checked:
-                metadata = dict(context.invocation_metadata() or ())
-                policy.check_call(category, metadata.get, _client_host(context), _RESTRICTED_FLAG)
+                await _admit(policy, category, context)
             return await call(request)
-        except RestrictedError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
         except ReposerveError as exc:
             await context.abort(STATUS[exc.kind], exc.message)
         except (json_format.ParseError, msgspec.DecodeError) as exc:
@@ -202,13 +211,7 @@ def _streaming(service: InferenceService, policy: Policy) -> grpc.RpcMethodHandl
 
     async def handle(requests: Any, context: grpc.aio.ServicerContext) -> None:
         if checked:
-            metadata = dict(context.invocation_metadata() or ())
-            try:
-                policy.check_call(category, metadata.get, _client_host(context), _RESTRICTED_FLAG)
-            except RestrictedError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
-            except ReposerveError as exc:
-                await context.abort(STATUS[exc.kind], exc.message)
+            await _admit(policy, category, context)
         await serve_stream(service, requests, context.write)
 
     return grpc.stream_stream_rpc_method_handler(
