@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,onnx,torch,gpu]'
 	bash tools/install_perf_analyzer.sh $(VENV)
 	bash tools/install_model_analyzer.sh $(PYTHON) .venv-analyzer
+	bash tools/install_deploy_tools.sh .tools/deploy
 	touch $(STAMP)
 
 install: $(STAMP)
