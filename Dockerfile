@@ -1,10 +1,10 @@
 # reposerve, serving the model repository at /mnt/models (KServe's mount point), as a
 # non-root user, on 8000 (HTTP), 8001 (gRPC) and 8002 (metrics).
-#   docker build -t reposerve .                                      # CPU
-#   docker build -t reposerve:cuda \
+#   docker build -t reposerve:0.1.0 .                                # CPU
+#   docker build -t reposerve:0.1.0-cuda \
 #     --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 .   # CUDA
-#   docker run -p 8000:8000 -p 8001:8001 -p 8002:8002 reposerve
-#   docker run -v $PWD/my_models:/mnt/models ... reposerve             # your repository
+#   docker run -p 8000:8000 -p 8001:8001 -p 8002:8002 reposerve:0.1.0
+#   docker run -v $PWD/my_models:/mnt/models ... reposerve:0.1.0       # your repository
 # EXTRAS picks the backends (default: onnx and torch, which the bundled examples need) and
 # gpu (nvidia-ml-py, for the nv_gpu_* metrics; harmless without a GPU). The image holds the
 # bundled repository with its ResNet-50 examples exported (weights=None: nothing is
