@@ -178,6 +178,7 @@ def test_a_rolling_update_loses_nothing(overlay):
     }
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
@@ -251,6 +252,7 @@ def test_the_serving_runtime_is_what_kserve_routes_to():
     assert runtime["annotations"]["prometheus.io/port"] == "8002"
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
+    assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]
     formats = runtime["supportedModelFormats"]
     assert all(entry["autoSelect"] and entry["priority"] >= 1 for entry in formats)
 
