@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install serve test lint bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/install_perf_analyzer.sh tools/install_model_analyzer.sh tools/install_deploy_tools.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,onnx,torch,gpu]'

@@ -6,6 +6,7 @@ what is wrong (empty when nothing is), so a test can show it fails on a broken m
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,6 +51,26 @@ def render(kustomization: Path, kustomize: list[str]) -> list[dict[str, Any]]:
     if result.returncode != 0 or result.stderr.strip():  # a deprecation warning fails too
         raise AssertionError(f"{' '.join(kustomize)} {kustomization}: {result.stderr}")
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def with_shared_repository(tmp_path: Path, overlay: str) -> Path:
+    """What a user writes to add the shared-repository component to an overlay."""
+    folder = tmp_path / "with-shared-repository"
+    folder.mkdir()
+    (folder / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                # kustomize takes only relative paths
+                "resources": [os.path.relpath(DEPLOY / "k8s" / "overlays" / overlay, folder)],
+                "components": [
+                    os.path.relpath(DEPLOY / "k8s" / "components" / "shared-repository", folder)
+                ],
+            }
+        )
+    )
+    return folder
 
 
 def kustomize_commands() -> dict[str, list[str] | None]:

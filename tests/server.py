@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -23,7 +24,10 @@ SERVE_BROKEN = ("--exit-on-error", "false", "--strict-readiness", "false")
 class Server:
     """A reposerve process serving ``repository``; ``url`` is its base address."""
 
-    def __init__(self, repository: Path, *args: str, log_path: Path) -> None:
+    def __init__(
+        self, repository: Path, *args: str, log_path: Path, wrapper: Sequence[str] = ()
+    ) -> None:
+        """``wrapper``: a command the server runs under (a sandbox), before its own."""
         self.port = free_port()
         self.metrics_port = free_port()
         self.grpc_port = free_port()  # each server its own: tests run side by side
@@ -33,6 +37,7 @@ class Server:
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [
+                *wrapper,
                 sys.executable, "-m", "reposerve",
                 "--model-repository", str(repository),
                 "--http-host", "127.0.0.1",

@@ -20,12 +20,14 @@ import pytest
 import yaml
 
 from tests.manifests import DEPLOY
-from tests.server import Server, free_port, start_server
+from tests.server import REPO_ROOT, Server, free_port, start_server
 from tests.toy_models import vector_config, write_model
 
 pytestmark = pytest.mark.e2e
 
-PROMETHEUS = shutil.which("prometheus")
+# Debian's package unpacked by tools/install_deploy_tools.sh, or one on PATH
+UNPACKED = REPO_ROOT / ".tools" / "deploy" / "prometheus" / "usr" / "bin" / "prometheus"
+PROMETHEUS = str(UNPACKED) if UNPACKED.exists() else shutil.which("prometheus")
 NAMESPACE = "serving"
 PODS = ("reposerve-busy", "reposerve-idle")
 CLIENTS = 4
@@ -135,7 +137,7 @@ def _load(server: Server, until: float) -> None:
 @pytest.mark.skipif(
     PROMETHEUS is None,
     reason="prometheus is not installed: "
-    "run tools/install_deploy_tools.sh (Debian's prometheus package)",
+    "run tools/install_deploy_tools.sh (it unpacks Debian's prometheus package)",
 )
 def test_the_adapter_rule_reads_queue_time_per_request_per_pod(replicas, tmp_path):
     prometheus = _Prometheus(replicas, tmp_path)

@@ -2,7 +2,9 @@
 load balancer that routes by readiness probes and retries a refused connection, as
 Kubernetes' Service and an ingress do. Under steady load: a rolling restart (SIGTERM one
 replica at a time, start its successor, wait until it is ready) and a model change that
-every replica picks up. Not one request may fail."""
+every replica picks up. Not one request may fail. And replicas started with the arguments
+of deploy/k8s's shared-repository component: a broken model folder on the shared volume
+costs that model only, on every replica, and its repair is picked up by all."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from tests.manifests import kustomize_commands, render, with_shared_repository
 from tests.server import Server, start_server
 from tests.toy_models import vector_config, write_model
 
@@ -132,3 +135,57 @@ def test_a_rolling_restart_and_a_model_change_lose_no_request(repository, tmp_pa
     assert balancer.retries == 0
     assert answered > 100 and set(balancer.answers) == {1.0, 2.0}, balancer.answers
     print(f"cluster: {answered} answered, 0 failed, {balancer.retries} retried connections")
+
+
+BROKEN = """
+    raise ImportError("half-copied")
+"""
+# Where the test puts a replica, not what the manifest says: the rest of its arguments are
+# the component's.
+PLACEMENT_FLAGS = ("--model-repository", "--http-port", "--grpc-port", "--metrics-port")
+
+
+def _component_flags(tmp_path) -> list[str]:
+    kustomize = kustomize_commands()["kustomize"]
+    if kustomize is None:
+        pytest.skip("kustomize is not installed: run tools/install_deploy_tools.sh")
+    documents = render(with_shared_repository(tmp_path, "cpu"), kustomize)
+    (deployment,) = [document for document in documents if document["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    flags = [arg for arg in container["args"] if not arg.startswith(PLACEMENT_FLAGS)]
+    return [*flags, "--repository-poll-secs=0.3"]  # the manifest's 15 s, shortened
+
+
+def test_a_broken_model_on_the_shared_repository_costs_that_model_only(repository, tmp_path):
+    write_model(repository, "plus", vector_config(), textwrap.dedent(PLUS.format(step=1)))
+    write_model(repository, "half", vector_config(), textwrap.dedent(BROKEN))
+    flags = _component_flags(tmp_path)
+    # every replica starts and is ready although one model fails to load
+    replicas = [start_server(repository, tmp_path, *flags) for _ in range(2)]
+    try:
+        for replica in replicas:
+            answer = httpx.post(f"{replica.url}/v2/models/plus/infer", json=BODY)
+            assert answer.json()["outputs"][0]["data"][0] == 1.0
+            half = httpx.post(f"{replica.url}/v2/models/half/infer", json=BODY)
+            assert half.status_code == 404 and "half-copied" in half.json()["error"], half.text
+            assert httpx.get(f"{replica.url}/v2/models/half/ready").status_code == 400
+        # the copy completes (renamed into place): every replica loads it
+        repaired = tmp_path / "repaired"
+        write_model(repaired, "half", vector_config(), textwrap.dedent(PLUS.format(step=5)))
+        (repository / "half" / "1" / "model.py").unlink()
+        (repaired / "half" / "1" / "model.py").rename(repository / "half" / "1" / "model.py")
+        deadline = time.monotonic() + 30
+        while True:
+            answers = [
+                httpx.post(f"{replica.url}/v2/models/half/infer", json=BODY) for replica in replicas
+            ]
+            if all(answer.status_code == 200 for answer in answers):
+                break
+            assert time.monotonic() < deadline, [answer.text for answer in answers]
+            time.sleep(0.2)
+        assert {answer.json()["outputs"][0]["data"][0] for answer in answers} == {5.0}
+        for replica in replicas:
+            assert httpx.get(f"{replica.url}/v2/health/ready").status_code == 200
+    finally:
+        for replica in replicas:
+            assert replica.stop() == 0, replica.log()

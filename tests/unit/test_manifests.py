@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.manifests import (
     operator_problems,
     render,
     type_of,
+    with_shared_repository,
 )
 
 pytestmark = pytest.mark.unit
@@ -45,26 +45,6 @@ def _renderer(name: str) -> list[str]:
         how = "kubectl is not on PATH" if name == "kubectl" else "run tools/install_deploy_tools.sh"
         pytest.skip(f"{name} is not installed: {how}")
     return command
-
-
-def _with_shared_repository(tmp_path: Path, overlay: str) -> Path:
-    """What a user writes to add the shared-repository component to an overlay."""
-    folder = tmp_path / "with-shared-repository"
-    folder.mkdir()
-    (folder / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                # kustomize takes only relative paths
-                "resources": [os.path.relpath(DEPLOY / "k8s" / "overlays" / overlay, folder)],
-                "components": [
-                    os.path.relpath(DEPLOY / "k8s" / "components" / "shared-repository", folder)
-                ],
-            }
-        )
-    )
-    return folder
 
 
 def _rendered(name: str, overlay: str) -> dict[str, dict[str, Any]]:
@@ -120,8 +100,7 @@ def test_every_yaml_file_lints_clean():
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 @pytest.mark.parametrize("renderer", sorted(RENDERERS))
-def test_overlays_render_and_validate_strictly(renderer, overlay, tmp_path):
-    _needs_typescript()
+def test_overlays_render_and_core_kinds_validate_strictly(renderer, overlay):
     documents = list(_rendered(renderer, overlay).values())
     assert {document["kind"] for document in documents} == {
         "Deployment",
@@ -132,7 +111,14 @@ def test_overlays_render_and_validate_strictly(renderer, overlay, tmp_path):
     }
     core = [document for document in documents if type_of(document) not in OPERATOR_TYPES]
     assert [problem for document in core for problem in core_problems(document)] == []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_service_monitor_checks_against_the_operators_types(overlay, tmp_path):
+    _needs_typescript()
+    documents = _rendered("kustomize", overlay).values()
     operator = [document for document in documents if type_of(document) in OPERATOR_TYPES]
+    assert [document["kind"] for document in operator] == ["ServiceMonitor"]
     assert operator_problems(operator, tmp_path) == []
 
 
@@ -144,12 +130,14 @@ def test_both_renderers_agree():
 
 
 def test_the_shared_repository_component_mounts_a_claim_and_polls(tmp_path):
-    documents = render(_with_shared_repository(tmp_path, "cpu"), _renderer("kustomize"))
+    documents = render(with_shared_repository(tmp_path, "cpu"), _renderer("kustomize"))
     (deployment,) = [document for document in documents if document["kind"] == "Deployment"]
     assert core_problems(deployment) == []
     container = _container(deployment)
     settings = _settings(container["args"])
     assert settings.model_control_mode == "poll" and settings.repository_poll_secs == 15
+    # one broken folder on the shared volume must not take every replica out
+    assert settings.strict_readiness is False and settings.exit_on_error is False
     assert {"name": "models", "mountPath": "/mnt/models", "readOnly": True} in container[
         "volumeMounts"
     ]
@@ -170,6 +158,7 @@ def test_a_rolling_update_loses_nothing(overlay):
     grace_period = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace_period > settings.shutdown_grace_secs + settings.exit_timeout_secs
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert "replicas" not in deployment["spec"]  # the autoscaler owns the count
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {
         "http": settings.http_port,
@@ -205,9 +194,14 @@ def test_selectors_and_the_autoscaler_metric_line_up(overlay):
     assert endpoint["path"] == "/metrics"
     autoscaler = rendered["HorizontalPodAutoscaler"]["spec"]
     assert autoscaler["scaleTargetRef"]["name"] == rendered["Deployment"]["metadata"]["name"]
-    (metric,) = autoscaler["metrics"]
+    queue_time, cpu = autoscaler["metrics"]
     (rule,) = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
-    assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    assert queue_time["pods"]["metric"]["name"] == rule["name"]["as"]
+    assert cpu["resource"]["name"] == "cpu"
+    requests = _container(rendered["Deployment"])["resources"]["requests"]
+    assert "cpu" in requests  # utilisation is measured against it
+    budget = rendered["PodDisruptionBudget"]["spec"]
+    assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 def test_the_overlays_pick_their_image_and_the_gpu_one_asks_for_a_gpu():
@@ -234,6 +228,7 @@ def test_kserve_files_build_into_the_kserve_sdk_models():
         "cluster-serving-runtime",
         "inferenceservice-cpu",
         "inferenceservice-gpu",
+        "inferenceservice-grpc",
     ]
     for name, document in documents.items():
         assert type_of(document) in KSERVE_MODELS, name
@@ -253,22 +248,44 @@ def test_the_serving_runtime_is_what_kserve_routes_to():
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
     assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]
-    formats = runtime["supportedModelFormats"]
-    assert all(entry["autoSelect"] and entry["priority"] >= 1 for entry in formats)
+    # Only our own format is picked automatically: KServe's webhook refuses two runtimes
+    # that auto-select one format at the same priority, and its own runtimes claim the rest.
+    automatic = [entry for entry in runtime["supportedModelFormats"] if entry["autoSelect"]]
+    assert automatic == [{"name": "reposerve", "version": "1", "autoSelect": True, "priority": 1}]
+    assert all("priority" not in entry for entry in runtime["supportedModelFormats"][1:])
 
 
-@pytest.mark.parametrize("name", ["inferenceservice-cpu", "inferenceservice-gpu"])
-def test_the_inference_services_use_the_runtime_over_protocol_v2(name):
+@pytest.mark.parametrize(
+    "name, protocol",
+    [
+        ("inferenceservice-cpu", "v2"),
+        ("inferenceservice-gpu", "v2"),
+        ("inferenceservice-grpc", "grpc-v2"),
+    ],
+)
+def test_the_inference_services_use_the_runtime(name, protocol):
     documents = _kserve_documents()
     runtime = documents["cluster-serving-runtime"]
-    model = documents[name]["spec"]["predictor"]["model"]
-    assert model["protocolVersion"] == "v2"
+    settings = _settings(runtime["spec"]["containers"][0]["args"])
+    predictor = documents[name]["spec"]["predictor"]
+    model = predictor["model"]
+    assert model["protocolVersion"] == protocol
     assert model["runtime"] == runtime["metadata"]["name"]
     formats = {entry["name"] for entry in runtime["spec"]["supportedModelFormats"]}
     assert model["modelFormat"]["name"] in formats
     assert model["storageUri"]
+    # the pod outlives the runtime's grace period and exit timeout: a rollout loses nothing
+    grace_period = predictor["terminationGracePeriodSeconds"]
+    assert grace_period > settings.shutdown_grace_secs + settings.exit_timeout_secs
     gpus = model["resources"]["limits"].get("nvidia.com/gpu")
     assert gpus == ("1" if name.endswith("gpu") else None)
+    if protocol == "grpc-v2":  # KServe routes to the one port the predictor declares
+        assert model["ports"] == [
+            {"name": "h2c", "containerPort": settings.grpc_port, "protocol": "TCP"}
+        ]
+        assert "RawDeployment" in documents[name]["metadata"]["annotations"].values()
+    else:
+        assert "ports" not in model  # KServe's default, 8080
 
 
 # -- the validators reject what is wrong ---------------------------------------------------------
