@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -48,7 +49,7 @@ def _deployment_container() -> dict:
 def _sandbox(container: dict, repository: Path) -> list[str]:
     """The container's file systems: the root read-only, each volume mount a new tmpfs
     (an emptyDir; its parent is made a tmpfs first where the machine lacks the folder),
-    the repository read-only, the container's environment."""
+    the repository and the code read-only, the container's environment."""
     command = [
         BWRAP,
         "--die-with-parent",
@@ -65,7 +66,10 @@ def _sandbox(container: dict, repository: Path) -> list[str]:
         if not path.exists():
             command += ["--tmpfs", str(path.parent)]
         command += ["--tmpfs", str(path)]
-    command += ["--ro-bind", str(repository), str(repository)]
+    # what a tmpfs above may hide (a checkout or a repository under /tmp), read-only again:
+    # in a container the code and the repository are on their own mounts too
+    for needed in {repository, REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix)}:
+        command += ["--ro-bind", str(needed), str(needed)]
     for variable in container["env"]:
         command += ["--setenv", variable["name"], variable["value"]]
     return command
