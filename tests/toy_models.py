@@ -38,6 +38,22 @@ def vector_config(
     """
 
 
+def ensemble_head(max_batch: int) -> str:
+    """An ensemble's config.toml before its [[step]]s: FP32 [4] from IN to OUT."""
+    return f"""
+    backend = "ensemble"
+    max_batch_size = {max_batch}
+    [[input]]
+    name = "IN"
+    datatype = "FP32"
+    shape = [4]
+    [[output]]
+    name = "OUT"
+    datatype = "FP32"
+    shape = [4]
+"""
+
+
 PLUS_ONE = """
     class Model:
         def execute(self, inputs):

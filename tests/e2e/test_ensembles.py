@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.server import SERVE_BROKEN, start_server
-from tests.toy_models import write_model
+from tests.toy_models import ensemble_head, write_model
 
 pytestmark = pytest.mark.e2e
 
@@ -68,18 +68,7 @@ JOIN_CONFIG = """
     [dynamic_batching]
     max_queue_delay_microseconds = 20000
 """
-ENSEMBLE_HEAD = """
-    backend = "ensemble"
-    max_batch_size = 16
-    [[input]]
-    name = "IN"
-    datatype = "FP32"
-    shape = [4]
-    [[output]]
-    name = "OUT"
-    datatype = "FP32"
-    shape = [4]
-"""
+ENSEMBLE_HEAD = ensemble_head(16)
 # One input, two branches (plus_one, double) that run at once, and a join.
 DIAMOND = (
     ENSEMBLE_HEAD

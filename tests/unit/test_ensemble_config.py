@@ -10,21 +10,11 @@ import pytest
 from reposerve.config import parse_model_config
 from reposerve.config.pbtxt import parse_pbtxt
 from reposerve.errors import ConfigError
+from tests.toy_models import ensemble_head
 
 pytestmark = pytest.mark.unit
 
-HEAD = """
-    backend = "ensemble"
-    max_batch_size = 8
-    [[input]]
-    name = "IN"
-    datatype = "FP32"
-    shape = [4]
-    [[output]]
-    name = "OUT"
-    datatype = "FP32"
-    shape = [4]
-"""
+HEAD = ensemble_head(8)
 
 
 def _step(model: str, inputs: str, outputs: str) -> str:
