@@ -9,7 +9,17 @@ from reposerve.backends.base import Backend, BackendError, ModelContext, Signatu
 
 
 def create_backend(name: str, context: ModelContext) -> Backend:
-    """Load ``context``'s model with the named backend."""
+    """Load ``context``'s model with the named backend; with Triton's ``reshape`` on any of
+    its tensors, the model sees those shapes and clients the declared ones."""
+    backend = _load(name, context)
+    from reposerve.backends.reshape import ReshapedBackend, needs_reshape
+
+    if needs_reshape(context.config):
+        return ReshapedBackend(backend, context.config)  # type: ignore[return-value]
+    return backend
+
+
+def _load(name: str, context: ModelContext) -> Backend:
     # Imported on demand: an instance process loads only its own backend's libraries.
     if name == "python":
         from reposerve.backends.python import create_python_backend

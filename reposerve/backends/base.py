@@ -44,6 +44,11 @@ class ModelContext(msgspec.Struct, frozen=True):
     threads: int  # the instance's share of the CPU cores (intra-op threads)
     caller: ModelCaller | None = None  # None where no repository is reachable (tests)
 
+    def model_file(self, default: str) -> Path:
+        """The model file of this version: the config's ``default_model_filename`` (Triton's),
+        else ``default``, the backend's own name for it."""
+        return self.version_path / (self.config.default_model_filename or default)
+
     async def infer(
         self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
     ) -> dict[str, np.ndarray]:

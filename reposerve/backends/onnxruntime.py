@@ -16,6 +16,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from reposerve.backends.base import Arrays, BackendError, ModelContext, Signature
 from reposerve.backends.file_cache import build_once, cache_root, content_digest, exclusive
 from reposerve.backends.onnx_options import (
@@ -27,6 +29,7 @@ from reposerve.backends.onnx_options import (
     onnx_parameters,
 )
 from reposerve.config import TensorConfig
+from reposerve.errors import InvalidInput
 
 log = logging.getLogger("reposerve.backends")
 
@@ -51,6 +54,7 @@ DATATYPES = {
     "tensor(bfloat16)": "BF16",
     "tensor(string)": "BYTES",
 }
+STRING = "tensor(string)"
 GPU_NEEDS = "onnxruntime-gpu with CUDA 13 and cuDNN 9 on the machine"
 
 
@@ -65,7 +69,7 @@ class OnnxRuntimeBackend:
                 "the onnxruntime backend needs the onnx extra: pip install 'reposerve[onnx]'"
             ) from exc
         parameters = onnx_parameters(context.model_name, context.config.parameters)
-        path = context.version_path / MODEL_FILE
+        path = context.model_file(MODEL_FILE)
         precision = context.config.optimization.precision
         if precision == "bf16":
             raise BackendError(
@@ -113,6 +117,13 @@ class OnnxRuntimeBackend:
         # Only what the config declares is computed: it may name a subset, as in Triton.
         declared = [tensor.name for tensor in context.config.output]
         self._outputs = declared or [output.name for output in self._session.get_outputs()]
+        # tensor(string): onnxruntime takes and gives numpy arrays of str, V2 carries bytes.
+        self._string_inputs = {
+            node.name for node in self._session.get_inputs() if node.type == STRING
+        }
+        self._string_outputs = {
+            node.name for node in self._session.get_outputs() if node.type == STRING
+        }
 
     @staticmethod
     def _providers(
@@ -140,11 +151,32 @@ class OnnxRuntimeBackend:
         )
 
     def execute(self, inputs: Arrays) -> Arrays:
-        results = self._session.run(self._outputs, inputs)
-        return dict(zip(self._outputs, results, strict=True))
+        for name in self._string_inputs & inputs.keys():
+            inputs[name] = _strings(inputs[name], name)
+        results = dict(zip(self._outputs, self._session.run(self._outputs, inputs), strict=True))
+        for name in self._string_outputs & results.keys():
+            results[name] = _encoded(results[name])
+        return results
 
     def unload(self) -> None:
         del self._session
+
+
+def _strings(values: np.ndarray, name: str) -> np.ndarray:
+    """A BYTES input (bytes objects) as onnxruntime's tensor(string) takes it: str."""
+    try:
+        return np.vectorize(lambda item: item.decode("utf-8"), otypes=[object])(values)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"input '{name}': the model takes strings and this element is not UTF-8 ({exc})"
+        ) from exc
+
+
+def _encoded(values: np.ndarray) -> np.ndarray:
+    """A tensor(string) output (str objects) as BYTES carries it: UTF-8 bytes."""
+    return np.vectorize(
+        lambda item: item.encode("utf-8") if isinstance(item, str) else item, otypes=[object]
+    )(values)
 
 
 def _tensor(node: Any) -> TensorConfig:

@@ -44,7 +44,7 @@ TRITON_UTILS = "triton_python_backend_utils"  # the module name Triton's models 
 
 def create_python_backend(context: ModelContext) -> Backend:
     """Load ``model.py``: our ``class Model``, else Triton's ``class TritonPythonModel``."""
-    path = context.version_path / MODEL_FILE
+    path = context.model_file(MODEL_FILE)
     module = _load_module(context)
     model_class = getattr(module, "Model", None)
     if inspect.isclass(model_class):
@@ -61,7 +61,7 @@ def create_python_backend(context: ModelContext) -> Backend:
 
 
 def _load_module(context: ModelContext) -> ModuleType:
-    path = context.version_path / MODEL_FILE
+    path = context.model_file(MODEL_FILE)
     module_name = f"reposerve_model_{context.model_name}_{context.version}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:

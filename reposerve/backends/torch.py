@@ -151,9 +151,10 @@ class TorchBackend:
         torch.backends.cudnn.allow_tf32 = options.allow_tf32
         torch.backends.cudnn.benchmark = options.cudnn_benchmark
         self._autocast = _autocast(self._device, config.optimization.precision, context.model_name)
-        exported = context.version_path / EXPORT_FILE
+        # A default_model_filename is TorchScript unless it ends as torch.export's files do.
+        exported = context.model_file(EXPORT_FILE)
         self._signature: Signature | None = None
-        if exported.is_file():
+        if exported.suffix == ".pt2" and exported.is_file():
             from torch.export.passes import move_to_device_pass
 
             program = torch.export.load(str(exported))
@@ -172,9 +173,7 @@ class TorchBackend:
                     f"TorchScript ({SCRIPT_FILE}). Hint: export the model with torch.export "
                     f"to {EXPORT_FILE}"
                 )
-            module = torch.jit.load(
-                str(context.version_path / SCRIPT_FILE), map_location=self._device
-            )
+            module = torch.jit.load(str(context.model_file(SCRIPT_FILE)), map_location=self._device)
         self._module = _compiled(module, options.torch_compile, label)
         inputs, outputs = self._signature or (config.input, config.output)
         self._inputs = [(tensor.name, tensor.datatype == "BF16") for tensor in inputs]

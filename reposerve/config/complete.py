@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from reposerve.config.schema import ModelConfig, TensorConfig
+from reposerve.config.schema import DynamicBatching, ModelConfig, TensorConfig
 from reposerve.errors import ConfigError
 
 
@@ -20,10 +20,29 @@ def complete_config(
     label: str,
 ) -> ModelConfig:
     """``inputs``/``outputs``: the model's own tensors, full shapes, -1 where dynamic."""
+    config = _max_batch_size(config, inputs + outputs)
     return msgspec.structs.replace(
         config,
         input=_section("input", config.input, inputs, config.max_batch_size, label),
         output=_section("output", config.output, outputs, config.max_batch_size, label),
+    )
+
+
+def _max_batch_size(config: ModelConfig, tensors: list[TensorConfig]) -> ModelConfig:
+    """Triton's onnxruntime auto-complete: a model that does not say it batches does,
+    up to ``default_max_batch_size``, when every tensor's first dimension is dynamic
+    (dynamic batching on, when more than 1 and none configured)."""
+    default = config.default_max_batch_size
+    if not default:
+        return config
+    batchable = all(tensor.shape and tensor.shape[0] == -1 for tensor in tensors)
+    if config.max_batch_size or config.input or config.output or not batchable:
+        return msgspec.structs.replace(config, default_max_batch_size=0)
+    batching = config.dynamic_batching
+    if batching is None and default > 1:
+        batching = DynamicBatching()
+    return msgspec.structs.replace(
+        config, max_batch_size=default, dynamic_batching=batching, default_max_batch_size=0
     )
 
 
@@ -49,9 +68,12 @@ def _section(
                 f"{label}: {section} '{tensor.name}': declared {tensor.datatype}, "
                 f"the model file says {model.datatype}"
             )
-        if not _compatible(tensor.shape, model.shape):
+        # With a reshape, that is the shape the model has; clients see the declared one.
+        seen = tensor.shape if tensor.reshape is None else tensor.reshape
+        if not _compatible(seen, model.shape):
+            what = "shape" if tensor.reshape is None else "reshape"
             raise ConfigError(
-                f"{label}: {section} '{tensor.name}': declared shape {tensor.shape}, "
+                f"{label}: {section} '{tensor.name}': declared {what} {seen}, "
                 f"the model file says {model.shape} (per item, batch dimension excluded)"
             )
     return declared

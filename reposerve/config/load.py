@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from reposerve.config.ensemble import check_ensemble
-from reposerve.config.schema import ModelConfig
+from reposerve.config.schema import ModelConfig, TensorConfig
 from reposerve.errors import ConfigError
 
 _PATH_TOKEN = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
@@ -141,7 +142,28 @@ def _check(config: ModelConfig, folder_name: str | None) -> str | None:
             seen.add(tensor.name)
             if section == "input" and tensor.label_filename is not None:
                 return f"input[{index}].label_filename: only outputs have class labels"
+            problem = _check_reshape(tensor)
+            if problem:
+                return f"{section}[{index}].reshape: {problem}"
     return check_ensemble(config) or _check_batching(config)
+
+
+def _check_reshape(tensor: TensorConfig) -> str | None:
+    """Triton's rule: a reshape holds as many elements as the shape it stands for."""
+    if tensor.reshape is None:
+        return None
+    if tensor.reshape.count(-1) > 1:
+        return f"{tensor.reshape}: at most one -1 (the rest of the elements)"
+    if -1 in tensor.shape or -1 in tensor.reshape:
+        if (-1 in tensor.shape) != (-1 in tensor.reshape):
+            return f"{tensor.reshape}: variable-size only where shape {tensor.shape} is too"
+        return None
+    if math.prod(tensor.reshape) != math.prod(tensor.shape):
+        return (
+            f"{tensor.reshape} holds {math.prod(tensor.reshape)} elements, shape "
+            f"{tensor.shape} holds {math.prod(tensor.shape)}"
+        )
+    return None
 
 
 def _check_batching(config: ModelConfig) -> str | None:

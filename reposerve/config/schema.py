@@ -31,6 +31,9 @@ class TensorConfig(_Section):
     name: Annotated[str, Meta(min_length=1)]
     datatype: Datatype
     shape: list[Dim]
+    # Triton's reshape: the shape the model itself takes or gives (batch dimension excluded
+    # when batching), where ``shape`` is the one clients see. None: the model sees ``shape``.
+    reshape: list[Dim] | None = None
     optional: bool = False
     # Outputs only: a file in the model folder, one class label per line, for Triton's
     # classification extension (an output requested with parameters.classification).
@@ -46,7 +49,9 @@ class VersionPolicy(_Section):
 
 
 class InstanceGroup(_Section):
-    kind: Literal["cpu", "gpu", "auto"] = "cpu"
+    # "model": Triton's KIND_MODEL, the model picks its device itself; reposerve runs the
+    # instance as a CPU one that still sees every GPU (no CUDA_VISIBLE_DEVICES of its own).
+    kind: Literal["cpu", "gpu", "auto", "model"] = "cpu"
     count: Positive = 1
     gpus: list[NonNegative] | None = None  # None = every visible GPU
     # Cores the group's instance processes are pinned to (None = wherever the server runs).
@@ -97,7 +102,14 @@ class EnsembleStep(_Section):
 class ModelConfig(_Section):
     name: ModelName | None = None
     backend: Backend | None = None
+    # The model file in each version folder, when not the backend's own name (model.onnx,
+    # model.pt / model.pt2, model.py): Triton's default_model_filename.
+    default_model_filename: Annotated[str, Meta(pattern=r"^(?!\.\.?$)[^/\\]+$")] | None = None
     max_batch_size: NonNegative = 0
+    # Triton's default-max-batch-size for auto-complete: with max_batch_size 0 and every
+    # tensor of the model file dynamic in its first dimension, the model batches up to
+    # this (with dynamic batching when > 1). A folder with no config file gets 4.
+    default_max_batch_size: NonNegative = 0
     version_policy: VersionPolicy = VersionPolicy()
     input: list[TensorConfig] = []
     output: list[TensorConfig] = []

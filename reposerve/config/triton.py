@@ -22,7 +22,7 @@ _BACKENDS = {
     "python": "python",
     "ensemble": "ensemble",
 }
-_KINDS = {"KIND_AUTO": "auto", "KIND_GPU": "gpu", "KIND_CPU": "cpu"}
+_KINDS = {"KIND_AUTO": "auto", "KIND_GPU": "gpu", "KIND_CPU": "cpu", "KIND_MODEL": "model"}
 _POSITIONAL = re.compile(r"^.+__(\d+)$")  # Triton's libtorch naming: INPUT__0, OUTPUT__1
 # Parameters Triton's onnxruntime and libtorch backends read, as reposerve's equivalents:
 # (table path, how the value converts). Any other of their documented names is refused.
@@ -142,6 +142,8 @@ def _tensor(item: dict[str, Any], where: str) -> dict[str, Any]:
             tensor["optional"] = bool(value)
         elif key == "label_filename":
             tensor["label_filename"] = value
+        elif key == "reshape":
+            tensor["reshape"] = [int(dim) for dim in value.get("shape", [])]
         elif key == "format" and value in ("FORMAT_NONE", "FORMAT_NCHW", "FORMAT_NHWC"):
             continue  # describes the layout for tools; it changes nothing in the computation
         elif key in ("is_shape_tensor", "allow_ragged_batch") and not value:
@@ -302,10 +304,8 @@ def _tensorrt(table: dict[str, Any], parameters: dict[str, str], where: str) -> 
 
 
 def _default_model_filename(table: dict[str, Any], value: str, where: str) -> None:
-    if value and value not in ("model.onnx", "model.pt", "model.py"):
-        raise ConfigError(
-            f"{where}: '{value}': reposerve reads model.onnx, model.pt or model.py; rename the file"
-        )
+    if value:
+        table["default_model_filename"] = value
 
 
 def _ensemble_scheduling(table: dict[str, Any], value: dict[str, Any], where: str) -> None:

@@ -75,6 +75,9 @@ def model_metadata(name: str, versions: Sequence[int], backend: str, config: Mod
     )
 
 
+_KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU", "auto": "KIND_AUTO", "model": "KIND_MODEL"}
+
+
 def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
     """The config in Triton's model-config JSON (what ``GET .../config`` returns): every
     field one of Triton's ``ModelConfig``, so its tools parse it strictly."""
@@ -84,12 +87,14 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
         "backend": TRITON_BACKENDS[backend],
         "version_policy": _version_policy(config),
         "max_batch_size": config.max_batch_size,
+        "default_model_filename": config.default_model_filename or "",
         "input": [
             {
                 "name": spec.name,
                 "data_type": TRITON_CONFIG_TYPES[spec.datatype],
                 "format": "FORMAT_NONE",
                 "dims": spec.shape,
+                **_reshape(spec),
                 "is_shape_tensor": False,
                 "allow_ragged_batch": False,
                 "optional": spec.optional,
@@ -101,6 +106,7 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
                 "name": spec.name,
                 "data_type": TRITON_CONFIG_TYPES[spec.datatype],
                 "dims": spec.shape,
+                **_reshape(spec),
                 "label_filename": spec.label_filename or "",
                 "is_shape_tensor": False,
             }
@@ -111,7 +117,7 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
         "instance_group": [
             {
                 "name": f"{name}_{index}",
-                "kind": {"cpu": "KIND_CPU", "gpu": "KIND_GPU", "auto": "KIND_AUTO"}[group.kind],
+                "kind": _KINDS[group.kind],
                 "count": group.count,
                 "gpus": group.gpus or [],
                 "secondary_devices": [],
@@ -172,6 +178,11 @@ def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
             },
         }
     return encode(document)
+
+
+def _reshape(spec: TensorConfig) -> dict[str, Any]:
+    """Triton's ``reshape`` field, there only when the model sees another shape."""
+    return {} if spec.reshape is None else {"reshape": {"shape": spec.reshape}}
 
 
 def _version_policy(config: ModelConfig) -> dict[str, Any]:

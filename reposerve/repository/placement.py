@@ -39,10 +39,10 @@ def plan_instances(
     config = msgspec.structs.replace(config, instance_group=groups)
     config_json = msgspec.json.encode(config)
     override = _thread_override(config)
-    unpinned_cpu = sum(group.count for group in groups if group.kind == "cpu" and not group.cpus)
+    unpinned_cpu = sum(group.count for group in groups if group.kind in _HOST and not group.cpus)
     specs: list[InstanceSpec] = []
     for group in groups:
-        if group.kind == "cpu":
+        if group.kind in _HOST:
             # CPU instances split the cores they may run on between them.
             sharing = group.count if group.cpus else unpinned_cpu
             threads = max(1, len(group.cpus or cores) // sharing)
@@ -72,6 +72,10 @@ def plan_instances(
     return Placement(config, specs)
 
 
+# Kinds whose instances get no GPU from reposerve: they share the host's cores.
+_HOST = ("cpu", "model")
+
+
 def _default_groups(gpus: Gpus) -> list[InstanceGroup]:
     if gpus.visible:
         return [InstanceGroup(kind="gpu", gpus=list(range(len(gpus.visible))))]
@@ -89,6 +93,13 @@ def _resolve(
             f"{where}.cpus: core(s) {unknown} not available (this server may use "
             f"{_ranges(cores)}). Hint: see `nproc` and the container's cpuset"
         )
+    if group.kind == "model":  # the model decides its device: no GPU is assigned to it
+        if group.gpus:
+            raise ConfigError(
+                f'{where}.gpus: a kind = "model" group picks its own device. Hint: remove '
+                'gpus, or use kind = "gpu"'
+            )
+        return msgspec.structs.replace(group, gpus=None)
     if group.kind == "cpu" and group.gpus:
         raise ConfigError(
             f'{where}.gpus: a kind = "cpu" group runs on no GPU. Hint: remove gpus, or use '

@@ -69,12 +69,10 @@ def read_model(root: Path, name: str, override: ConfigOverride | None = None) ->
     else:
         config_path = find_config(path)
         if config_path is None:
-            raise ConfigError(
-                f"{name}/config.toml: missing. Hint: every model folder needs one "
-                "(or Triton's config.pbtxt)"
-            )
-        label = f"{name}/{config_path.name}"
-        config = load_model_config(config_path, label=label)
+            config, label = _generated_config(path, name), f"{name} (no config file)"
+        else:
+            label = f"{name}/{config_path.name}"
+            config = load_model_config(config_path, label=label)
     numbers = sorted(int(entry.name) for entry in path.iterdir() if _is_version_folder(entry))
     if not numbers:
         raise ConfigError(f"{name}: no version folders. Hint: put the model in {name}/1/")
@@ -84,11 +82,29 @@ def read_model(root: Path, name: str, override: ConfigOverride | None = None) ->
         for number in chosen
     ]
     if any(version.backend == "python" for version in versions) and not (
-        config.input and config.output
+        config.input or config.output
     ):
-        raise ConfigError(f"{label}: python models must declare their input and output tensors")
+        raise ConfigError(f"{label}: python models must declare their tensors (input, output)")
     labels = read_labels(path, config, label)
     return ModelSource(name, path, config, versions, labels)
+
+
+# Triton's onnxruntime backend batches auto-completed models up to this by default
+# (--backend-config=onnxruntime,default-max-batch-size=4).
+AUTO_MAX_BATCH_SIZE = 4
+
+
+def _generated_config(path: Path, name: str) -> ModelConfig:
+    """A folder without a config file: Triton generates one for ONNX models (backend,
+    inputs, outputs and max_batch_size from the graph, read when an instance loads it)."""
+    if any(
+        (entry / "model.onnx").is_file() for entry in path.iterdir() if _is_version_folder(entry)
+    ):
+        return ModelConfig(backend="onnxruntime", default_max_batch_size=AUTO_MAX_BATCH_SIZE)
+    raise ConfigError(
+        f"{name}/config.toml: missing. Hint: every model folder needs one (or Triton's "
+        "config.pbtxt); only an ONNX model (N/model.onnx) may go without"
+    )
 
 
 def _is_version_folder(entry: Path) -> bool:
@@ -114,6 +130,8 @@ def _backend(config: ModelConfig, version_path: Path, name: str) -> str:
     where = f"{name}/{version_path.name}"
     if config.backend == "ensemble":  # its steps are the model: the folder may be empty
         return "ensemble"
+    if config.default_model_filename is not None:
+        return _named_file_backend(config, version_path, where)
     if config.backend is not None:
         files = BACKEND_FILES[config.backend]
         if not any((version_path / file).is_file() for file in files):
@@ -131,3 +149,21 @@ def _backend(config: ModelConfig, version_path: Path, name: str) -> str:
             f"{where}: {what}; put exactly one of {wanted} there or set the backend in its config"
         )
     return found[0]
+
+
+def _named_file_backend(config: ModelConfig, version_path: Path, where: str) -> str:
+    """The backend of a version whose file is ``default_model_filename`` (Triton's): the
+    configured one, else the one whose own file names end as this one does."""
+    filename = config.default_model_filename
+    if not (version_path / filename).exists():  # a file, or a folder (a saved model)
+        raise ConfigError(f"{where}: no {filename} (the config's default_model_filename)")
+    if config.backend is not None:
+        return config.backend
+    suffix = Path(filename).suffix
+    for backend, files in BACKEND_FILES.items():
+        if any(Path(file).suffix == suffix for file in files):
+            return backend
+    raise ConfigError(
+        f"{where}: cannot tell the backend of {filename} from its name. Hint: set the "
+        "backend (or Triton's platform) in the config"
+    )

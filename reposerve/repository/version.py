@@ -143,7 +143,13 @@ class ModelVersion:
             if errors:
                 raise errors[0]
             # Every instance loaded the same file; the first one's completed config stands.
-            self.config = self.instances[0].config or self.config
+            completed = self.instances[0].config or self.config
+            batching = (completed.max_batch_size, completed.dynamic_batching)
+            if batching != (self.config.max_batch_size, self.config.dynamic_batching):
+                # Auto-complete decided the batching (Triton's default-max-batch-size):
+                # the scheduler, still without instances and requests, is made anew for it.
+                self.scheduler = Scheduler(self.label, completed, [], self.statistics)
+            self.config = completed
             # Derived once here rather than per request on the hot path.
             self.output_names = tuple(spec.name for spec in self.config.output)
             self._warmups = warmup_batches(self.config)

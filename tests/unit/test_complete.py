@@ -62,3 +62,24 @@ def test_batching_needs_a_dynamic_first_axis():
     fixed = [TensorConfig(name="x", datatype="FP32", shape=[1, 3])]
     with pytest.raises(ConfigError, match="max_batch_size 4 needs a dynamic first dimension"):
         complete_config(parse_model_config("max_batch_size = 4", LABEL), fixed, [], LABEL)
+
+
+def test_default_max_batch_size_batches_a_model_whose_tensors_all_batch():
+    """Triton's onnxruntime auto-complete (default-max-batch-size, 4 by default)."""
+    config = _complete("default_max_batch_size = 4")
+    assert (config.max_batch_size, config.default_max_batch_size) == (4, 0)
+    assert config.dynamic_batching is not None
+    assert config.input[0].shape == [3, -1]
+    fixed = [TensorConfig(name="y", datatype="INT64", shape=[2, 2])]
+    config = complete_config(
+        parse_model_config("default_max_batch_size = 4", LABEL), FILE_INPUTS, fixed, LABEL
+    )
+    assert (config.max_batch_size, config.dynamic_batching) == (0, None)
+
+
+def test_a_reshape_is_checked_against_the_file_in_place_of_the_shape():
+    text = 'max_batch_size = 4\n[[output]]\nname = "y"\ndatatype = "INT64"\nshape = [2, 1]\n'
+    config = _complete(text + "reshape = [2]\n")
+    assert (config.output[0].shape, config.output[0].reshape) == ([2, 1], [2])
+    with pytest.raises(ConfigError, match=r"declared reshape \[1, 2\], the model file says \[2\]"):
+        _complete(text + "reshape = [1, 2]\n")

@@ -123,6 +123,32 @@ def test_an_instance_group_without_kind_is_tritons_kind_auto():
     ]
 
 
+def test_kind_model_groups_are_tritons_model_decides_the_device():
+    config = parse_pbtxt("instance_group [ { kind: KIND_MODEL count: 2 } ]", "m/config.pbtxt")
+    assert [(g.kind, g.count) for g in config.instance_group] == [("model", 2)]
+
+
+def test_reshape_on_inputs_and_outputs_is_tritons_reshape():
+    text = """
+    max_batch_size: 8
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, 4 ] reshape: { shape: [ 1, 3, 2, 2 ] } } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]
+    default_model_filename: "densenet.onnx"
+    """
+    config = parse_pbtxt(text, "m/config.pbtxt")
+    assert [(t.shape, t.reshape) for t in (*config.input, *config.output)] == [
+        ([3, 4], [1, 3, 2, 2]),
+        ([1], []),
+    ]
+    assert config.default_model_filename == "densenet.onnx"
+    toml = parse_model_config(
+        '[[input]]\nname = "x"\ndatatype = "FP32"\nshape = [3, 4]\nreshape = [12]\n',
+        "m/config.toml",
+    )
+    assert toml.input[0].reshape == [12]
+    assert parse_model_config(to_toml(config), "m/config.toml") == config
+
+
 def test_tritons_onnxruntime_parameters_become_reposerves_and_the_rest_are_refused():
     text = """
     platform: "onnxruntime_onnx"
@@ -180,12 +206,16 @@ def test_tensorrt_accelerator_becomes_onnxruntime_provider_options():
             "m/config.pbtxt: platform: 'tensorrt_plan' is not served by reposerve",
         ),
         (
-            "instance_group [ { kind: KIND_MODEL } ]",
-            "m/config.pbtxt: instance_group[0].kind: KIND_MODEL is not supported by reposerve",
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] is_shape_tensor: true } ]',
+            "m/config.pbtxt: input[0].is_shape_tensor: not supported by reposerve",
         ),
         (
-            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]',
-            "m/config.pbtxt: input[0].reshape: not supported by reposerve",
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 3 ] } } ]',
+            "m/config.pbtxt: input[0].reshape: [3] holds 3 elements, shape [4] holds 4",
+        ),
+        (
+            'default_model_filename: "../model.onnx"',
+            "m/config.pbtxt: default_model_filename: expected str matching regex",
         ),
         (
             'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'

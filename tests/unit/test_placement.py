@@ -150,3 +150,11 @@ def test_impossible_placements_are_load_errors_naming_the_model(groups, gpus, me
     with pytest.raises(ConfigError) as caught:
         _specs(groups, gpus, monkeypatch, cores=[0, 1, 2, 3, 5, 6, 7])
     assert caught.value.message == message
+
+
+def test_kind_model_runs_on_the_host_with_no_gpu_assigned(monkeypatch):
+    """Triton's KIND_MODEL: the model picks its device; reposerve gives it none."""
+    groups = '[[instance_group]]\nkind = "model"\ncount = 2\n'
+    assert _plan(groups, _node(2), monkeypatch) == [("model", None, 4), ("model", None, 4)]
+    with pytest.raises(ConfigError, match='a kind = "model" group picks its own device'):
+        _plan(groups + "gpus = [0]\n", _node(2), monkeypatch)
