@@ -148,19 +148,23 @@ def serve_parser() -> argparse.ArgumentParser:
     add(
         "--model-control-mode",
         choices=("explicit", "poll", "none"),
-        default="explicit",
-        help="explicit: the load/unload endpoints work; poll: changes on disk are loaded "
-        "every --repository-poll-secs; none: the repository is fixed",
+        default=None,
+        help="explicit: the load/unload endpoints work and only --load-model models load at "
+        "start-up (none without it), as in Triton; poll: changes on disk are loaded every "
+        "--repository-poll-secs; none: the repository is fixed. Not given: every model "
+        "loads and the load/unload endpoints work (explicit with --load-model '*')",
     )
     add(
         "--allow-model-file-override",
         type=_boolean,
         nargs="?",
         const=True,
-        default=False,
+        default=True,
         metavar="BOOL",
-        help="accept file: parameters on load requests (Triton's model files override): "
-        "they write code the server then runs, so only with this flag (false)",
+        help="accept file: parameters on load requests (Triton's model files override; "
+        "true, as Triton). They bring code the server runs: the load endpoint answers only "
+        "local clients unless --http-restricted-api model-repository:KEY=VALUE opens it, "
+        "and false refuses them",
     )
     add(
         "--repository-poll-secs",
@@ -173,7 +177,8 @@ def serve_parser() -> argparse.ArgumentParser:
         "--load-model",
         action="append",
         metavar="NAME",
-        help="load only these models at start-up (repeatable; '*' = all, the default)",
+        help="load only these models at start-up (repeatable; '*' = all; default: all, "
+        "or none with an explicit --model-control-mode explicit)",
     )
     add(
         "--http-server",
@@ -369,10 +374,16 @@ def _log_flags(args: argparse.Namespace) -> dict[str, object]:
     return {**chosen, "log_file": args.log_file, "log_format": style}
 
 
+def _start_models(mode: str | None, names: list[str] | None) -> list[str] | None:
+    """The models loaded at start-up (None: every one). Triton's explicit mode loads only
+    --load-model ones; reposerve's default (no mode given) loads every model."""
+    if names is not None:
+        return None if "*" in names else names
+    return [] if mode == "explicit" else None
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
-    names = args.load_model
-    if names is None or "*" in names:
-        names = None
+    names = _start_models(args.model_control_mode, args.load_model)
     return Settings(
         model_repositories=tuple(args.model_repository or [Path("model_repository")]),
         auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
@@ -387,7 +398,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             gpu=args.allow_gpu_metrics,
             **dict(args.metrics_config),  # later settings win, as in Triton
         ),
-        model_control_mode=args.model_control_mode,
+        model_control_mode=args.model_control_mode or "explicit",
         repository_poll_secs=args.repository_poll_secs,
         load_models=names,
         http_server=args.http_server,

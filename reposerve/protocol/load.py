@@ -5,8 +5,8 @@
 - ``config``: the model's configuration as Triton's model-config JSON (a string), used for
   this load instead of the model folder's;
 - ``file:<path>``: one file of the model folder to load from instead of the repository's,
-  base64 (``file:1/model.py``); Triton requires ``config`` with them, since the folder they
-  form holds no configuration of its own.
+  base64 (``file:1/model.py``, or ``file:/1/model.py``); Triton requires ``config`` with
+  them, since the folder they form holds no configuration of its own.
 
 Any other parameter is an error naming it: a load must not quietly differ from the one asked.
 """
@@ -62,7 +62,10 @@ def decode_load_request(name: str, body: bytes) -> LoadRequest:
 
 
 def _file_path(text: str, where: str) -> str:
-    """A relative path that stays inside the model folder."""
+    """A path that stays inside the model folder. One leading slash means the folder
+    itself (Triton's ``file:/1/model.py``, as its own tests write it), never the root."""
+    if text.startswith("/") and not text.startswith("//"):
+        text = text[1:]
     path = PurePosixPath(text)
     if (
         not text

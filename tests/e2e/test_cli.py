@@ -72,6 +72,24 @@ def test_load_model_flag_and_explicit_control(repository, tmp_path):
         assert server.stop() == 0, server.log()
 
 
+def test_explicit_mode_loads_no_model_without_load_model(repository, tmp_path):
+    """Triton's --model-control-mode=explicit: only --load-model ones load at start-up, so
+    a model that cannot load does not stop the server even with --exit-on-error true."""
+    write_model(repository, "a", vector_config(), PLUS_ONE)
+    (repository / "broken").mkdir()
+    (repository / "broken" / "config.toml").write_text("max_batch_size = -1\n")
+    server = start_server(
+        repository, tmp_path, "--model-control-mode=explicit", "--exit-on-error", "true"
+    )
+    try:
+        index = httpx.post(f"{server.url}/v2/repository/index").json()
+        assert index == [{"name": "a"}, {"name": "broken"}]
+        assert httpx.post(f"{server.url}/v2/repository/models/a/load").status_code == 200
+        assert httpx.get(f"{server.url}/v2/models/a/ready").status_code == 200
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_restricted_control_api_needs_its_header(repository, tmp_path):
     write_model(repository, "a", vector_config(), PLUS_ONE)
     server = start_server(

@@ -49,7 +49,10 @@ def server(tmp_path_factory):
     write_model(root, "spare", vector_config(size=4), PLUS_ONE)
     queue = "[dynamic_batching]\nmax_queue_size = 1"
     write_model(root, "sleepy", vector_config(size=1, max_batch=1, extra=queue), SLEEPY)
-    server = start_server(root, tmp_path_factory.mktemp("log"))
+    # File overrides off, so the refusal is seen over gRPC too (they are on by default).
+    server = start_server(
+        root, tmp_path_factory.mktemp("log"), "--allow-model-file-override", "false"
+    )
     yield server
     assert server.stop() == 0, server.log()
 
@@ -181,8 +184,8 @@ def test_repository_index_load_and_unload(client):
     assert client.get_model_config("spare", as_json=True)["config"]["max_batch_size"] == 4
     status, message = _status(lambda: client.load_model("spare", config="{not json"))
     assert status == "StatusCode.INVALID_ARGUMENT", message
-    # Model files in a load are code this server would run: refused without
-    # --allow-model-file-override, as over HTTP (403 there).
+    # Model files in a load are code this server would run: refused with
+    # --allow-model-file-override false, as over HTTP (403 there).
     files = {"file:1/model.py": b"class Model: ..."}
     status, message = _status(
         lambda: client.load_model("spare", config=json.dumps(config), files=files)

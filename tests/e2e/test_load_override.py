@@ -1,6 +1,6 @@
 """Triton's load overrides through tritonclient: ``load_model(config=...)`` loads with that
 config instead of the folder's; ``load_model(files=...)`` brings the model folder's files,
-refused unless the server was started with --allow-model-file-override."""
+accepted as in Triton unless the server was started with --allow-model-file-override false."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def test_config_override_without_an_equivalent_names_the_field(
     assert client.get_model_config("plus")["max_batch_size"] == 8  # still the folder's
 
 
-def test_file_override_refused_without_the_flag(plus_repository, tmp_path, client_for):
-    server, client = client_for(plus_repository, tmp_path)
+def test_file_override_refused_with_the_flag_false(plus_repository, tmp_path, client_for):
+    server, client = client_for(plus_repository, tmp_path, "--allow-model-file-override", "false")
     config = json.dumps(client.get_model_config("plus"))
     with pytest.raises(InferenceServerException, match="--allow-model-file-override true"):
         client.load_model("plus", config=config, files={"file:1/model.py": PLUS_TWO})
@@ -108,13 +108,13 @@ def test_file_override_refused_without_the_flag(plus_repository, tmp_path, clien
     assert _infer(client).tolist() == [[1.0] * 16]
 
 
-def test_file_override_loads_the_files_with_the_flag(
+def test_file_override_loads_the_files_by_default_as_in_triton(
     plus_repository, tmp_path, client_for, monkeypatch
 ):
     scratch = tmp_path / "scratch"  # the server's temporary folder: where the files go
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))
-    server, client = client_for(plus_repository, tmp_path, "--allow-model-file-override", "true")
+    server, client = client_for(plus_repository, tmp_path)
     config = client.get_model_config("plus")
     config["max_batch_size"] = 2
     client.load_model("plus", config=json.dumps(config), files={"file:1/model.py": PLUS_TWO})
@@ -126,6 +126,8 @@ def test_file_override_loads_the_files_with_the_flag(
     for parameters, message in (
         ({"file:1/model.py": "cHJpbnQoKQ=="}, "need a config parameter too"),
         ({"config": "{}", "file:../evil.py": "cHJpbnQoKQ=="}, "parameters.file:../evil.py"),
+        ({"config": "{}", "file://etc/x.py": "cHJpbnQoKQ=="}, "parameters.file://etc/x.py"),
+        ({"config": "{}", "file:/../x.py": "cHJpbnQoKQ=="}, "parameters.file:/../x.py"),
         (
             {"config": "{}", "file:1": "cHJpbnQoKQ==", "file:1/model.py": "cHJpbnQoKQ=="},
             "load 'plus': the override files do not form a model folder",
@@ -135,6 +137,10 @@ def test_file_override_loads_the_files_with_the_flag(
             f"{server.url}/v2/repository/models/plus/load", json={"parameters": parameters}
         )
         assert reply.status_code == 400 and message in reply.json()["error"], reply.text
+    # Triton's own tests write the key with a leading slash (L0_backend_python's
+    # model_control_test: "file:/1/model.py"): the model folder, as without it.
+    client.load_model("plus", config=json.dumps(config), files={"file:/1/model.py": PLUS_TWO})
+    assert _infer(client).tolist() == [[2.0] * 16]
     client.load_model("plus")  # the repository's folder again
     assert _infer(client).tolist() == [[1.0] * 16]
-    assert not folder.exists()  # no version runs from it any more
+    assert not list(scratch.glob("reposerve-plus-*"))  # no version runs from them any more

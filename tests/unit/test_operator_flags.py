@@ -79,3 +79,19 @@ def test_the_shutdown_grace_defaults_to_a_few_seconds_under_kubernetes(monkeypat
     assert _settings("--shutdown-grace-secs", "0").shutdown_grace_secs == 0
     with pytest.raises(SystemExit):
         _settings("--shutdown-grace-secs", "-1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "mode", "loaded"),
+    [
+        ((), "explicit", None),  # reposerve's default: every model, control API on
+        (("--model-control-mode", "explicit"), "explicit", []),  # Triton's: none
+        (("--model-control-mode=explicit", "--load-model", "a"), "explicit", ["a"]),
+        (("--model-control-mode=explicit", "--load-model=*"), "explicit", None),
+        (("--load-model", "a", "--load-model", "b"), "explicit", ["a", "b"]),
+        (("--model-control-mode", "poll"), "poll", None),
+    ],
+)
+def test_explicit_mode_loads_only_the_load_model_ones_as_in_triton(argv, mode, loaded):
+    settings = _settings(*argv)
+    assert (settings.model_control_mode, settings.load_models) == (mode, loaded)
