@@ -345,7 +345,7 @@ class Scheduler:
             if stream is None or item.future.done():
                 continue
             if response.failure is not None:
-                error = _request_error(self._label, response.failure)
+                error = _request_error(response.failure)
                 self._fail(item, error, FailureReason.BACKEND)
                 continue
             try:
@@ -416,7 +416,7 @@ class Scheduler:
         for index, item in enumerate(items):
             failure = failed.get(index)
             if failure is not None:
-                self._fail(item, _request_error(self._label, failure), FailureReason.BACKEND)
+                self._fail(item, _request_error(failure), FailureReason.BACKEND)
                 continue
             if item.stream is not None:  # its responses have gone out as they came
                 future = item.future
@@ -471,7 +471,7 @@ class Scheduler:
         error: ReposerveError
         reason = FailureReason.BACKEND  # the model raised, or its process died running it
         if failure.cause is FailureCause.INVALID_INPUT:
-            error = InvalidInput(f"{self._label}: {failure.message}")
+            error = InvalidInput(failure.message)  # the model's own words, as in Triton
         elif failure.cause is FailureCause.STOPPED:  # the message names the version already
             error = SchedulerError(failure.message)
             reason = FailureReason.OTHER
@@ -551,9 +551,10 @@ class Scheduler:
             self._idle.set()
 
 
-def _request_error(label: str, failure: RequestFailure) -> ReposerveError:
-    """The error of one request the model failed on its own, reported as its kind says."""
-    message = f"{label}: {failure.message}"
+def _request_error(failure: RequestFailure) -> ReposerveError:
+    """The error of one request the model failed on its own, reported as its kind says,
+    in the model's words alone (Triton hands a model's error to the client verbatim)."""
+    message = failure.message
     if failure.kind is ErrorKind.INVALID_ARGUMENT:
         return InvalidInput(message)
     return InstanceError(message, failure.kind)
