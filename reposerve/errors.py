@@ -16,6 +16,11 @@ class ErrorKind(enum.Enum):
     INTERNAL = "internal"
     FORBIDDEN = "forbidden"
     UNSUPPORTED = "unsupported"  # a well-formed call this model cannot serve (Triton's)
+    # Triton's other error codes, which its python backend's models may raise with
+    # (pb_utils.TritonError); each reaches the client as Triton reports it.
+    ALREADY_EXISTS = "already_exists"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
 
 
 class ReposerveError(Exception):

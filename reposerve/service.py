@@ -170,8 +170,10 @@ class InferenceService:
         model = self.repository.get(name, version)
         request = decode_request(body, header_length, model.config, name)
 
-        def encode(outputs: list[tuple[str, Tensor, bool]]) -> tuple[bytes, int | None]:
-            return encode_response(name, model.version_text, request.id, outputs)
+        def encode(
+            outputs: list[tuple[str, Tensor, bool]], parameters: dict[str, Any]
+        ) -> tuple[bytes, int | None]:
+            return encode_response(name, model.version_text, request.id, outputs, parameters)
 
         return await self._run(model, request, encode)
 
@@ -181,16 +183,17 @@ class InferenceService:
         version: str | None,
         header: dict[str, Any],
         raws: list[bytes],
-        encode: Callable[[str, list[tuple[str, Tensor]]], T],
+        encode: Callable[[str, list[tuple[str, Tensor]], dict[str, Any]], T],
     ) -> T:
         """Run one request whose tensor data travels apart from its header (gRPC; see
-        ``decode_parts``). ``encode(version, outputs)`` makes the answer from the output
-        tensors, which are valid only during the call."""
+        ``decode_parts``). ``encode(version, outputs, parameters)`` makes the answer from
+        the output tensors, which are valid only during the call."""
         model = self.repository.get(name, version)
         request = decode_parts(header, raws, model.config, name)
 
-        def finish(outputs: list[tuple[str, Tensor, bool]]) -> T:
-            return encode(model.version_text, [(output, tensor) for output, tensor, _ in outputs])
+        def finish(outputs: list[tuple[str, Tensor, bool]], parameters: dict[str, Any]) -> T:
+            tensors = [(output, tensor) for output, tensor, _ in outputs]
+            return encode(model.version_text, tensors, parameters)
 
         return await self._run(model, request, finish)
 
@@ -200,7 +203,9 @@ class InferenceService:
         model = self.repository.get(name, version)
         request = decode_generate(body, model.config, name)
 
-        def encode(outputs: list[tuple[str, Tensor, bool]], final: bool) -> bytes:
+        def encode(
+            outputs: list[tuple[str, Tensor, bool]], final: bool, parameters: dict[str, Any]
+        ) -> bytes:
             tensors = [(output, tensor) for output, tensor, _ in outputs]
             return encode_generate(name, model.version_text, request.id, tensors)
 
@@ -212,17 +217,19 @@ class InferenceService:
         version: str | None,
         header: dict[str, Any],
         raws: list[bytes],
-        encode: Callable[[str, list[tuple[str, Tensor]], bool], T],
+        encode: Callable[[str, list[tuple[str, Tensor]], bool, dict[str, Any]], T],
     ) -> AsyncIterator[T]:
         """``infer_parts`` for a streaming call: any model, each response as
-        ``encode(version, outputs, final)``. ``final`` marks the last response of a model
-        that answers once; a decoupled model's stream ends after its last response."""
+        ``encode(version, outputs, final, parameters)``. ``final`` marks the last response
+        of a model that answers once; a decoupled model's stream ends after its last."""
         model = self.repository.get(name, version)
         request = decode_parts(header, raws, model.config, name)
 
-        def finish(outputs: list[tuple[str, Tensor, bool]], final: bool) -> T:
+        def finish(
+            outputs: list[tuple[str, Tensor, bool]], final: bool, parameters: dict[str, Any]
+        ) -> T:
             tensors = [(output, tensor) for output, tensor, _ in outputs]
-            return encode(model.version_text, tensors, final)
+            return encode(model.version_text, tensors, final, parameters)
 
         return self._responses(model, request, finish)
 
@@ -230,14 +237,14 @@ class InferenceService:
         self,
         model: ModelVersion,
         request: InferRequest,
-        encode: Callable[[list[tuple[str, Tensor, bool]], bool], T],
+        encode: Callable[[list[tuple[str, Tensor, bool]], bool, dict[str, Any]], T],
     ) -> AsyncIterator[T]:
         """The responses to ``request``: one, or a decoupled model's as they come. Closing
         this iterator early (the client left) cancels the generation in the instance."""
         decoupled = model.config.decoupled
 
-        def encode_one(outputs: list[tuple[str, Tensor, bool]]) -> T:
-            return encode(outputs, not decoupled)  # a model that answers once: its last
+        def encode_one(outputs: list[tuple[str, Tensor, bool]], parameters: dict[str, Any]) -> T:
+            return encode(outputs, not decoupled, parameters)  # answered once: its last
 
         finish = self._finisher(model, request, encode_one)
         if not decoupled:
@@ -256,7 +263,7 @@ class InferenceService:
         self,
         model: ModelVersion,
         request: InferRequest,
-        encode: Callable[[list[tuple[str, Tensor, bool]]], T],
+        encode: Callable[[list[tuple[str, Tensor, bool]], dict[str, Any]], T],
     ) -> T:
         """Submit ``request`` for its one response."""
         if model.config.decoupled:
@@ -272,15 +279,17 @@ class InferenceService:
         self,
         model: ModelVersion,
         request: InferRequest,
-        encode: Callable[[list[tuple[str, Tensor, bool]]], T],
-    ) -> Callable[[dict[str, Tensor]], T]:
+        encode: Callable[[list[tuple[str, Tensor, bool]], dict[str, Any]], T],
+    ) -> Callable[[dict[str, Tensor], dict[str, Any]], T]:
         """What makes a response from outputs: they are selected and classified as the
-        request asks, then go to ``encode`` as (output, tensor, binary) in response order."""
+        request asks, then go to ``encode`` as (output, tensor, binary) in response order
+        with the response's parameters. A requested output the model left out of its
+        answer (a Triton model may) is left out of the response, as Triton does."""
         selected = _selected_outputs(request, model.output_names)
         classes = request.classifications
         batched = model.config.max_batch_size > 0
 
-        def finish(outputs: dict[str, Tensor]) -> T:
+        def finish(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> T:
             if classes:
                 outputs = {
                     output: classify(tensor, classes[output], batched, model.labels.get(output, ()))
@@ -288,7 +297,14 @@ class InferenceService:
                     else tensor
                     for output, tensor in outputs.items()
                 }
-            return encode([(output, outputs[output], binary) for output, binary in selected])
+            return encode(
+                [
+                    (output, outputs[output], binary)
+                    for output, binary in selected
+                    if output in outputs
+                ],
+                parameters,
+            )
 
         return finish
 

@@ -129,10 +129,14 @@ class StagingBackend(Protocol):
 
 class RequestSlice(msgspec.Struct, frozen=True, array_like=True):
     """One client request of a batch: how many items of axis 0 are its (in batch order;
-    1 for a model without a batch dimension) and the id the client gave it ("" if none)."""
+    1 for a model without a batch dimension), the id the client gave it ("" if none), the
+    outputs it asked for (None: every one) and its own parameters (a JSON object's text:
+    those the server does not act on itself, as Triton hands them to the model)."""
 
     items: int
     id: str
+    outputs: list[str] | None = None
+    parameters: str = "{}"
 
 
 class RequestFailure(msgspec.Struct, frozen=True, array_like=True):
@@ -153,15 +157,18 @@ class PartialOutputs(msgspec.Struct):
 
 
 class RequestResponse(msgspec.Struct):
-    """What a decoupled backend that answers per request yields: one response to request
-    ``index`` of the batch (its rows only), and whether it is that request's last. A
+    """One response to request ``index`` of the batch: its own outputs, in whatever shape
+    the model gave them (a per-request backend's answers are not joined into the batch),
+    its parameters (a JSON object's text) and whether it is that request's last. A
     ``failure`` ends the request with that error instead; a final response may carry no
-    outputs (Triton's flag-only FINAL)."""
+    outputs (Triton's flag-only FINAL). A decoupled backend yields them one by one; a
+    per-request backend may return a list of them, one final response per request."""
 
     index: int
     outputs: Outputs
     final: bool = False
     failure: RequestFailure | None = None
+    parameters: str = "{}"
 
 
 class RequestAwareBackend(Protocol):
@@ -171,4 +178,8 @@ class RequestAwareBackend(Protocol):
 
     def execute_requests(
         self, inputs: Arrays, requests: Sequence[RequestSlice]
-    ) -> Outputs | PartialOutputs | Awaitable[Outputs | PartialOutputs]: ...
+    ) -> Answers | Awaitable[Answers] | Responses: ...
+
+
+Answers = list[RequestResponse]
+"""What a per-request backend returns for a batch: one final response per request."""

@@ -20,12 +20,18 @@ Business logic scripting: ``pb_utils.InferenceRequest(model_name=..., inputs=[..
 requested_output_names=[...]).exec()`` (or ``await ... .async_exec()``) calls a model of
 the repository through reposerve's model calls and gives its ``InferenceResponse``.
 
-Not provided, each failing with a message that says so: decoupled BLS calls, GPU tensors
-through DLPack, custom metrics, ``auto_complete_config``.
+Every argument is checked as Triton checks it: a wrong type raises ``TypeError``, a list
+holding something other than a ``Tensor`` raises ``TritonModelException``.
+
+Not provided, each failing with a message that says so: decoupled BLS calls and BLS
+options reposerve cannot honour (``timeout``, flags, a preferred memory), GPU tensors
+through DLPack.
 """
 
 from __future__ import annotations
 
+import enum
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -53,6 +59,7 @@ _TRITON_TYPES: dict[int, type] = {
     13: np.object_,
 }
 _TYPE_NUMBERS = {np.dtype(numpy_type): number for number, numpy_type in _TRITON_TYPES.items()}
+TYPE_BF16 = 14
 
 TRITON_STRING_TO_NUMPY: dict[str, type] = {
     "TYPE_BOOL": np.bool_,
@@ -143,9 +150,18 @@ class _Capsule:
 
 
 class Tensor:
-    """A named numpy array: an input of a request or an output of a response."""
+    """A named numpy array: an input of a request or an output of a response.
+
+    A BF16 tensor (numpy has no bfloat16) holds its uint16 bit patterns: ``as_numpy``
+    refuses it, as Triton's does, and ``to_dlpack`` / ``from_dlpack`` carry it to and
+    from torch as ``torch.bfloat16``.
+    """
 
     def __init__(self, name: str, numpy_array: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"Tensor: name must be a non-empty str, got {name!r}")
+        if numpy_array is None:
+            raise TypeError(f"Tensor '{name}': expected a numpy array, got None")
         array = np.asarray(numpy_array)
         if array.dtype.kind in "UV":
             raise TritonModelException(
@@ -154,58 +170,98 @@ class Tensor:
             )
         self._name = name
         self._array = array
+        self._bf16 = False
+
+    @classmethod
+    def _of_bf16(cls, name: str, bits: np.ndarray) -> Tensor:
+        """A BF16 tensor over its uint16 bit patterns."""
+        tensor = cls(name, bits)
+        tensor._bf16 = True
+        return tensor
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._bf16:
+            raise TritonModelException(
+                f"Tensor '{self._name}': tensor dtype is BF16 and cannot be converted to "
+                "numpy. Hint: use to_dlpack() and torch.utils.dlpack.from_dlpack"
+            )
         return self._array
 
     def shape(self) -> list[int]:
         return list(self._array.shape)
 
     def triton_dtype(self) -> int | None:
-        return numpy_to_triton_type(self._array.dtype)
+        return TYPE_BF16 if self._bf16 else numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
         return True
 
     def to_dlpack(self) -> object:
+        if self._bf16:
+            import torch  # only a model that uses BF16 through DLPack needs it
+
+            bits = torch.from_numpy(np.ascontiguousarray(self._array).view(np.int16))
+            return torch.utils.dlpack.to_dlpack(bits.view(torch.bfloat16))
         return self._array.__dlpack__()
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
         """A tensor over a DLPack source: an object with ``__dlpack__`` or a capsule."""
-        source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
+        if not isinstance(name, str) or not name:
+            raise TritonModelException(
+                f"Tensor.from_dlpack: name must be a non-empty str, got {name!r}"
+            )
+        if capsule is None:
+            raise TritonModelException(
+                f"Tensor.from_dlpack('{name}'): got None, not a DLPack tensor"
+            )
+        torch = sys.modules.get("torch")  # a model handing torch tensors over imported it
         try:
-            array = np.from_dlpack(source)
+            if torch is not None:
+                return _from_torch(name, torch, torch.utils.dlpack.from_dlpack(capsule))
+            source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
+            return Tensor(name, np.from_dlpack(source))
         except (RuntimeError, BufferError, TypeError) as exc:
             raise TritonModelException(
                 f"Tensor.from_dlpack('{name}'): {exc}. Hint: reposerve's python models take "
                 "CPU tensors; move the tensor to the CPU first"
             ) from None
-        return Tensor(name, array)
+
+
+def _from_torch(name: str, torch: Any, tensor: Any) -> Tensor:
+    if tensor.device.type != "cpu":
+        raise TypeError(f"the tensor is on {tensor.device}")
+    tensor = tensor.contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return Tensor._of_bf16(name, tensor.view(torch.int16).numpy().view(np.uint16))
+    return Tensor(name, tensor.numpy())
 
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # a sender's flag: the request's last response
 
 
 class InferenceResponseSender:
-    """How a decoupled model answers one request: ``deliver(response, final)`` takes each
-    response to reposerve (it may block while the client is slow to read)."""
+    """How a model answers one request through ``request.get_response_sender()``:
+    ``deliver(response, final)`` takes each response to reposerve (it may block while the
+    client is slow to read). A decoupled model sends any number; any other model one,
+    with the FINAL flag then or in a flag-only send after it."""
 
     def __init__(
         self,
         deliver: Callable[[InferenceResponse | None, bool], None],
         cancelled: Callable[[], bool],
+        decoupled: bool = True,
     ) -> None:
         self._deliver = deliver
         self._cancelled = cancelled
+        self._decoupled = decoupled
+        self._sent = 0
         self._closed = False
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         if response is None and flags == 0:
@@ -217,11 +273,92 @@ class InferenceResponseSender:
                 f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}"
             )
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if not self._decoupled:
+            if response is not None and self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response."
+                )
+            if response is None and final and not self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final "
+                    "before sending a response."
+                )
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
         self._closed = final
+        self._sent += 1
         self._deliver(response, final)
 
     def is_cancelled(self) -> bool:
         return self._cancelled()
+
+
+def _check_list(where: str, value: object, item_type: type, exception: type) -> list:
+    """Triton's checks of a list argument: not a list is a TypeError; an element of the
+    wrong type is ``exception`` (TypeError for names, TritonModelException for tensors)."""
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"{where}: expected a list, got {type(value)}")
+    for element in value:
+        if not isinstance(element, item_type):
+            raise exception(f"{where}: expected {item_type.__name__} elements, got {type(element)}")
+    return list(value)
+
+
+def _check_type(where: str, value: object, types: type | tuple[type, ...]) -> None:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise TypeError(f"{where}: incompatible type {type(value)}")
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _parameters_text(parameters: object, where: str) -> str:
+    """Request or response parameters as Triton keeps them: a JSON object's text, keys
+    str, values bool, int or str (a JSON text is taken as it is, once checked)."""
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters) if parameters else {}
+        except ValueError as exc:
+            raise TritonModelException(f"{where}: parameters are not JSON: {exc}") from None
+    if not isinstance(parameters, dict):
+        raise TritonModelException(
+            f"{where}: parameters must be a dict of str to bool/int/str, got {type(parameters)}"
+        )
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+            )
+    return json.dumps(parameters)
+
+
+class PreferredMemory:
+    """Where a BLS call's outputs should live; reposerve's live in CPU memory."""
+
+    def __init__(self, preferred_memory_type: int = 0, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+
+class InferenceTrace:
+    """A request's trace context; reposerve traces nothing, so it carries nothing."""
+
+    def __init__(self, context: str | None = None) -> None:
+        self._context = context
+
+    def get_context(self) -> str | None:
+        return self._context
 
 
 class InferenceRequest:
@@ -231,27 +368,73 @@ class InferenceRequest:
 
     def __init__(
         self,
-        inputs: list[Tensor] | None = None,
         request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: list[Tensor] | None = None,
         requested_output_names: list[str] | None = None,
-        sender: InferenceResponseSender | None = None,
-        *,
-        model_name: str = "",
+        model_name: str | bytes | None = None,
         model_version: int = -1,
-        **options: object,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
+        parameters: dict | str | None = None,
     ) -> None:
-        # Triton's other BLS options: at their defaults they ask nothing reposerve lacks.
-        refused = [key for key, value in options.items() if value not in (None, 0, "", {})]
-        if refused:
-            raise TritonModelException(
-                f"InferenceRequest: {', '.join(sorted(refused))} not supported by reposerve"
+        where = "InferenceRequest"
+        self._inputs = _check_list(f"{where}: inputs", inputs, Tensor, TritonModelException)
+        self._requested_output_names = _check_list(
+            f"{where}: requested_output_names", requested_output_names, str, TypeError
+        )
+        if isinstance(model_name, bytes):  # as a BYTES input holds it
+            model_name = model_name.decode("utf-8", "replace")
+        _check_type(f"{where}: model_name", model_name, str)
+        _check_type(f"{where}: request_id", request_id, str)
+        _check_type(f"{where}: correlation_id", correlation_id, (int, str))
+        _check_type(f"{where}: model_version", model_version, int)
+        _check_type(f"{where}: flags", flags, int)
+        _check_type(f"{where}: timeout", timeout, int)
+        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+            raise TypeError(
+                f"{where}: preferred_memory: incompatible type {type(preferred_memory)}"
             )
-        self._inputs = list(inputs or ())
+        self._model_name: str = model_name  # type: ignore[assignment]
         self._request_id = request_id
-        self._requested_output_names = list(requested_output_names or ())
-        self._sender = sender  # a decoupled model's
-        self._model_name = model_name
+        self._correlation_id = correlation_id
         self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._preferred_memory = preferred_memory
+        self._trace = trace or InferenceTrace()
+        self._parameters = "{}" if parameters is None else _parameters_text(parameters, where)
+        self._sender: InferenceResponseSender | None = None  # a received request's
+        self._cancelled: Callable[[], bool] = _never
+
+    @classmethod
+    def _received(
+        cls,
+        inputs: list[Tensor],
+        request_id: str,
+        requested_output_names: list[str],
+        parameters: str,
+        sender: InferenceResponseSender,
+        cancelled: Callable[[], bool],
+    ) -> InferenceRequest:
+        """A client's request, as ``execute`` gets it (``parameters`` already checked)."""
+        request = cls.__new__(cls)
+        request._inputs = inputs
+        request._request_id = request_id
+        request._requested_output_names = requested_output_names
+        request._parameters = parameters
+        request._correlation_id = 0  # no sequence batching in reposerve
+        request._model_name = ""
+        request._model_version = -1
+        request._flags = 0
+        request._timeout = 0
+        request._preferred_memory = None
+        request._trace = InferenceTrace()
+        request._sender = sender
+        request._cancelled = cancelled
+        return request
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -261,25 +444,41 @@ class InferenceRequest:
         return self._request_id
 
     def requested_output_names(self) -> list[str]:
-        """Every output the model declares: as Triton does for a request that names none,
-        and reposerve sends each client only what it asked for."""
+        """The outputs the client asked for (every declared one when it named none)."""
         return self._requested_output_names
 
-    def correlation_id(self) -> int:
-        return 0  # no sequence batching in reposerve
+    def parameters(self) -> str:
+        """The request's parameters, a JSON object's text (Triton's form)."""
+        return self._parameters
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
 
     def flags(self) -> int:
-        return 0
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def is_cancelled(self) -> bool:
-        return self._sender is not None and self._sender.is_cancelled()
+        return self._cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
+        """How to answer this request: any number of responses for a decoupled model, one
+        (with the FINAL flag, or followed by it) for any other; ``execute`` then returns
+        None."""
         if self._sender is None:
             raise TritonModelException(
-                "get_response_sender() is for decoupled models. Hint: set "
-                "model_transaction_policy { decoupled: true } in config.pbtxt (decoupled = true "
-                "in config.toml), or return one pb_utils.InferenceResponse per request"
+                "get_response_sender() answers a request the model received, not one it built"
             )
         return self._sender
 
@@ -304,13 +503,27 @@ class InferenceRequest:
         if not self._model_name:
             raise TritonModelException("exec() needs a request built with model_name=...")
         if decoupled:
-            raise TritonModelException("exec(decoupled=True) is not supported by reposerve")
+            raise TritonModelException("exec(decoupled=True) is not supported by reposerve (yet)")
+        unsupported = [
+            name
+            for name, value in (
+                ("timeout", self._timeout),
+                ("flags", self._flags),
+                ("parameters", self._parameters != "{}"),
+            )
+            if value
+        ]
+        if unsupported:
+            raise TritonModelException(
+                f"InferenceRequest: {', '.join(unsupported)} not supported by reposerve's "
+                "model calls (yet)"
+            )
         if _caller is None:
             raise TritonModelException("no repository to call models in")
         return _caller
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        return {tensor.name(): tensor.as_numpy() for tensor in self._inputs}
+        return {tensor.name(): tensor._array for tensor in self._inputs}
 
     def _version(self) -> int | None:
         return None if self._model_version < 0 else self._model_version
@@ -328,14 +541,29 @@ class InferenceRequest:
         return InferenceResponse([Tensor(name, outputs[name]) for name in wanted])
 
 
+def _never() -> bool:
+    return False
+
+
 class InferenceResponse:
-    """The answer to one request: its output tensors, or an error that fails only it."""
+    """The answer to one request: its output tensors (and parameters), or an error that
+    fails only it."""
 
     def __init__(
-        self, output_tensors: Sequence[Tensor] | None = None, error: TritonError | None = None
+        self,
+        output_tensors: Sequence[Tensor] | None = (),
+        error: TritonError | None = None,
+        parameters: dict | str | None = None,
     ) -> None:
-        self._output_tensors = list(output_tensors or ())
+        self._output_tensors = _check_list(
+            "InferenceResponse: output_tensors", output_tensors, Tensor, TritonModelException
+        )
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError(f"InferenceResponse: error: incompatible type {type(error)}")
         self._error = error
+        self._parameters = (
+            "{}" if parameters is None else _parameters_text(parameters, "InferenceResponse")
+        )
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors
@@ -345,6 +573,10 @@ class InferenceResponse:
 
     def error(self) -> TritonError | None:
         return self._error
+
+    def parameters(self) -> str:
+        """The response's parameters, a JSON object's text."""
+        return self._parameters
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
@@ -380,34 +612,51 @@ _log = logging.getLogger("reposerve.model")
 _caller: Any = None  # the instance's ModelCaller, for BLS requests (set by the shim)
 
 
-class Logger:
-    """Log lines from the model, on the instance's stderr (which is the server's).
-    VERBOSE lines are kept back, as Triton does unless its --log-verbose is set."""
+class LogLevel(enum.Enum):
+    """A level of ``Logger.log`` (Triton's ``pb_utils.LogLevel``): only these are taken."""
 
     INFO = logging.INFO
     WARNING = logging.WARNING
     ERROR = logging.ERROR
     VERBOSE = logging.DEBUG
 
+
+def _check_message(message: object) -> str:
+    if not isinstance(message, str):
+        raise TypeError(f"Logger: the message must be a str, got {type(message)}")
+    return message
+
+
+class Logger:
+    """Log lines from the model, on the instance's stderr (which is the server's).
+    VERBOSE lines are kept back, as Triton does unless its --log-verbose is set."""
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
     @staticmethod
-    def log(message: str, level: int = logging.INFO) -> None:
-        _log.log(level, message)
+    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+        if not isinstance(level, LogLevel):
+            raise TypeError(f"Logger.log: level must be a pb_utils.LogLevel, got {type(level)}")
+        _log.log(level.value, _check_message(message))
 
     @staticmethod
     def log_info(message: str) -> None:
-        _log.info(message)
+        _log.info(_check_message(message))
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _log.warning(message)
+        _log.warning(_check_message(message))
 
     @staticmethod
     def log_error(message: str) -> None:
-        _log.error(message)
+        _log.error(_check_message(message))
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _log.debug(message)
+        _log.debug(_check_message(message))
 
 
 def _start_logging(model_name: str) -> None:

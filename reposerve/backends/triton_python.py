@@ -43,13 +43,14 @@ import numpy as np
 
 from reposerve.backends import pb_utils
 from reposerve.backends.base import (
+    Answers,
     Arrays,
     BackendError,
     ModelContext,
-    PartialOutputs,
     RequestFailure,
     RequestResponse,
     RequestSlice,
+    Responses,
     Signature,
 )
 from reposerve.errors import ErrorKind
@@ -58,14 +59,14 @@ from reposerve.protocol.documents import model_config
 # Triton's error codes -> how the front reports them (Triton's HTTP statuses; it answers
 # UNSUPPORTED with 501, which reposerve has no kind for: 500).
 _ERROR_KINDS = {
-    pb_utils.TritonError.UNKNOWN: ErrorKind.INVALID_ARGUMENT,
+    pb_utils.TritonError.UNKNOWN: ErrorKind.UNKNOWN,
     pb_utils.TritonError.INTERNAL: ErrorKind.INTERNAL,
     pb_utils.TritonError.NOT_FOUND: ErrorKind.NOT_FOUND,
     pb_utils.TritonError.INVALID_ARG: ErrorKind.INVALID_ARGUMENT,
     pb_utils.TritonError.UNAVAILABLE: ErrorKind.UNAVAILABLE,
-    pb_utils.TritonError.UNSUPPORTED: ErrorKind.INTERNAL,
-    pb_utils.TritonError.ALREADY_EXISTS: ErrorKind.INVALID_ARGUMENT,
-    pb_utils.TritonError.CANCELLED: ErrorKind.INVALID_ARGUMENT,
+    pb_utils.TritonError.UNSUPPORTED: ErrorKind.UNSUPPORTED,
+    pb_utils.TritonError.ALREADY_EXISTS: ErrorKind.ALREADY_EXISTS,
+    pb_utils.TritonError.CANCELLED: ErrorKind.CANCELLED,
 }
 
 
@@ -79,6 +80,7 @@ class TritonPythonBackend:
         self._where = where
         self._batched = config.max_batch_size > 0
         self._output_names = [spec.name for spec in config.output]
+        self._bf16_inputs = frozenset(spec.name for spec in config.input if spec.datatype == "BF16")
         pb_utils._start_logging(context.model_name)
         pb_utils._caller = context.caller
         self._model = model_class()
@@ -97,22 +99,26 @@ class TritonPythonBackend:
     def signature(self) -> Signature | None:
         return None  # the config declares the tensors
 
-    def execute(self, inputs: Arrays) -> Arrays | PartialOutputs | Awaitable:
+    def execute(self, inputs: Arrays) -> Answers | Awaitable[Answers] | Responses:
         """The whole batch as one request (the worker calls ``execute_requests``)."""
         items = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
         return self.execute_requests(inputs, [RequestSlice(items, "")])
 
     def execute_requests(
         self, inputs: Arrays, requests: Sequence[RequestSlice]
-    ) -> Arrays | PartialOutputs | Awaitable:
+    ) -> Answers | Awaitable[Answers] | Responses:
         if self.decoupled:
             if self.is_async:
                 return self._stream_async(inputs, requests)
             return self._stream(inputs, requests)
-        triton_requests = self._split(inputs, requests)
+        sent = _SentOnce(len(requests))
+        triton_requests = self._split(inputs, requests, sent.put, _never, decoupled=False)
         if self.is_async:
-            return self._execute_async(triton_requests, requests)
-        return self._join(self._execute(triton_requests), requests)
+            return self._execute_async(triton_requests, requests, sent)
+        returned = self._execute(triton_requests)
+        if returned is None:  # answered through the senders, maybe from other threads
+            sent.wait()
+        return self._answers(returned, requests, sent)
 
     def unload(self) -> None:
         finalize = getattr(self._model, "finalize", None)
@@ -120,9 +126,15 @@ class TritonPythonBackend:
             finalize()
 
     async def _execute_async(
-        self, triton_requests: list[pb_utils.InferenceRequest], requests: Sequence[RequestSlice]
-    ) -> Arrays | PartialOutputs:
-        return self._join(await self._execute(triton_requests), requests)
+        self,
+        triton_requests: list[pb_utils.InferenceRequest],
+        requests: Sequence[RequestSlice],
+        sent: _SentOnce,
+    ) -> Answers:
+        returned = await self._execute(triton_requests)
+        if returned is None:  # answered through the senders, maybe from other tasks
+            await asyncio.to_thread(sent.wait)
+        return self._answers(returned, requests, sent)
 
     def _stream(
         self, inputs: Arrays, requests: Sequence[RequestSlice]
@@ -130,7 +142,7 @@ class TritonPythonBackend:
         """A sync decoupled execute on its own thread; its responses as they are sent."""
         responses = _SentResponses()
         triton_requests = self._split(inputs, requests, responses.put, responses.is_cancelled)
-        answers = _Answers(self._where, requests, self._outputs_of)
+        answers = _Answers(self._where, requests, self._answer)
 
         def run() -> None:
             try:
@@ -158,7 +170,7 @@ class TritonPythonBackend:
                 loop.call_soon_threadsafe(sent.put_nowait, item)
 
         triton_requests = self._split(inputs, requests, put, lambda: cancelled)
-        answers = _Answers(self._where, requests, self._outputs_of)
+        answers = _Answers(self._where, requests, self._answer)
         task = asyncio.ensure_future(self._execute(triton_requests))
 
         def returned(done: asyncio.Future) -> None:
@@ -180,115 +192,119 @@ class TritonPythonBackend:
         self,
         inputs: Arrays,
         requests: Sequence[RequestSlice],
-        put: Callable[[object], None] | None = None,
-        cancelled: Callable[[], bool] | None = None,
+        put: Callable[[object], None],
+        cancelled: Callable[[], bool],
+        decoupled: bool = True,
     ) -> list[pb_utils.InferenceRequest]:
-        """One InferenceRequest per client request, its tensors views of the batch; with
-        ``put``, each has a response sender delivering (index, response, final) there."""
+        """One InferenceRequest per client request, its tensors views of the batch, each
+        with a response sender delivering (index, response, final) to ``put``."""
         triton_requests = []
         start = 0
         for index, request in enumerate(requests):
             stop = start + request.items
             tensors = [
-                pb_utils.Tensor(name, array[start:stop] if self._batched else array)
+                self._tensor(name, array[start:stop] if self._batched else array)
                 for name, array in inputs.items()
             ]
-            sender = None
-            if put is not None and cancelled is not None:
-                sender = pb_utils.InferenceResponseSender(partial(_deliver, put, index), cancelled)
+            sender = pb_utils.InferenceResponseSender(
+                partial(_deliver, put, index), cancelled, decoupled
+            )
+            wanted = self._output_names if request.outputs is None else request.outputs
             triton_requests.append(
-                pb_utils.InferenceRequest(tensors, request.id, list(self._output_names), sender)
+                pb_utils.InferenceRequest._received(
+                    tensors, request.id, list(wanted), request.parameters, sender, cancelled
+                )
             )
             start = stop
         return triton_requests
 
-    def _join(self, responses: object, requests: Sequence[RequestSlice]) -> Arrays | PartialOutputs:
-        """The responses as the batch's outputs, with the requests that failed alone."""
+    def _tensor(self, name: str, array: np.ndarray) -> pb_utils.Tensor:
+        if name in self._bf16_inputs:
+            return pb_utils.Tensor._of_bf16(name, array)
+        return pb_utils.Tensor(name, array)
+
+    def _answers(
+        self, returned: object, requests: Sequence[RequestSlice], sent: _SentOnce
+    ) -> Answers:
+        """What execute returned, or (None) what it sent, as one answer per request: its
+        outputs as the model gave them, or its failure alone."""
         count = len(requests)
-        if not isinstance(responses, list | tuple) or len(responses) != count:
+        if returned is None:
+            returned = sent.responses
+        if not isinstance(returned, list | tuple) or len(returned) != count:
             got = (
-                f"{len(responses)} responses"
-                if isinstance(responses, list | tuple)
-                else type(responses).__name__
+                f"{len(returned)} responses"
+                if isinstance(returned, list | tuple)
+                else type(returned).__name__
             )
             raise TritonResponseError(
                 f"{self._where}: TritonPythonModel.execute returned {got} for {count} "
                 "request(s). Hint: return a list with one pb_utils.InferenceResponse per "
                 "request, in the order of the requests"
             )
-        failures: list[RequestFailure] = []
-        answers: list[dict[str, np.ndarray] | None] = []
-        for index, (response, request) in enumerate(zip(responses, requests, strict=True)):
+        answers: Answers = []
+        for index, response in enumerate(returned):
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise TritonResponseError(
                     f"{self._where}: execute returned {type(response).__name__} as response "
                     f"{index}. Hint: every element must be a pb_utils.InferenceResponse"
                 )
-            error = response.error()
-            if error is None:
-                arrays, problem = self._outputs_of(response, request.items)
-                if problem is None:
-                    answers.append(arrays)
-                    continue
-                failures.append(RequestFailure(index, problem, ErrorKind.INTERNAL))
-            else:
-                failures.append(_failure(index, error))
-            answers.append(None)
-        served = [arrays for arrays in answers if arrays is not None]
-        if not served:
-            return PartialOutputs({}, failures)
-        if not self._batched:  # one request: its outputs are the batch's
-            return served[0]
-        outputs = {name: self._concatenate(name, answers, requests) for name in self._output_names}
-        return PartialOutputs(outputs, failures) if failures else outputs
+            answers.append(self._answer(index, response, requests[index], final=True))
+        return answers
 
-    def _outputs_of(
-        self, response: pb_utils.InferenceResponse, items: int
-    ) -> tuple[dict[str, np.ndarray], str | None]:
-        """A response's outputs by name, or what is wrong with them."""
-        arrays = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
-        for name in arrays:
-            if name not in self._output_names:
-                return arrays, (
-                    f"the response holds output '{name}', which the config does not declare. "
-                    "Hint: declare it, or leave it out of the response"
-                )
-        for name in self._output_names:
-            if name not in arrays:
-                return arrays, (
-                    f"the response holds no output '{name}' (reposerve asks every request "
-                    "for every declared output: see requested_output_names())"
-                )
-            shape = arrays[name].shape
-            if self._batched and (not shape or shape[0] != items):
-                return arrays, (
-                    f"output '{name}': expected the request's {items} item(s) on axis 0, "
-                    f"got shape {list(shape)}"
-                )
-        return arrays, None
-
-    def _concatenate(
+    def _answer(
         self,
-        name: str,
-        answers: list[dict[str, np.ndarray] | None],
-        requests: Sequence[RequestSlice],
-    ) -> np.ndarray:
-        """One output over the batch: each request's rows in order, placeholders (never
-        sent) for the requests that failed."""
-        template = next(arrays[name] for arrays in answers if arrays is not None)
-        pieces = [
-            arrays[name] if arrays is not None else _placeholder(template, request.items)
-            for arrays, request in zip(answers, requests, strict=True)
-        ]
-        try:
-            return np.concatenate(pieces)
-        except ValueError:
-            shapes = sorted({str(list(piece.shape[1:])) for piece in pieces})
-            raise TritonResponseError(
-                f"{self._where}: output '{name}' has different item shapes across the "
-                f"responses of one batch ({', '.join(shapes)}); reposerve returns a batch's "
-                "output as one array. Hint: pad to one shape, or run without dynamic batching"
-            ) from None
+        index: int,
+        response: pb_utils.InferenceResponse,
+        request: RequestSlice,
+        final: bool,
+    ) -> RequestResponse:
+        """One response to request ``index``: its error, or the outputs the request asked
+        for (Triton prunes the rest), as the model shaped them."""
+        error = response.error()
+        if error is not None:
+            return RequestResponse(index, {}, final, _failure(index, error))
+        arrays = {tensor.name(): tensor._array for tensor in response.output_tensors()}
+        undeclared = [name for name in arrays if name not in self._output_names]
+        if undeclared:
+            problem = (
+                f"the response holds output '{undeclared[0]}', which the config does not "
+                "declare. Hint: declare it, or leave it out of the response"
+            )
+            return RequestResponse(
+                index, {}, final, RequestFailure(index, problem, ErrorKind.INTERNAL)
+            )
+        if request.outputs is not None:
+            arrays = {name: array for name, array in arrays.items() if name in request.outputs}
+        return RequestResponse(index, arrays, final, parameters=response.parameters())
+
+
+class _SentOnce:
+    """What a non-decoupled model sent through its requests' senders, one response each
+    (FINAL with it or after it); ``wait`` blocks until every request has been answered."""
+
+    def __init__(self, count: int) -> None:
+        self.responses: list[pb_utils.InferenceResponse | None] = [None] * count
+        self._open = count
+        self._done = threading.Condition()
+
+    def put(self, item: object) -> None:
+        index, response, final = item  # type: ignore[misc]
+        with self._done:
+            if response is not None:
+                self.responses[index] = response
+            if final:
+                self._open -= 1
+                self._done.notify_all()
+
+    def wait(self) -> None:
+        with self._done:
+            while self._open:
+                self._done.wait()
+
+
+def _never() -> bool:
+    return False
 
 
 # Responses a sync decoupled model may send ahead of its client before a send blocks.
@@ -347,13 +363,11 @@ class _Answers:
         self,
         where: str,
         requests: Sequence[RequestSlice],
-        outputs_of: Callable[
-            [pb_utils.InferenceResponse, int], tuple[dict[str, np.ndarray], str | None]
-        ],
+        answer: Callable[[int, pb_utils.InferenceResponse, RequestSlice, bool], RequestResponse],
     ) -> None:
         self._where = where
         self._requests = requests
-        self._outputs_of = outputs_of
+        self._answer = answer
         self.open = len(requests)
 
     def check_return(self, returned: object) -> None:
@@ -372,22 +386,7 @@ class _Answers:
             self.open -= 1
         if response is None:  # a flag-only FINAL
             return RequestResponse(index, {}, final=True)
-        error = response.error()
-        if error is not None:
-            return RequestResponse(index, {}, final, _failure(index, error))
-        arrays, problem = self._outputs_of(response, self._requests[index].items)
-        if problem is not None:
-            return RequestResponse(
-                index, {}, final, RequestFailure(index, problem, ErrorKind.INTERNAL)
-            )
-        return RequestResponse(index, arrays, final)
-
-
-def _placeholder(template: np.ndarray, items: int) -> np.ndarray:
-    shape = (items, *template.shape[1:])
-    if template.dtype == object:
-        return np.full(shape, b"", dtype=object)
-    return np.zeros(shape, dtype=template.dtype)
+        return self._answer(index, response, self._requests[index], final)
 
 
 def _failure(index: int, error: object) -> RequestFailure:

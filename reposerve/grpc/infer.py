@@ -116,13 +116,15 @@ def wants_empty_final(request: Any) -> bool:
 
 
 def stream_encoder(stream_class: Any, request: Any) -> Any:
-    """``encode(version, outputs, final)`` for ``InferenceService.stream_parts``: a
+    """``encode(version, outputs, final, parameters)`` for ``stream_parts``: a
     ``ModelStreamInferResponse`` whose ``ModelInferResponse`` is filled in place, marked
     FINAL or not."""
 
-    def encode(version: str, outputs: list[tuple[str, Tensor]], final: bool) -> Any:
+    def encode(
+        version: str, outputs: list[tuple[str, Tensor]], final: bool, parameters: dict[str, Any]
+    ) -> Any:
         response = stream_class()
-        _fill(response.infer_response, request, version, outputs)
+        _fill(response.infer_response, request, version, outputs, parameters)
         response.infer_response.parameters[FINAL].bool_param = final
         return response
 
@@ -142,24 +144,41 @@ def stream_ending(stream_class: Any, request: Any, error: str = "") -> Any:
 
 
 def response_encoder(response_class: Any, request: Any) -> Any:
-    """``encode(version, outputs)`` for ``InferenceService.infer_parts``: the
+    """``encode(version, outputs, parameters)`` for ``InferenceService.infer_parts``: the
     ``ModelInferResponse``, every output in ``raw_output_contents``. It runs while the
     output tensors are valid, so their bytes are copied into the message here."""
 
-    def encode(version: str, outputs: list[tuple[str, Tensor]]) -> Any:
+    def encode(version: str, outputs: list[tuple[str, Tensor]], parameters: dict[str, Any]) -> Any:
         response = response_class()
-        _fill(response, request, version, outputs)
+        _fill(response, request, version, outputs, parameters)
         return response
 
     return encode
 
 
-def _fill(response: Any, request: Any, version: str, outputs: list[tuple[str, Tensor]]) -> None:
-    """A ``ModelInferResponse`` naming ``request``, every output in raw_output_contents
-    (copied: the tensors are views valid only while encoding)."""
+def _fill(
+    response: Any,
+    request: Any,
+    version: str,
+    outputs: list[tuple[str, Tensor]],
+    parameters: dict[str, Any],
+) -> None:
+    """A ``ModelInferResponse`` naming ``request``, with the parameters the model set and
+    every output in raw_output_contents (copied: the tensors are views valid only while
+    encoding)."""
     response.model_name = request.model_name
     response.model_version = version
     response.id = request.id
+    for key, value in parameters.items():
+        entry = response.parameters[key]
+        if isinstance(value, bool):
+            entry.bool_param = value
+        elif isinstance(value, int):
+            entry.int64_param = value
+        elif isinstance(value, float):
+            entry.double_param = value
+        else:
+            entry.string_param = str(value)
     for name, tensor in outputs:
         response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
         response.raw_output_contents.append(bytes(tensor.raw))

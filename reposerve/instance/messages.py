@@ -98,12 +98,25 @@ class LoadFailed(msgspec.Struct, tag=True, array_like=True):
     reason: str
 
 
+class Answer(msgspec.Struct, array_like=True, frozen=True):
+    """One request's own outputs in a batch's slot (a per-request backend's answer), and
+    the parameters of its response (a JSON object's text)."""
+
+    request: int
+    outputs: list[TensorRef]
+    parameters: str = "{}"
+
+
 class Result(msgspec.Struct, tag=True, array_like=True):
+    """A batch's end: its outputs, or (``answers``) each request's own; ``failed`` the
+    requests that failed alone, the rest succeeded."""
+
     batch_id: int
     slot_size: int
     outputs: list[TensorRef]
     compute_ns: int
-    failed: list[RequestFailure] = []  # requests that failed alone; the rest succeeded
+    failed: list[RequestFailure] = []
+    answers: list[Answer] = []
 
 
 class Response(msgspec.Struct, tag=True, array_like=True):
@@ -116,6 +129,7 @@ class Response(msgspec.Struct, tag=True, array_like=True):
     request: int = -1  # the one request of the batch it answers (its rows); -1: all of them
     final: bool = False  # that request's last response
     failure: RequestFailure | None = None  # that request failed (and is ended)
+    parameters: str = "{}"  # the response's parameters, a JSON object's text
 
 
 class Call(msgspec.Struct, tag=True, array_like=True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -13,13 +14,23 @@ from reposerve.backends.base import RequestFailure
 from reposerve.tensor import Tensor
 
 
+class RequestOutputs(msgspec.Struct, frozen=True):
+    """One request's own outputs (views on the slot) and its response's parameters."""
+
+    outputs: dict[str, Tensor]
+    parameters: dict[str, Any] = {}
+
+
 class BatchOutcome(msgspec.Struct):
-    """A finished batch: outputs are views on the slot, valid only during ``on_done``.
-    ``failed`` names requests that failed on their own (their rows are placeholders)."""
+    """A finished batch: outputs are views on the slot, valid only during ``on_done``:
+    the batch's (cut into its requests by the scheduler), or each request's own
+    (``answers``, by its index in the batch, from a backend that answers per request).
+    ``failed`` names requests that failed on their own."""
 
     outputs: dict[str, Tensor]
     compute_ns: int
     failed: list[RequestFailure] = []
+    answers: dict[int, RequestOutputs] = {}
 
 
 class BatchTensor(msgspec.Struct, frozen=True):
@@ -65,6 +76,7 @@ class StreamedResponse(msgspec.Struct):
     request: int = -1
     final: bool = False
     failure: RequestFailure | None = None
+    parameters: dict[str, Any] = {}
 
 
 OnResponse = Callable[[StreamedResponse, Callable[[], None]], bool]

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -57,6 +58,7 @@ from reposerve.instance.outcomes import (
     OnDone,
     OnResponse,
     OnStart,
+    RequestOutputs,
     StreamedResponse,
 )
 from reposerve.instance.spec import InstanceSpec
@@ -427,14 +429,17 @@ class InstanceProcess:
                 slot = self._slots[slot_index]
                 slot.remap(message.slot_size)
                 view = memoryview(slot.buffer)
-                outputs = {
-                    ref.name: Tensor(
-                        ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes]
+                answers = {
+                    answer.request: RequestOutputs(
+                        _views(view, answer.outputs), _parameters(answer.parameters)
                     )
-                    for ref in message.outputs
+                    for answer in message.answers
                 }
+                outcome = BatchOutcome(
+                    _views(view, message.outputs), message.compute_ns, message.failed, answers
+                )
                 try:
-                    running.on_done(BatchOutcome(outputs, message.compute_ns, message.failed))
+                    running.on_done(outcome)
                 finally:
                     self._free_slots.append(slot_index)
             case Response():
@@ -486,11 +491,7 @@ class InstanceProcess:
             return
         slot = self._slots[running.slot]
         slot.remap(message.slot_size)
-        view = memoryview(slot.buffer)
-        outputs = {
-            ref.name: Tensor(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
-            for ref in message.outputs
-        }
+        outputs = _views(memoryview(slot.buffer), message.outputs)
         batch_id = message.batch_id
 
         def resume() -> None:
@@ -501,7 +502,13 @@ class InstanceProcess:
                 self._arm_watchdog()
 
         running.paused = True
-        response = StreamedResponse(outputs, message.request, message.final, message.failure)
+        response = StreamedResponse(
+            outputs,
+            message.request,
+            message.final,
+            message.failure,
+            _parameters(message.parameters),
+        )
         if running.on_response is None or running.on_response(response, resume):
             resume()
 
@@ -570,3 +577,19 @@ def _pin(pid: int, cpus: Sequence[int]) -> None:
         for task in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(ProcessLookupError):  # a thread that just ended
                 os.sched_setaffinity(int(task), cpus)
+
+
+def _views(view: memoryview, refs: list[TensorRef]) -> dict[str, Tensor]:
+    """The tensors ``refs`` place in a slot, as views on it."""
+    return {
+        ref.name: Tensor(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
+        for ref in refs
+    }
+
+
+_parameters_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+def _parameters(text: str) -> dict[str, Any]:
+    """A response's parameters (the instance checked them: a JSON object)."""
+    return {} if text == "{}" else _parameters_decoder.decode(text)

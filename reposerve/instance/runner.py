@@ -9,20 +9,28 @@ import contextlib
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from reposerve.backends import Backend
-from reposerve.backends.base import DeviceOutput, PartialOutputs, RequestResponse, RequestSlice
+from reposerve.backends.base import DeviceOutput, RequestFailure, RequestResponse, RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.channel import Channel
 from reposerve.instance.faults import Aftermath, aftermath, free_device_memory
-from reposerve.instance.messages import AddSlot, Execute, Failure, Response, Result, TensorRef
+from reposerve.instance.messages import (
+    AddSlot,
+    Answer,
+    Execute,
+    Failure,
+    Response,
+    Result,
+    TensorRef,
+)
 
 Output = np.ndarray | DeviceOutput | bytes | memoryview  # BYTES: already framed
 
@@ -77,19 +85,39 @@ class BatchRunner:
     def finish(
         self, message: Execute, slot: Slot, outputs: object, started_ns: int
     ) -> Result | Failure:
-        """Check the outputs and write each straight into the slot, after the inputs."""
+        """Check the outputs and write each straight into the slot, after the inputs: the
+        batch's, or (a list of ``RequestResponse``) each request's own."""
         compute_ns = time.perf_counter_ns() - started_ns
-        failed = []
-        if isinstance(outputs, PartialOutputs):
-            failed = outputs.failures
-            if len(failed) >= max(len(message.requests), 1):  # nothing left to send
-                return Result(message.batch_id, slot.size, [], compute_ns, failed)
-            outputs = outputs.outputs
         try:
+            if isinstance(outputs, list):
+                answers, failed = self._answers(message, slot, outputs)
+                return Result(message.batch_id, slot.size, [], compute_ns, failed, answers)
             refs = self._place(message, slot, outputs)
         except OutputError as exc:  # the front names the model and version
             return Failure(message.batch_id, str(exc), invalid_input=False)
-        return Result(message.batch_id, slot.size, refs, compute_ns, failed)
+        return Result(message.batch_id, slot.size, refs, compute_ns)
+
+    def _answers(
+        self, message: Execute, slot: Slot, responses: list
+    ) -> tuple[list[Answer], list[RequestFailure]]:
+        """A per-request backend's one response per request, each placed on its own."""
+        count = max(len(message.requests), 1)
+        indexes = sorted(
+            response.index for response in responses if isinstance(response, RequestResponse)
+        )
+        if indexes != list(range(count)):
+            raise OutputError(f"execute answered requests {indexes} of a batch of {count}")
+        answers: list[Answer] = []
+        failed: list[RequestFailure] = []
+        placed: list[TensorRef] = []
+        for response in responses:
+            if response.failure is not None:
+                failed.append(response.failure)
+                continue
+            refs = self._place(message, slot, response.outputs, as_given=True, after=placed)
+            placed += refs
+            answers.append(Answer(response.index, refs, response.parameters))
+        return answers, failed
 
     def stream(
         self, message: Execute, slot: Slot, responses: Iterator, started_ns: int, channel: Channel
@@ -159,18 +187,30 @@ class BatchRunner:
             return Response(message.batch_id, slot.size, [], produced.index, True, produced.failure)
         refs = []
         if produced.outputs or not produced.final:  # a final one may carry nothing
-            items = message.requests[produced.index].items if message.requests else None
-            refs = self._place(message, slot, produced.outputs, items)
-        return Response(message.batch_id, slot.size, refs, produced.index, produced.final)
+            refs = self._place(message, slot, produced.outputs, as_given=True)
+        return Response(
+            message.batch_id,
+            slot.size,
+            refs,
+            produced.index,
+            produced.final,
+            parameters=produced.parameters,
+        )
 
     def _place(
-        self, message: Execute, slot: Slot, outputs: object, items: int | None = None
+        self,
+        message: Execute,
+        slot: Slot,
+        outputs: object,
+        as_given: bool = False,
+        after: Sequence[TensorRef] = (),
     ) -> list[TensorRef]:
-        """Check the outputs (of ``items`` on axis 0, default the whole batch's) and write
-        each straight into the slot, after the inputs."""
+        """Check the outputs (the whole batch's, or ``as_given``: one request's, see
+        ``_check_outputs``) and write each straight into the slot, after the inputs and
+        the tensors ``after`` (other requests' answers already placed)."""
         batch_size = message.inputs[0].shape[0] if message.inputs else 1
-        checked = self._check_outputs(outputs, batch_size if items is None else items)
-        end = max((ref.offset + ref.nbytes for ref in message.inputs), default=0)
+        checked = self._check_outputs(outputs, batch_size, as_given)
+        end = max((ref.offset + ref.nbytes for ref in (*message.inputs, *after)), default=0)
         offset = align(end)
         placed: list[tuple[TensorRef, Output]] = []
         for name, datatype, value in checked:
@@ -226,8 +266,13 @@ class BatchRunner:
             except Exception as exc:  # unpinned memory is slower, never wrong
                 print(f"shared memory not pinned, copies stay synchronous: {exc}", file=sys.stderr)
 
-    def _check_outputs(self, outputs: object, batch_size: int) -> list[tuple[str, str, Output]]:
-        """The outputs in config order, as their declared datatypes (``_conform``)."""
+    def _check_outputs(
+        self, outputs: object, batch_size: int, as_given: bool = False
+    ) -> list[tuple[str, str, Output]]:
+        """The outputs in config order, as their declared datatypes (``_conform``). The
+        batch's must be every declared output in its declared shape; one request's own
+        (``as_given``) may leave outputs out and have any shape, as Triton passes a
+        python model's response through."""
         if not isinstance(outputs, dict):
             raise OutputError(
                 f"execute() must return a dict of arrays, got {type(outputs).__name__}"
@@ -241,6 +286,8 @@ class BatchRunner:
         batched = self._config.max_batch_size > 0
         checked: list[tuple[str, str, Output]] = []
         for spec in self._config.output:
+            if spec.name not in outputs and as_given:
+                continue
             if spec.name not in outputs:
                 returned = ", ".join(map(str, outputs)) or "nothing"
                 raise OutputError(
@@ -253,6 +300,9 @@ class BatchRunner:
                     raise OutputError(f"{where}: expected {spec.datatype}, got {value.dtype}")
             else:
                 value = _conform(np.asarray(value), spec.datatype, where)
+            if as_given:
+                checked.append((spec.name, spec.datatype, value))
+                continue
             dims = tuple(value.shape)
             if batched:
                 if not dims or dims[0] != batch_size:

@@ -215,6 +215,9 @@ def main(argv: list[str]) -> int:
     # Ctrl-C reaches the whole process group; the front decides when instances stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel = Channel(socket.socket(fileno=int(argv[1])))
+    # Model code sees an embedded interpreter's argv, not the instance's (a model that
+    # runs unittest.main() parses it).
+    sys.argv = [""]
     load = channel.receive()
     if not isinstance(load, Load):
         return 2

@@ -8,6 +8,8 @@ after the inputs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from reposerve.errors import ErrorKind, InstanceError, ProtocolError, ReposerveError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import Call, CallFailure, CallResult, TensorRef
@@ -38,7 +40,7 @@ async def serve_call(
         request = decode_parts(header, raws, model.config, call.model)
         start = align(max((ref.offset + ref.nbytes for ref in call.inputs), default=0))
 
-        def write(outputs: dict[str, Tensor]) -> list[TensorRef]:
+        def write(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> list[TensorRef]:
             refs = []
             offset = start
             for name, tensor in outputs.items():

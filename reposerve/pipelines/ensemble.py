@@ -202,7 +202,7 @@ class EnsembleScheduler:
                     index, step = running.pop(call)
                     for model_output, tensor in call.result().items():
                         tensors[step.output_map[model_output]] = tensor
-            result = finish({spec.name: tensors[spec.name] for spec in self._config.output})
+            result = finish({spec.name: tensors[spec.name] for spec in self._config.output}, {})
         except BaseException as exc:
             for call in running:
                 call.cancel()
@@ -248,7 +248,7 @@ class EnsembleScheduler:
             )
             wanted = step.output_map
 
-            def keep(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+            def keep(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> dict[str, Tensor]:
                 return {
                     name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
                     for name, tensor in outputs.items()

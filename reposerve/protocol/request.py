@@ -50,6 +50,10 @@ _SHARED_MEMORY_PARAMETERS = (
     "shared_memory_byte_size",
     "shared_memory_offset",
 )
+# Request parameters the server acts on; the rest are the model's (request.parameters()).
+_SERVER_PARAMETERS = frozenset(
+    {"binary_data_output", "priority", "timeout", "triton_enable_empty_final_response"}
+)
 
 
 class InferRequest(msgspec.Struct):
@@ -64,6 +68,9 @@ class InferRequest(msgspec.Struct):
     timeout_us: int
     # output -> K for outputs asked for as their top-K classes (classification extension)
     classifications: dict[str, int] = {}
+    # The request's parameters the server does not act on itself: the model's to read
+    # (Triton's request.parameters()).
+    parameters: dict[str, Any] = {}
 
 
 def decode_request(
@@ -382,4 +389,5 @@ def _request_parameters(
     timeout = parameters.get("timeout", 0)
     if type(timeout) is not int or timeout < 0:
         raise ProtocolError(f"model '{model}': parameter timeout must be microseconds >= 0")
-    return {"binary_output": binary, "priority": priority, "timeout_us": timeout}
+    own = {key: value for key, value in parameters.items() if key not in _SERVER_PARAMETERS}
+    return {"binary_output": binary, "priority": priority, "timeout_us": timeout, "parameters": own}

@@ -25,6 +25,7 @@ class _ResponseJSON(msgspec.Struct, omit_defaults=True):
     model_version: str
     outputs: list[_OutputJSON]
     id: str | msgspec.UnsetType = msgspec.UNSET
+    parameters: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 _encoder = msgspec.json.Encoder()
@@ -36,10 +37,12 @@ def encode_response(
     version: str,
     request_id: str | None,
     outputs: list[tuple[str, Tensor, bool]],
+    parameters: dict[str, Any] | None = None,
 ) -> tuple[bytes, int | None]:
     """The response body and, when any output is binary, the JSON header's length.
 
-    ``outputs`` lists (name, tensor, binary) in response order.
+    ``outputs`` lists (name, tensor, binary) in response order; ``parameters`` are the
+    response's own (those the model set).
     """
     described: list[_OutputJSON] = []
     binary_parts: list[bytes | memoryview] = []
@@ -66,6 +69,7 @@ def encode_response(
             version,
             described,
             msgspec.UNSET if request_id is None else request_id,
+            parameters or msgspec.UNSET,
         )
     )
     # Only a non-finite float (or a string holding "null") writes null: check closely then.

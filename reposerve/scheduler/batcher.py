@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from reposerve.backends.base import RequestFailure, RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.errors import (
@@ -295,11 +297,7 @@ class Scheduler:
         batch.instance = instance
         for item in items:
             item.batch = batch
-        requests = (
-            [RequestSlice(item.request.batch_size, item.request.id or "") for item in items]
-            if instance.per_request
-            else ()
-        )
+        requests = [_slice(item.request) for item in items] if instance.per_request else ()
         # Streamed requests are a decoupled model's (the service sends no other kind).
         on_response = partial(self._responded, batch) if items[0].stream is not None else None
         try:
@@ -339,6 +337,7 @@ class Scheduler:
             ]
         else:
             parts = [(batch.items[response.request], response.outputs)]
+        parameters = response.parameters
         full: list[ResponseStream] = []
         for item, outputs in parts:
             stream = item.stream
@@ -350,7 +349,7 @@ class Scheduler:
                 continue
             try:
                 if outputs or not response.final:
-                    stream.put(item.finish(outputs))
+                    stream.put(item.finish(outputs, parameters))
             except ReposerveError as exc:
                 self._fail(item, exc, FailureReason.BACKEND)
                 continue
@@ -429,7 +428,11 @@ class Scheduler:
                     unserved.add(index)
                 continue
             try:
-                result = item.finish({name: cut[index] for name, cut in pieces.items()})
+                answer = outcome.answers.get(index)
+                if answer is not None:  # the request's own outputs, as the model gave them
+                    result = item.finish(answer.outputs, answer.parameters)
+                else:
+                    result = item.finish({name: cut[index] for name, cut in pieces.items()}, {})
             except ReposerveError as exc:
                 self._settle(item, None, exc)
             except Exception as exc:  # a bug in an encoder: this request fails, not its batch
@@ -567,3 +570,15 @@ def _deliver(future: asyncio.Future, result: Any, error: BaseException | None) -
         future.set_result(result)
     else:
         future.set_exception(error)
+
+
+_parameters_encoder = msgspec.json.Encoder()
+
+
+def _slice(request: InferRequest) -> RequestSlice:
+    """What a backend that answers per request is told of one request of its batch."""
+    outputs = None if request.outputs is None else list(request.outputs)
+    parameters = (
+        _parameters_encoder.encode(request.parameters).decode() if request.parameters else "{}"
+    )
+    return RequestSlice(request.batch_size, request.id or "", outputs, parameters)

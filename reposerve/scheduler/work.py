@@ -14,8 +14,9 @@ from reposerve.scheduler.clock import Timer
 from reposerve.scheduler.stream import ResponseStream
 from reposerve.tensor import Tensor
 
-Finish = Callable[[dict[str, Tensor]], Any]
-"""Turns a request's outputs (views valid only during the call) into its result."""
+Finish = Callable[[dict[str, Tensor], dict[str, Any]], Any]
+"""Turns a request's outputs (views valid only during the call) and its response's
+parameters (those the model set; usually none) into its result."""
 
 
 class Executor(Protocol):

@@ -126,7 +126,7 @@ def _request(values, priority: int = 0, timeout_us: int = 0) -> InferRequest:
     )
 
 
-def _finish(outputs: dict[str, Tensor]) -> np.ndarray:
+def _finish(outputs: dict[str, Tensor], parameters: dict) -> np.ndarray:
     y = outputs["Y"]
     return np.frombuffer(y.raw, np.float32).reshape(y.shape).copy()
 

@@ -131,7 +131,7 @@ def _submit_two(scheduler: Scheduler) -> tuple[list[ResponseStream], list[asynci
     return streams, futures
 
 
-def _value(outputs: dict[str, Tensor]) -> list[float]:
+def _value(outputs: dict[str, Tensor], parameters: dict) -> list[float]:
     return np.frombuffer(outputs["Y"].raw, np.float32).tolist()
 
 
@@ -291,7 +291,7 @@ def test_a_request_whose_response_cannot_be_made_fails_once_and_stops_its_genera
         scheduler, instance = _decoupled(ORDERED)
         stream = ResponseStream()
 
-        def unencodable(outputs: dict[str, Tensor]) -> list[float]:
+        def unencodable(outputs: dict[str, Tensor], parameters: dict) -> list[float]:
             raise ProtocolError("output 'Y' holds NaN")
 
         future = scheduler.submit(_request([[0, 0]]), unencodable, stream)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reposerve.backends import ModelContext, create_backend, pb_utils
-from reposerve.backends.base import PartialOutputs, RequestFailure, RequestResponse, RequestSlice
+from reposerve.backends.base import RequestFailure, RequestResponse, RequestSlice
 from reposerve.backends.triton_python import TritonResponseError, triton_args
 from reposerve.config.load import parse_model_config
 from reposerve.errors import ErrorKind
@@ -93,39 +93,41 @@ def _batch(*ids_and_rows: tuple[str, int]) -> tuple[dict, list[RequestSlice]]:
     return inputs, [RequestSlice(rows, rid) for rid, rows in ids_and_rows]
 
 
-def test_each_request_gets_its_own_rows_and_outputs_join_in_order(backend):
+def test_each_request_gets_its_own_rows_and_answers_with_its_own_outputs(backend):
     inputs, requests = _batch(("a", 1), ("b", 3), ("c", 2))
-    outputs = backend.execute_requests(inputs, requests)
-    rows = np.repeat([1, 3, 2], [1, 3, 2]).astype(np.float32)[:, None]  # its request's rows
-    np.testing.assert_array_equal(outputs["OUTPUT0"], inputs["INPUT0"] + rows)
-    np.testing.assert_array_equal(outputs["OUTPUT1"], np.full((6, 2), 3, np.float32))
-
-
-def test_an_error_response_fails_its_request_and_leaves_placeholder_rows(backend):
-    inputs, requests = _batch(("a", 1), ("refuse", 2), ("missing", 1))
-    outputs = backend.execute_requests(inputs, requests)
-    assert isinstance(outputs, PartialOutputs)
-    assert outputs.failures == [
-        RequestFailure(1, "refused refuse", ErrorKind.NOT_FOUND),
-        RequestFailure(
-            2,
-            "the response holds no output 'OUTPUT1' (reposerve asks every request for every "
-            "declared output: see requested_output_names())",
-            ErrorKind.INTERNAL,
-        ),
-    ]
+    answers = backend.execute_requests(inputs, requests)
     x = inputs["INPUT0"]
-    np.testing.assert_array_equal(outputs.outputs["OUTPUT0"][:1], x[:1] + 1)
-    np.testing.assert_array_equal(outputs.outputs["OUTPUT0"][1:], np.zeros((3, 2), np.float32))
+    assert [answer.index for answer in answers] == [0, 1, 2]
+    assert all(answer.final and answer.failure is None for answer in answers)
+    for answer, (start, rows) in zip(answers, [(0, 1), (1, 3), (4, 2)], strict=True):
+        np.testing.assert_array_equal(answer.outputs["OUTPUT0"], x[start : start + rows] + rows)
+        np.testing.assert_array_equal(answer.outputs["OUTPUT1"], np.full((rows, 2), 3, np.float32))
 
 
-def test_every_request_failing_leaves_no_outputs(backend):
-    inputs, requests = _batch(("refuse", 1), ("refuse", 1))
-    outputs = backend.execute_requests(inputs, requests)
-    assert outputs == PartialOutputs({}, [
-        RequestFailure(0, "refused refuse", ErrorKind.NOT_FOUND),
+def test_an_error_response_fails_its_request_alone(backend):
+    inputs, requests = _batch(("a", 1), ("refuse", 2), ("missing", 1))
+    answers = backend.execute_requests(inputs, requests)
+    assert [answer.failure for answer in answers] == [
+        None,
         RequestFailure(1, "refused refuse", ErrorKind.NOT_FOUND),
-    ])  # fmt: skip
+        None,
+    ]
+    # Triton passes a response through as the model made it: an output left out is absent.
+    assert list(answers[2].outputs) == ["OUTPUT0"]
+
+
+def test_outputs_are_passed_through_in_the_shape_the_model_gave(backend):
+    inputs, requests = _batch(("a", 1), ("wide", 1))
+    answers = backend.execute_requests(inputs, requests)
+    assert answers[0].outputs["OUTPUT0"].shape == (1, 2)
+    assert answers[1].outputs["OUTPUT0"].shape == (1, 7)
+
+
+def test_only_the_requested_outputs_are_kept_and_named_to_the_model(tmp_path):
+    backend = create_backend("python", _context(tmp_path))
+    inputs = {"INPUT0": np.ones((1, 2), np.float32)}
+    [answer] = backend.execute_requests(inputs, [RequestSlice(1, "a", ["OUTPUT1"])])
+    assert list(answer.outputs) == ["OUTPUT1"]
 
 
 def test_a_response_list_of_the_wrong_length_fails_the_call(backend, tmp_path):
@@ -136,17 +138,6 @@ def test_a_response_list_of_the_wrong_length_fails_the_call(backend, tmp_path):
         f"{tmp_path}/m/1/model.py: TritonPythonModel.execute returned 1 responses for 2 "
         "request(s). Hint: return a list with one pb_utils.InferenceResponse per request, in "
         "the order of the requests"
-    )
-
-
-def test_item_shapes_that_differ_across_responses_fail_the_call(backend, tmp_path):
-    inputs, requests = _batch(("a", 1), ("wide", 1))
-    with pytest.raises(TritonResponseError) as caught:
-        backend.execute_requests(inputs, requests)
-    assert caught.value.message == (
-        f"{tmp_path}/m/1/model.py: output 'OUTPUT0' has different item shapes across the "
-        "responses of one batch ([2], [7]); reposerve returns a batch's output as one array. "
-        "Hint: pad to one shape, or run without dynamic batching"
     )
 
 
@@ -244,6 +235,131 @@ def test_a_response_sender_refuses_what_triton_refuses():
     with pytest.raises(pb_utils.TritonModelException, match="has been closed"):
         sender.send(pb_utils.InferenceResponse())
     assert sent == [(None, True)]
-    request = pb_utils.InferenceRequest([], "", [])
-    with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
+    request = pb_utils.InferenceRequest(inputs=[], requested_output_names=[], model_name="m")
+    with pytest.raises(pb_utils.TritonModelException, match="not one it built"):
         request.get_response_sender()
+
+
+def test_a_non_decoupled_sender_takes_one_response_then_its_final():
+    sent = []
+    sender = pb_utils.InferenceResponseSender(lambda *item: sent.append(item), lambda: False, False)
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert str(caught.value) == (
+        "Unable to send response. Non-decoupled model cannot send complete final before "
+        "sending a response."
+    )
+    response = pb_utils.InferenceResponse()
+    sender.send(response)
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        sender.send(response)
+    assert str(caught.value) == (
+        "Unable to send response. Non-decoupled model cannot send more than one response."
+    )
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == [(response, False), (None, True)]
+
+
+SENDER_MODEL = """
+    import threading
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            def answer(request):
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                sender = request.get_response_sender()
+                sender.send(
+                    pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2)]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+
+            threads = [threading.Thread(target=answer, args=(r,)) for r in requests]
+            for thread in threads:
+                thread.start()
+            return None
+"""
+
+
+def test_a_non_decoupled_model_may_answer_through_its_senders(tmp_path):
+    context = _context(tmp_path)
+    (context.version_path / "model.py").write_text(textwrap.dedent(SENDER_MODEL))
+    backend = create_backend("python", context)
+    inputs, requests = _batch(("a", 1), ("b", 2))
+    answers = backend.execute_requests(inputs, requests)
+    np.testing.assert_array_equal(answers[1].outputs["OUTPUT0"], inputs["INPUT0"][1:] * 2)
+    assert [answer.index for answer in answers] == [0, 1]
+
+
+def test_request_and_response_parameters_are_json_text():
+    request = pb_utils.InferenceRequest._received([], "", [], '{"k": 1}', None, lambda: False)
+    assert request.parameters() == '{"k": 1}'
+    response = pb_utils.InferenceResponse([], parameters={"a": True, "b": 2, "c": "x"})
+    assert response.parameters() == '{"a": true, "b": 2, "c": "x"}'
+    assert pb_utils.InferenceResponse([]).parameters() == "{}"
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        pb_utils.InferenceResponse([], parameters={"f": 0.5})
+    assert str(caught.value) == (
+        "Expect parameters values to have type bool/int/str, found type <class 'float'>"
+    )
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        pb_utils.InferenceResponse([], parameters={1: "int key"})
+    assert str(caught.value) == "Expect parameters keys to have type str, found type <class 'int'>"
+    with pytest.raises(pb_utils.TritonModelException, match=", got <class 'list'>"):
+        pb_utils.InferenceResponse([], parameters=[])
+
+
+def test_arguments_are_checked_as_triton_checks_them():
+    tensor = pb_utils.Tensor("INPUT0", np.asarray([1, 2], np.int32))
+    build = {"inputs": [tensor], "model_name": "m", "requested_output_names": ["o"]}
+    for bad, error in [
+        ({"inputs": [None]}, pb_utils.TritonModelException),
+        ({"inputs": None}, TypeError),
+        ({"model_name": None}, TypeError),
+        ({"requested_output_names": [None]}, TypeError),
+        ({"requested_output_names": None}, TypeError),
+        ({"correlation_id": None}, TypeError),
+        ({"request_id": None}, TypeError),
+        ({"model_version": None}, TypeError),
+        ({"flags": None}, TypeError),
+    ]:
+        with pytest.raises(error):
+            pb_utils.InferenceRequest(**{**build, **bad})
+    assert pb_utils.InferenceRequest(**build, correlation_id="s-5").correlation_id() == "s-5"
+    assert pb_utils.InferenceRequest(**build, correlation_id=5).correlation_id() == 5
+    # A BLS model name read from a BYTES input is bytes: Triton's example passes it as is.
+    assert pb_utils.InferenceRequest(**{**build, "model_name": b"add"}).model_name() == "add"
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=[None])
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)
+    for name, array in [(None, tensor.as_numpy()), ("OUTPUT0", None), ("", None)]:
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, array)
+    for name in ("OUTPUT0", ""):
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.Tensor.from_dlpack(name, None)
+    for level in (None, 1):
+        with pytest.raises(TypeError):
+            pb_utils.Logger.log("message", level)
+    for log in (pb_utils.Logger.log_info, pb_utils.Logger.log_warn, pb_utils.Logger.log_error):
+        with pytest.raises(TypeError):
+            log(None)
+    pb_utils.Logger.log("level unspecified")
+
+
+def test_a_bf16_tensor_goes_through_dlpack_not_numpy():
+    torch = pytest.importorskip("torch")
+    bits = torch.tensor([1.5, -2.0], dtype=torch.bfloat16).view(torch.int16).numpy()
+    tensor = pb_utils.Tensor._of_bf16("INPUT0", bits.view(np.uint16))
+    with pytest.raises(pb_utils.TritonModelException, match="BF16 and cannot be converted"):
+        tensor.as_numpy()
+    assert tensor.triton_dtype() == 14
+    as_torch = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    assert as_torch.dtype == torch.bfloat16 and as_torch.tolist() == [1.5, -2.0]
+    back = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(as_torch * 2))
+    assert back.triton_dtype() == 14
+    assert back._array.tolist() == (as_torch * 2).view(torch.int16).numpy().view(np.uint16).tolist()

@@ -1,0 +1,258 @@
+"""What Triton's python backend promises a model, over a real server and Triton's clients
+(issue 18): a response passes through in the shape the model gave it; request parameters
+reach the model and response parameters reach the client; ``requested_output_names()``
+names what the client asked for; a model that is not decoupled may answer through its
+response senders; BF16 travels through DLPack; a BLS model name read from a BYTES input
+works; model code sees an embedded interpreter's ``sys.argv``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.server import start_server
+
+pytestmark = pytest.mark.e2e
+
+# One model, steered by the request's parameters, for every case of the contract.
+CONTRACT = """
+    import json
+    import sys
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                parameters = json.loads(request.parameters())
+                case = parameters.get("case", "")
+                if case == "scalar":  # no batch axis, whatever the config says
+                    text = np.array(b"one answer", dtype=np.object_)
+                    outputs = [pb_utils.Tensor("TEXT", text)]
+                elif case == "requested":  # which outputs the client asked for
+                    names = ",".join(request.requested_output_names()).encode()
+                    outputs = [pb_utils.Tensor("TEXT", np.array([[names]], dtype=np.object_))]
+                elif case == "argv":
+                    text = json.dumps(sys.argv).encode()
+                    outputs = [pb_utils.Tensor("TEXT", np.array([[text]], dtype=np.object_))]
+                else:  # echo the parameters back, as a response parameter and as text
+                    text = np.array([[request.parameters().encode()]], dtype=np.object_)
+                    outputs = [pb_utils.Tensor("TEXT", text), pb_utils.Tensor("TWICE", x * 2)]
+                    del parameters["case"]
+                    responses.append(pb_utils.InferenceResponse(outputs, parameters=parameters))
+                    continue
+                responses.append(pb_utils.InferenceResponse(outputs))
+            return responses
+"""
+
+CONTRACT_PBTXT = """
+    backend: "python"
+    max_batch_size: 4
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [
+      { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },
+      { name: "TWICE" data_type: TYPE_FP32 dims: [ 2 ] }
+    ]
+"""
+
+# Not decoupled, and answering through the senders from threads after execute returned.
+SENDERS = """
+    import threading
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            def answer(request):
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                sender = request.get_response_sender()
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("TWICE", x * 2)]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            for request in requests:
+                threading.Thread(target=answer, args=(request,)).start()
+            return None
+"""
+
+SENDERS_PBTXT = """
+    backend: "python"
+    max_batch_size: 4
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [ { name: "TWICE" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+# Triton's BLS example: the model to call comes from a BYTES input, so it is bytes.
+BLS = """
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                name = pb_utils.get_input_tensor_by_name(request, "MODEL_NAME").as_numpy()[0]
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+                called = pb_utils.InferenceRequest(
+                    model_name=name, inputs=[x], requested_output_names=["TWICE"]
+                ).exec()
+                if called.has_error():
+                    raise pb_utils.TritonModelException(called.error().message())
+                twice = pb_utils.get_output_tensor_by_name(called, "TWICE")
+                responses.append(pb_utils.InferenceResponse([twice]))
+            return responses
+"""
+
+BLS_PBTXT = """
+    backend: "python"
+    input [
+      { name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] },
+      { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 2 ] }
+    ]
+    output [ { name: "TWICE" data_type: TYPE_FP32 dims: [ 1, 2 ] } ]
+"""
+
+BF16 = """
+    import torch
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+                try:
+                    tensor.as_numpy()
+                except pb_utils.TritonModelException:
+                    pass
+                else:
+                    raise RuntimeError("as_numpy() on a BF16 tensor should fail")
+                doubled = torch.utils.dlpack.from_dlpack(tensor.to_dlpack()) * 2
+                capsule = torch.utils.dlpack.to_dlpack(doubled)
+                output = pb_utils.Tensor.from_dlpack("OUTPUT0", capsule)
+                responses.append(pb_utils.InferenceResponse([output]))
+            return responses
+"""
+
+BF16_PBTXT = """
+    backend: "python"
+    max_batch_size: 4
+    input [ { name: "INPUT0" data_type: TYPE_BF16 dims: [ 2 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_BF16 dims: [ 2 ] } ]
+"""
+
+
+def _model(root: Path, name: str, code: str, pbtxt: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(textwrap.dedent(pbtxt))
+    (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    _model(root, "contract", CONTRACT, CONTRACT_PBTXT)
+    _model(root, "senders", SENDERS, SENDERS_PBTXT)
+    _model(root, "bls_by_name", BLS, BLS_PBTXT)
+    _model(root, "bf16", BF16, BF16_PBTXT)
+    server = start_server(root, tmp_path_factory.mktemp("log"))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def _infer(server, case: str, outputs: list[str] | None = None, **parameters) -> dict:
+    body = {
+        "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
+        "parameters": {"case": case, **parameters},
+    }
+    if outputs is not None:
+        body["outputs"] = [{"name": name} for name in outputs]
+    reply = httpx.post(f"{server.url}/v2/models/contract/infer", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_a_response_keeps_the_shape_the_model_gave_it(server):
+    reply = _infer(server, "scalar", outputs=["TEXT"])
+    assert reply["outputs"] == [
+        {"name": "TEXT", "datatype": "BYTES", "shape": [], "data": ["one answer"]}
+    ]
+
+
+def test_request_parameters_reach_the_model_and_response_parameters_the_client(server):
+    reply = _infer(server, "echo", flag=True, count=3, word="hi")
+    assert reply["parameters"] == {"flag": True, "count": 3, "word": "hi"}
+    text = next(output for output in reply["outputs"] if output["name"] == "TEXT")
+    # The server's own parameters (binary_data_output, priority, timeout) are not the model's.
+    assert json.loads(text["data"][0]) == {"case": "echo", "flag": True, "count": 3, "word": "hi"}
+
+    with grpcclient.InferenceServerClient(server.grpc_address) as client:
+        tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+        result = client.infer(
+            "contract", [tensor], parameters={"case": "echo", "flag": False, "count": 7}
+        )
+    parameters = result.get_response().parameters
+    assert parameters["flag"].bool_param is False and parameters["count"].int64_param == 7
+    assert result.as_numpy("TWICE").tolist() == [[2, 2]]
+
+
+def test_requested_output_names_are_the_clients_and_absent_outputs_are_left_out(server):
+    reply = _infer(server, "requested", outputs=["TEXT"])
+    assert reply["outputs"][0]["data"] == ["TEXT"]
+    # Asked for nothing in particular: every declared output is requested; the model gave
+    # only TEXT, and the response holds only TEXT.
+    reply = _infer(server, "requested")
+    assert [output["name"] for output in reply["outputs"]] == ["TEXT"]
+    assert reply["outputs"][0]["data"] == ["TEXT,TWICE"]
+
+
+def test_a_model_that_is_not_decoupled_may_answer_through_its_senders(server):
+    client = httpclient.InferenceServerClient(server.address, concurrency=4)
+    arrays = [np.full((1, 2), index, np.float32) for index in range(8)]
+    pending = []
+    for array in arrays:
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(array)
+        pending.append(client.async_infer("senders", [tensor]))
+    for array, request in zip(arrays, pending, strict=True):
+        assert request.get_result().as_numpy("TWICE").tolist() == (array * 2).tolist()
+    client.close()
+
+
+def test_a_bls_model_name_may_be_bytes(server):
+    client = httpclient.InferenceServerClient(server.address)
+    name = httpclient.InferInput("MODEL_NAME", [1], "BYTES")
+    name.set_data_from_numpy(np.array([b"senders"], dtype=np.object_))
+    x = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1.5, 2.5]], np.float32))
+    result = client.infer("bls_by_name", [name, x])
+    assert result.as_numpy("TWICE").tolist() == [[3.0, 5.0]]
+
+
+def test_model_code_sees_an_embedded_interpreters_argv(server):
+    reply = _infer(server, "argv", outputs=["TEXT"])
+    assert json.loads(reply["outputs"][0]["data"][0]) == [""]
+
+
+def test_bf16_reaches_the_model_through_dlpack(server):
+    pytest.importorskip("torch")
+    client = httpclient.InferenceServerClient(server.address)
+    tensor = httpclient.InferInput("INPUT0", [1, 2], "BF16")
+    # tritonclient sends float32 values as BF16 (exact here) and reads BF16 back as float32.
+    tensor.set_data_from_numpy(np.array([[1.5, -2.0]], np.float32), binary_data=True)
+    result = client.infer("bf16", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT0")])
+    assert result.get_output("OUTPUT0")["datatype"] == "BF16"
+    assert result.as_numpy("OUTPUT0").tolist() == [[3.0, -4.0]]
