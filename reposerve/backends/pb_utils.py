@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+# pb_utils.ModelConfig, what auto_complete_config edits
+from reposerve.backends.pb_config import ModelConfig as ModelConfig
 from reposerve.errors import ReposerveError
 
 # Triton's TRITONSERVER_DataType numbers, as numpy_to_triton_type / triton_to_numpy_type

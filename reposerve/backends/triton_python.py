@@ -34,14 +34,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from functools import partial
 
+import msgspec
 import numpy as np
 
-from reposerve.backends import pb_utils
+from reposerve.backends import pb_config, pb_utils
 from reposerve.backends.base import (
     Answers,
     Arrays,
@@ -53,7 +55,9 @@ from reposerve.backends.base import (
     Responses,
     Signature,
 )
-from reposerve.errors import ErrorKind
+from reposerve.config import ModelConfig
+from reposerve.config.triton_json import parse_triton_config
+from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.protocol.documents import model_config
 
 # Triton's error codes -> how the front reports them (Triton's HTTP statuses; it answers
@@ -76,7 +80,12 @@ class TritonResponseError(BackendError):
 
 class TritonPythonBackend:
     def __init__(self, model_class: type, context: ModelContext, where: str) -> None:
-        config = context.config
+        auto_complete = getattr(model_class, "auto_complete_config", None)
+        if callable(auto_complete):
+            context = msgspec.structs.replace(
+                context, config=_auto_completed(auto_complete, context, where)
+            )
+        self.completed_config = config = context.config
         self._where = where
         self._batched = config.max_batch_size > 0
         self._output_names = [spec.name for spec in config.output]
@@ -394,6 +403,29 @@ def _failure(index: int, error: object) -> RequestFailure:
         kind = _ERROR_KINDS.get(error.code(), ErrorKind.INTERNAL)
         return RequestFailure(index, error.message(), kind)
     return RequestFailure(index, str(error), ErrorKind.INTERNAL)
+
+
+def _auto_completed(
+    auto_complete: Callable[[pb_config.ModelConfig], object], context: ModelContext, where: str
+) -> ModelConfig:
+    """The config as the model's ``auto_complete_config`` leaves it (Triton calls it once,
+    before ``initialize``, with the config as Triton's JSON)."""
+    document = json.loads(model_config(context.model_name, "python", context.config))
+    try:
+        completed = auto_complete(pb_config.ModelConfig(document))
+    except ValueError as exc:  # the model's edit contradicts the configuration
+        raise BackendError(f"{where}: auto_complete_config: {exc}") from None
+    if not isinstance(completed, pb_config.ModelConfig):
+        raise BackendError(
+            f"{where}: auto_complete_config returned {type(completed).__name__}. Hint: "
+            "return the pb_utils.ModelConfig it was given"
+        )
+    try:
+        return parse_triton_config(
+            json.dumps(completed.as_dict()), f"{where}: auto_complete_config", context.model_name
+        )
+    except ReposerveError as exc:
+        raise BackendError(exc.message) from None
 
 
 def triton_args(context: ModelContext) -> dict[str, str]:

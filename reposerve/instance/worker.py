@@ -235,9 +235,17 @@ def main(argv: list[str]) -> int:
     )
     try:
         backend = create_backend(load.backend, context)
+        # A Triton python model's auto_complete_config may have completed it.
+        config = getattr(backend, "completed_config", config)
         signature = backend.signature()
         if signature is not None:
             config = complete_config(config, *signature, label=f"{load.model}/config.toml")
+        if load.backend == "python" and not (config.input or config.output):
+            raise BackendError(
+                f"model '{load.model}': declares no tensors. Hint: declare [[input]] and "
+                "[[output]] in config.toml (input and output in config.pbtxt), or add them "
+                "in a TritonPythonModel's auto_complete_config"
+            )
         config = _transaction_policy(config, backend, load.model)
         inflight = _max_inflight(config) if backend.is_async else 1
         # A decoupled batch may run for long: nothing waits staged behind it.

@@ -81,10 +81,6 @@ def read_model(root: Path, name: str, override: ConfigOverride | None = None) ->
         VersionSource(number, path / str(number), _backend(config, path / str(number), name))
         for number in chosen
     ]
-    if any(version.backend == "python" for version in versions) and not (
-        config.input or config.output
-    ):
-        raise ConfigError(f"{label}: python models must declare their tensors (input, output)")
     labels = read_labels(path, config, label)
     return ModelSource(name, path, config, versions, labels)
 
@@ -96,14 +92,17 @@ AUTO_MAX_BATCH_SIZE = 4
 
 def _generated_config(path: Path, name: str) -> ModelConfig:
     """A folder without a config file: Triton generates one for ONNX models (backend,
-    inputs, outputs and max_batch_size from the graph, read when an instance loads it)."""
-    if any(
-        (entry / "model.onnx").is_file() for entry in path.iterdir() if _is_version_folder(entry)
-    ):
+    inputs, outputs and max_batch_size from the graph, read when an instance loads it)
+    and for python models (a TritonPythonModel's ``auto_complete_config`` fills it in)."""
+    versions = [entry for entry in path.iterdir() if _is_version_folder(entry)]
+    if any((entry / "model.onnx").is_file() for entry in versions):
         return ModelConfig(backend="onnxruntime", default_max_batch_size=AUTO_MAX_BATCH_SIZE)
+    if any((entry / "model.py").is_file() for entry in versions):
+        return ModelConfig(backend="python")
     raise ConfigError(
         f"{name}/config.toml: missing. Hint: every model folder needs one (or Triton's "
-        "config.pbtxt); only an ONNX model (N/model.onnx) may go without"
+        "config.pbtxt); only an ONNX model (N/model.onnx) or a python model whose "
+        "auto_complete_config fills it in (N/model.py) may go without"
     )
 
 

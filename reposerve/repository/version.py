@@ -144,8 +144,12 @@ class ModelVersion:
                 raise errors[0]
             # Every instance loaded the same file; the first one's completed config stands.
             completed = self.instances[0].config or self.config
-            batching = (completed.max_batch_size, completed.dynamic_batching)
-            if batching != (self.config.max_batch_size, self.config.dynamic_batching):
+            scheduling = (completed.max_batch_size, completed.dynamic_batching, completed.decoupled)
+            if scheduling != (
+                self.config.max_batch_size,
+                self.config.dynamic_batching,
+                self.config.decoupled,
+            ):
                 # Auto-complete decided the batching (Triton's default-max-batch-size):
                 # the scheduler, still without instances and requests, is made anew for it.
                 self.scheduler = Scheduler(self.label, completed, [], self.statistics)

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.server import start_server
+from tests.server import SERVE_BROKEN, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -256,3 +256,56 @@ def test_bf16_reaches_the_model_through_dlpack(server):
     result = client.infer("bf16", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT0")])
     assert result.get_output("OUTPUT0")["datatype"] == "BF16"
     assert result.as_numpy("OUTPUT0").tolist() == [[3.0, -4.0]]
+
+
+AUTO_COMPLETE = """
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(auto_complete_model_config):
+            auto_complete_model_config.add_input(
+                {"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}
+            )
+            auto_complete_model_config.add_output(
+                {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}
+            )
+            auto_complete_model_config.set_max_batch_size(4)
+            auto_complete_model_config.set_dynamic_batching()
+            return auto_complete_model_config
+
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy() + 1)]
+                )
+                for r in requests
+            ]
+"""
+
+
+def test_auto_complete_config_fills_in_a_folder_without_a_config_file(tmp_path):
+    (tmp_path / "completed" / "1").mkdir(parents=True)
+    (tmp_path / "completed" / "1" / "model.py").write_text(textwrap.dedent(AUTO_COMPLETE))
+    # The file says 8; the model may not lower it (Triton's rule and words).
+    _model(tmp_path, "contradicted", AUTO_COMPLETE, 'backend: "python"\nmax_batch_size: 8')
+    server = start_server(tmp_path, tmp_path, *SERVE_BROKEN)
+    try:
+        config = httpx.get(f"{server.url}/v2/models/completed/config").json()
+        assert config["max_batch_size"] == 4 and "dynamic_batching" in config
+        assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
+            ("INPUT0", "TYPE_FP32", [2])
+        ]
+        client = httpclient.InferenceServerClient(server.address)
+        tensor = httpclient.InferInput("INPUT0", [2, 2], "FP32")
+        tensor.set_data_from_numpy(np.zeros((2, 2), np.float32))
+        assert client.infer("completed", [tensor]).as_numpy("OUTPUT0").tolist() == [[1, 1]] * 2
+        index = {e["name"]: e for e in httpx.post(f"{server.url}/v2/repository/index").json()}
+        assert index["contradicted"]["state"] == "UNAVAILABLE"
+        assert (
+            "configuration specified max_batch_size 8, but in auto-complete-config function "
+            "for model 'contradicted' specified max_batch_size 4"
+        ) in index["contradicted"]["reason"]
+    finally:
+        assert server.stop() == 0, server.log()

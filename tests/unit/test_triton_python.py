@@ -363,3 +363,52 @@ def test_a_bf16_tensor_goes_through_dlpack_not_numpy():
     back = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(as_torch * 2))
     assert back.triton_dtype() == 14
     assert back._array.tolist() == (as_torch * 2).view(torch.int16).numpy().view(np.uint16).tolist()
+
+
+def test_auto_complete_model_config_edits_as_triton_allows():
+    config = pb_utils.ModelConfig(
+        {
+            "name": "m",
+            "max_batch_size": 0,
+            "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [],
+        }
+    )
+    config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [4]})  # agrees: kept
+    config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]})
+    config.set_model_transaction_policy({"decoupled": True})
+    document = config.as_dict()
+    assert [t["name"] for t in document["input"]] == ["IN"]
+    assert document["output"] == [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}]
+    assert document["model_transaction_policy"] == {"decoupled": True}
+    failures = [
+        (
+            lambda: config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [5]}),
+            "model 'm', tensor 'IN': the model expects dims [5] but the model configuration "
+            "specifies dims [4]",
+        ),
+        (
+            lambda: config.add_input({"name": "IN", "data_type": "TYPE_INT8", "dims": [4]}),
+            "unable to load model 'm', configuration expects datatype TYPE_FP32 for input "
+            "'IN', model provides TYPE_INT8",
+        ),
+        (
+            lambda: config.add_output({"name": "X", "dims": [1]}),
+            "output 'X' in auto-complete-config function for model 'm' is missing "
+            "'data_type' property.",
+        ),
+        (
+            lambda: config.add_output({"name": "X", "data_type": "TYPE_FP32", "dims": [1], "o": 1}),
+            "output 'X' in auto-complete-config function for model 'm' contains property "
+            "other than 'name', 'data_type' and 'dims'.",
+        ),
+        (
+            lambda: config.set_model_transaction_policy({"decoupled": False}),
+            "trying to change decoupled property in auto-complete-config for model 'm', which "
+            "is already set to 'True'.",
+        ),
+    ]
+    for edit, message in failures:
+        with pytest.raises(ValueError) as caught:
+            edit()
+        assert str(caught.value) == message
