@@ -155,6 +155,13 @@ def serve_parser() -> argparse.ArgumentParser:
         "loads and the load/unload endpoints work (explicit with --load-model '*')",
     )
     add(
+        "--server-name",
+        default="triton",
+        metavar="NAME",
+        help="the name server metadata (GET /v2, gRPC ServerMetadata) gives: Triton's, which "
+        "its clients and scripts check, by default; its version is reposerve's (triton)",
+    )
+    add(
         "--allow-model-file-override",
         type=_boolean,
         nargs="?",
@@ -423,6 +430,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         allow_model_file_override=args.allow_model_file_override,
+        server_name=args.server_name,
         load_timeout_secs=args.load_timeout_secs,
         **_log_flags(args),
     )

@@ -50,8 +50,10 @@ class InferenceService:
         strict_readiness: bool = True,
         allow_file_override: bool = False,
         logs: LogControl | None = None,
+        server_name: str = documents.SERVER_NAME,
     ) -> None:
         self.repository = repository
+        self.server_name = server_name  # what GET /v2 names the server (--server-name)
         # Whether a load may bring its own model files (code the instances will run).
         self.allow_file_override = allow_file_override
         self._logs = logs  # None: logging is not ours to change (an embedding process)
@@ -104,7 +106,7 @@ class InferenceService:
     # -- metadata ------------------------------------------------------------------------
 
     def server_metadata(self) -> bytes:
-        return documents.server_metadata()
+        return documents.server_metadata(self.server_name)
 
     # -- logging (Triton's logging extension) ----------------------------------------------
 

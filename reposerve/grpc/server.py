@@ -39,7 +39,13 @@ STATUS = {
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
     ErrorKind.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
     ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorKind.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
+# Metadata a client opens ModelStreamInfer with (value "true") to have an error end the
+# stream with its gRPC status, as Triton does, rather than arrive as an error_message.
+GRPC_ERROR_KEY = "triton_grpc_error"
 # Each RPC's category for --grpc-restricted-protocol (Triton's names, as for HTTP).
 _CATEGORIES = {
     "ServerLive": "health",
@@ -212,7 +218,12 @@ def _streaming(service: InferenceService, policy: Policy) -> grpc.RpcMethodHandl
     async def handle(requests: Any, context: grpc.aio.ServicerContext) -> None:
         if checked:
             await _admit(policy, category, context)
-        await serve_stream(service, requests, context.write)
+        metadata = dict(context.invocation_metadata() or ())
+        end_on_error = metadata.get(GRPC_ERROR_KEY) == "true"
+        try:
+            await serve_stream(service, requests, context.write, end_on_error)
+        except ReposerveError as exc:  # only with end_on_error: the call ends with it
+            await context.abort(STATUS[exc.kind], exc.message)
 
     return grpc.stream_stream_rpc_method_handler(
         handle,

@@ -3,11 +3,14 @@ flow back on it as they are made, interleaved across requests, each naming its r
 
 Every request is served by its own task; one writer sends what they produce in order of
 arrival. An error costs only its request: it becomes that request's final response
-(``error_message``) and the stream goes on, as in Triton. When the client cancels the
-call, every request still running is cancelled, which stops its generation. Both ways are
-bounded: at most CALL_REQUESTS requests of a call run at once (beyond them the call's
-requests are not read, and gRPC's flow control holds the client), and at most OUTBOX_SIZE
-responses wait for the writer (beyond them the requests' generations are held back).
+(``error_message``) and the stream goes on, as in Triton. A client that opened the call
+with metadata ``triton_grpc_error: true`` asked for Triton's other way instead: the first
+error ends the whole call with its gRPC status (``end_on_error``; the front aborts).
+When the client cancels the call, every request still running is cancelled, which stops
+its generation. Both ways are bounded: at most CALL_REQUESTS requests of a call run at
+once (beyond them the call's requests are not read, and gRPC's flow control holds the
+client), and at most OUTBOX_SIZE responses wait for the writer (beyond them the requests'
+generations are held back).
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ async def serve_stream(
     service: InferenceService,
     requests: AsyncIterator[Any],
     write: Callable[[Any], Awaitable[None]],
+    end_on_error: bool = False,
 ) -> None:
+    """Serve one call; with ``end_on_error`` the first request's error is raised from
+    here (a ReposerveError, after the responses sent before it) and the call is over."""
     stream_class = schema.message_class(f"{schema.PACKAGE}.ModelStreamInferResponse")
     outbox: ResponseStream[Any] = ResponseStream(OUTBOX_SIZE)
     running: set[asyncio.Task] = set()
@@ -69,10 +75,17 @@ async def serve_stream(
             if empty_final and not final:
                 await send(stream_ending(stream_class, request))
         except ReposerveError as exc:
-            await send(stream_ending(stream_class, request, exc.message))
+            if end_on_error:
+                outbox.end(exc)
+            else:
+                await send(stream_ending(stream_class, request, exc.message))
         except Exception as exc:  # the client gets its request's error, the log the rest
             log.exception("unhandled error on ModelStreamInfer")
-            await send(stream_ending(stream_class, request, f"internal error: {exc!r}"))
+            message = f"internal error: {exc!r}"
+            if end_on_error:
+                outbox.end(ReposerveError(message))
+            else:
+                await send(stream_ending(stream_class, request, message))
         finally:
             slots.release()
 

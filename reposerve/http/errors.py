@@ -19,6 +19,10 @@ STATUS = {
     ErrorKind.INTERNAL: 500,
     ErrorKind.FORBIDDEN: 403,
     ErrorKind.UNSUPPORTED: 501,
+    # Triton's HTTP front has no closer code for these: 400, as it answers them.
+    ErrorKind.ALREADY_EXISTS: 400,
+    ErrorKind.CANCELLED: 400,
+    ErrorKind.UNKNOWN: 400,
 }
 
 RETRY_AFTER_SECS = 1

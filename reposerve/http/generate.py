@@ -1,9 +1,11 @@
 """``POST .../generate`` and ``.../generate_stream``: Triton's generate extension.
 
 ``generate`` answers one JSON document; ``generate_stream`` answers Server-Sent Events, one
-``data: {...}`` event per response as the model makes it. Errors found before the first
-response get their status and JSON body as on ``/infer``; one that comes later, once the
-200 has gone out, is the stream's last event, ``data: {"error": "..."}``. A client that
+``data: {...}`` event per response as the model makes it. Errors in the request (found
+before the model runs) get their status and JSON body as on ``/infer``; an error the model
+gives as its first response gets its status with that error as the one event, ``data:
+{"error": "..."}``, as Triton answers (its L0_http generate tests read it so); one that
+comes later, once the 200 has gone out, is the stream's last event. A client that
 disconnects cancels its generation at once, before its first response as after: a task
 waits for the disconnect beside the one waiting for responses, rather than noticing it at
 the next send.
@@ -19,9 +21,9 @@ from typing import TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from reposerve.errors import ProtocolError, ReposerveError
+from reposerve.errors import InstanceError, InvalidInput, ProtocolError, ReposerveError
 from reposerve.http.access import AccessPolicy
-from reposerve.http.errors import RETRY_AFTER, error_body
+from reposerve.http.errors import RETRY_AFTER, STATUS, error_body
 from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
 from reposerve.service import InferenceService
 
@@ -61,6 +63,13 @@ class GenerateEndpoint(InferEndpoint):
                     return
                 content = await _before(watching, _only_response(responses, parameters["model"]))
         except Disconnected:
+            return
+        except (InstanceError, InvalidInput) as exc:  # the model's answer, not the request's
+            if not self._stream:
+                status, content, extra = error_reply(exc, scope)
+                await _send_json(send, status, content, extra)
+                return
+            await _send_error_event(send, STATUS[exc.kind], exc.message)
             return
         except Exception as exc:
             status, content, extra = error_reply(exc, scope)
@@ -123,6 +132,16 @@ async def _send_events(first: bytes | None, responses: AsyncIterator[bytes], sen
     except Exception as exc:
         log.exception("unhandled error while streaming")
         await send(_event(error_body(f"internal error: {type(exc).__name__}: {exc}")))
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _send_error_event(send: Send, status: int, message: str) -> None:
+    """A stream whose first response is the model's error: its status, that one event."""
+    headers = list(_EVENT_STREAM)
+    if status == 503:
+        headers.append(RETRY_AFTER)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send(_event(error_body(message)))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

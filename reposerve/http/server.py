@@ -149,6 +149,7 @@ def build(settings: Settings, logs: LogControl | None = None) -> tuple[App, Life
         strict_readiness=settings.strict_readiness,
         allow_file_override=settings.allow_model_file_override,
         logs=logs,
+        server_name=settings.server_name,
     )
     lifecycle = Lifecycle(service, settings)
 

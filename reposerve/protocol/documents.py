@@ -18,7 +18,9 @@ from reposerve.config.triton_json import to_triton_parameters
 from reposerve.datatypes import TRITON_CONFIG_TYPES
 from reposerve.statistics import ModelStats
 
-SERVER_NAME = "reposerve"
+# Triton's name by default: its clients and scripts check it (--server-name changes it);
+# reposerve's own identity is the version and the extensions it lists.
+SERVER_NAME = "triton"
 EXTENSIONS = (
     "binary_tensor_data",
     "classification",
@@ -49,10 +51,8 @@ def encode(document: Any) -> bytes:
     return _encoder.encode(document)
 
 
-def server_metadata() -> bytes:
-    return encode(
-        {"name": SERVER_NAME, "version": reposerve.__version__, "extensions": list(EXTENSIONS)}
-    )
+def server_metadata(name: str = SERVER_NAME) -> bytes:
+    return encode({"name": name, "version": reposerve.__version__, "extensions": list(EXTENSIONS)})
 
 
 def model_metadata(name: str, versions: Sequence[int], backend: str, config: ModelConfig) -> bytes:

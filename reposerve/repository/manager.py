@@ -303,14 +303,15 @@ class Repository:
         """The READY version asked for (the newest READY one when ``version`` is empty)."""
         model = self._models.get(name)
         if model is None:
-            raise RepositoryError(f"unknown model '{name}'")
+            raise RepositoryError(unknown_model(name))
         if version:
             number = int(version) if version.isdigit() else -1
             found = model.versions.get(number)
             if found is None:
-                raise RepositoryError(f"model '{name}' has no version '{version}'")
+                raise RepositoryError(f"{UNKNOWN} '{name}' version {version} is not found")
             if found.state is not ModelState.READY:
-                raise _not_ready(found.label, found.state, found.reason)
+                subject = f"'{name}' version {version} is not at ready state"
+                raise _not_ready(subject, found.state, found.reason)
             return found
         # Versions are kept in ascending order: the first READY one from the end is newest.
         for candidate in reversed(model.versions.values()):
@@ -321,7 +322,7 @@ class Repository:
         ]
         reasons = [v.reason for v in model.versions.values() if v.reason] or [model.error]
         raise _not_ready(
-            f"model '{name}'",
+            f"'{name}' has no available versions",
             passing[-1] if passing else ModelState.UNAVAILABLE,
             "; ".join(dict.fromkeys(filter(None, reasons))),
         )
@@ -341,7 +342,7 @@ class Repository:
     def versions(self, name: str) -> list[ModelVersion]:
         model = self._models.get(name)
         if model is None:
-            raise RepositoryError(f"unknown model '{name}'")
+            raise RepositoryError(unknown_model(name))
         return sorted(model.versions.values(), key=lambda v: v.version)
 
     def loaded(self) -> list[ModelVersion]:
@@ -367,14 +368,18 @@ class Repository:
         return entries
 
 
-def _not_ready(label: str, state: ModelState, reason: str) -> RepositoryError:
-    """LOADING and UNLOADING pass by themselves (retry later); UNAVAILABLE does not: the
-    model is not loaded, as if unknown, until someone loads it again."""
+# Triton's words for a request to a model it cannot serve; Triton's tests match them.
+UNKNOWN = "Request for unknown model:"
+
+
+def unknown_model(name: str) -> str:
+    return f"{UNKNOWN} '{name}' is not found"
+
+
+def _not_ready(subject: str, state: ModelState, reason: str) -> RepositoryError:
+    """Triton's text, then our state and reason. LOADING and UNLOADING pass by themselves
+    (retry later); UNAVAILABLE does not: the model is not loaded, as if unknown, until
+    someone loads it again."""
     detail = f": {reason}" if reason else ""
-    if state is ModelState.UNAVAILABLE:
-        return RepositoryError(
-            f"{label} is not loaded ({state.value}){detail}", kind=ErrorKind.NOT_FOUND
-        )
-    return RepositoryError(
-        f"{label} is not ready ({state.value}){detail}", kind=ErrorKind.UNAVAILABLE
-    )
+    kind = ErrorKind.NOT_FOUND if state is ModelState.UNAVAILABLE else ErrorKind.UNAVAILABLE
+    return RepositoryError(f"{UNKNOWN} {subject} ({state.value}){detail}", kind=kind)

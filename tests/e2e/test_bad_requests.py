@@ -176,9 +176,17 @@ def test_bad_infer_request(http, case):
 @pytest.mark.parametrize(
     ("path", "status", "message"),
     [
-        ("/v2/models/nope/infer", 404, "unknown model 'nope'"),
-        ("/v2/models/add_sub/versions/7/infer", 404, "model 'add_sub' has no version '7'"),
-        ("/v2/models/add_sub/versions/x/infer", 404, "model 'add_sub' has no version 'x'"),
+        ("/v2/models/nope/infer", 404, "Request for unknown model: 'nope' is not found"),
+        (
+            "/v2/models/add_sub/versions/7/infer",
+            404,
+            "Request for unknown model: 'add_sub' version 7 is not found",
+        ),
+        (
+            "/v2/models/add_sub/versions/x/infer",
+            404,
+            "Request for unknown model: 'add_sub' version x is not found",
+        ),
     ],
 )
 def test_unknown_model_or_version(http, path, status, message):

@@ -219,7 +219,7 @@ def test_an_unloaded_step_takes_the_ensemble_out_with_the_reason(diamond_server)
     [
         (
             '[[step]]\nmodel = "nope"\ninput_map = { X = "IN" }\noutput_map = { Y = "OUT" }',
-            "step[0] (nope): unknown model 'nope'",
+            "step[0] (nope): Request for unknown model: 'nope' is not found",
         ),
         (
             '[[step]]\nmodel = "plus_one"\ninput_map = { Z = "IN" }\noutput_map = { Y = "OUT" }',

@@ -110,7 +110,7 @@ def test_one_bad_image_among_eight_clients_fails_alone(server, resnet):
         pending[2].get_result()
     assert caught.value.status() == "400"
     assert caught.value.message().startswith(
-        "model 'image_classifier' version 1: IMAGE: 10 bytes that are not an image Pillow "
+        "IMAGE: 10 bytes that are not an image Pillow "
         "can read (UnidentifiedImageError: cannot identify image file"
     )
     good = [i for i in range(8) if i != 2]

@@ -81,7 +81,7 @@ def test_health_and_metadata(client):
     assert client.is_server_live()
     assert client.is_server_ready()
     metadata = client.get_server_metadata(as_json=True)
-    assert metadata["name"] == "reposerve"
+    assert metadata["name"] == "triton"  # Triton's, as its clients check (--server-name)
     assert "binary_tensor_data" in metadata["extensions"]
     assert client.is_model_ready("plus_one")
     assert client.is_model_ready("plus_one", "1")

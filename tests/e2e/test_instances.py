@@ -114,7 +114,10 @@ def test_failed_loads_leave_others_serving(toy_server, client):
     )
     response = httpx.post(f"{toy_server.url}/v2/models/broken/infer", json={"inputs": []})
     assert response.status_code == 404  # a failed load does not pass by itself
-    assert "model 'broken' is not loaded (UNAVAILABLE): " in response.json()["error"]
+    assert (
+        "Request for unknown model: 'broken' has no available versions (UNAVAILABLE): "
+        in response.json()["error"]
+    )
     np.testing.assert_array_equal(
         _infer(client, "plus_one", np.zeros((1, 16), np.float32), "FP32"), np.ones((1, 16))
     )

@@ -146,7 +146,7 @@ def test_a_failed_call_raises_in_the_caller_with_what_went_wrong(calls_server, m
         _call(client, model, np.ones((1, 4), np.float32), depth=-1).get_result()
     message = caught.value.message()
     assert "ModelCallError" in message and "calling model 'no_such_model'" in message
-    assert "unknown model 'no_such_model'" in message
+    assert "Request for unknown model: 'no_such_model' is not found" in message
     # The caller still serves.
     answer = _call(client, model, np.ones((1, 4), np.float32), depth=0).get_result()
     np.testing.assert_array_equal(answer.as_numpy("Y"), np.full((1, 4), 4, np.float32))
@@ -159,7 +159,10 @@ def test_a_triton_model_calls_a_model_with_inference_request_exec(calls_server):
     np.testing.assert_array_equal(answer.as_numpy("Y"), (x + 1) * 10)
     with pytest.raises(InferenceServerException) as caught:
         _call(client, "triton_bls", x, depth=-1).get_result()
-    assert "calling model 'no_such_model': unknown model 'no_such_model'" in str(caught.value)
+    assert (
+        "calling model 'no_such_model': Request for unknown model: 'no_such_model' is not found"
+        in str(caught.value)
+    )
 
 
 BIG_SLOW = """

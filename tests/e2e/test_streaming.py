@@ -248,8 +248,8 @@ def test_grpc_stream_answers_every_request_and_errors_cost_only_their_own(bundle
         client.stop_stream()
     errors = sorted(str(error) for _, error in received if error is not None)
     assert len(errors) == 2
-    assert "unknown model 'no_such_model'" in errors[1]
-    assert "model 'add_sub': input 'INPUT0'" in errors[0]
+    assert "Request for unknown model: 'no_such_model' is not found" in errors[0]
+    assert "model 'add_sub': input 'INPUT0'" in errors[1]
     answered = {}
     for result, error in received:
         if error is None:

@@ -289,14 +289,10 @@ def test_an_error_response_fails_only_its_request_in_the_same_batch(server):
         assert outputs == {"OUTPUT0": [2 * v] * 4, "OUTPUT1": [0.0] * 4}
     # TritonError.INVALID_ARG is the client's fault: 400, as Triton answers it.
     assert negative.status_code == 400
-    assert negative.json() == {
-        "error": "model 'checked' version 1: request 'r1': INPUT0 holds a negative value"
-    }
+    assert negative.json() == {"error": "request 'r1': INPUT0 holds a negative value"}
     # A TritonError without a code is INTERNAL: 500, as Triton answers it.
     assert large.status_code == 500
-    assert large.json() == {
-        "error": "model 'checked' version 1: INPUT0 is too large for this model"
-    }
+    assert large.json() == {"error": "INPUT0 is too large for this model"}
     stats = _stats(server, "checked")
     # One execution for all four: the failures travelled per request, no isolation re-run.
     assert stats["execution_count"] == 1

@@ -8,6 +8,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+import reposerve
+
 pytestmark = pytest.mark.e2e
 
 
@@ -32,7 +34,8 @@ def test_health_and_server_metadata(client):
     assert client.is_server_live()
     assert client.is_server_ready()
     metadata = client.get_server_metadata()
-    assert metadata["name"] == "reposerve"
+    # Triton's name, which its clients and scripts check; reposerve's version.
+    assert (metadata["name"], metadata["version"]) == ("triton", reposerve.__version__)
     assert "binary_tensor_data" in metadata["extensions"]
 
 
@@ -112,9 +115,11 @@ def test_bytes_round_trip(client, binary):
 
 
 def test_unknown_model_and_version(client):
-    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'nope' is not found"
+    ):
         client.get_model_metadata("nope")
-    with pytest.raises(InferenceServerException, match="has no version '9'"):
+    with pytest.raises(InferenceServerException, match="'add_sub' version 9 is not found"):
         client.get_model_metadata("add_sub", "9")
     assert not client.is_model_ready("add_sub", "9")
 

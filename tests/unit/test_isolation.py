@@ -100,7 +100,8 @@ def test_invalid_input_becomes_that_error_for_the_bad_request_only():
         assert outcomes[0] == [[1, 1]] and outcomes[2] == [[3, 3]]
         for outcome in (outcomes[1], outcomes[3]):
             assert isinstance(outcome, InvalidInput)
-            assert outcome.message == "model 'm' version 1: ValueError: negative input"
+            # The model's own words, without the model/version prefix (Triton's rule).
+            assert outcome.message == "ValueError: negative input"
 
     run(body)
 
