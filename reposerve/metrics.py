@@ -203,13 +203,35 @@ GPU_GAUGES: list[tuple[str, str, str]] = [
 ]  # fmt: skip
 
 
+class CustomMetric(msgspec.Struct, frozen=True):
+    """One of a model's own metrics: a counter or gauge ``value``, or a histogram (``value``
+    its sum, ``bucket_counts`` per upper bound in ``buckets``, not cumulative)."""
+
+    labels: tuple[tuple[str, str], ...]
+    value: float
+    buckets: tuple[float, ...] = ()
+    bucket_counts: tuple[int, ...] = ()
+    count: int = 0
+
+
+class CustomFamily(msgspec.Struct, frozen=True):
+    """A family of metrics a model made (Triton's python-backend custom metrics)."""
+
+    name: str
+    description: str
+    kind: str  # "counter" | "gauge" | "histogram"
+    metrics: list[CustomMetric]
+
+
 def render(
     versions: Iterable[VersionMetrics],
     options: MetricsOptions = MetricsOptions(),  # noqa: B008 - frozen, shared safely
     usage: Usage | None = None,
+    custom: Iterable[CustomFamily] = (),
 ) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of every metric for ``versions``,
-    and of ``usage`` (the last CPU/GPU sample) when given."""
+    of ``usage`` (the last CPU/GPU sample) when given, and of the models' own metrics
+    (families of one name, from several instances, shown as one)."""
     versions = list(versions)
     lines: list[str] = []
     for kind, table in (("counter", COUNTERS), ("gauge", GAUGES)):
@@ -224,7 +246,38 @@ def render(
         _summaries(lines, versions, options.summary_quantiles)
     if usage is not None:
         _usage(lines, usage)
+    _custom(lines, custom)
     return ("\n".join(lines) + "\n").encode()
+
+
+def _custom(lines: list[str], families: Iterable[CustomFamily]) -> None:
+    merged: dict[str, list[CustomFamily]] = {}
+    for family in families:
+        merged.setdefault(family.name, []).append(family)
+    for name, parts in merged.items():
+        _family(lines, name, _escape(parts[0].description), parts[0].kind)
+        for metric in (metric for part in parts for metric in part.metrics):
+            pairs = ",".join(f'{key}="{_escape(value)}"' for key, value in metric.labels)
+            labels = f"{{{pairs}}}" if pairs else ""  # no braces without labels
+            if parts[0].kind != "histogram":
+                lines.append(f"{name}{labels} {_value(metric.value)}")
+                continue
+            before = f"{pairs}," if pairs else ""
+            total = 0
+            for bound, count in zip(metric.buckets, metric.bucket_counts, strict=True):
+                total += count
+                lines.append(f'{name}_bucket{{{before}le="{_value(bound)}"}} {total}')
+            lines.append(f'{name}_bucket{{{before}le="+Inf"}} {metric.count}')
+            lines.append(f"{name}_count{labels} {metric.count}")
+            lines.append(f"{name}_sum{labels} {_value(metric.value)}")
+
+
+def _value(number: float) -> str:
+    """A model's metric value as Prometheus' own clients print it: whole numbers without
+    a fraction (``2023``, ``le="1"``), others in their shortest form."""
+    if math.isfinite(number) and number == int(number):
+        return str(int(number))
+    return _number(float(number))
 
 
 def _failures(lines: list[str], versions: list[VersionMetrics]) -> None:

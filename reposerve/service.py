@@ -161,6 +161,12 @@ class InferenceService:
             ),
             options,
             usage,
+            (
+                family
+                for version in self.repository.loaded()
+                for instance in version.instances
+                for family in instance.custom_metrics.families()
+            ),
         )
 
     # -- inference -----------------------------------------------------------------------

@@ -183,3 +183,25 @@ class RequestAwareBackend(Protocol):
 
 Answers = list[RequestResponse]
 """What a per-request backend returns for a batch: one final response per request."""
+
+
+class MetricState(msgspec.Struct, tag=True, array_like=True):
+    """A model's own metric (Triton's custom metrics), whole, as it stands after a change:
+    sent from the instance to the front, which shows it at ``GET /metrics``. ``removed``:
+    its last holder is gone. A histogram's ``value`` is its sum."""
+
+    family: str
+    description: str
+    kind: str  # "counter" | "gauge" | "histogram"
+    labels: list[tuple[str, str]]
+    value: float = 0.0
+    buckets: list[float] = []
+    bucket_counts: list[int] = []
+    count: int = 0
+    removed: bool = False
+
+
+class MetricFamilyGone(msgspec.Struct, tag=True, array_like=True):
+    """A model's metric family has ended, and every metric of it."""
+
+    family: str

@@ -39,8 +39,12 @@ from typing import Any
 
 import numpy as np
 
-# pb_utils.ModelConfig, what auto_complete_config edits
+# pb_utils.ModelConfig (what auto_complete_config edits), the custom metrics' classes and
+# TritonModelException, under pb_utils' names.
 from reposerve.backends.pb_config import ModelConfig as ModelConfig
+from reposerve.backends.pb_errors import TritonModelException as TritonModelException
+from reposerve.backends.pb_metrics import Metric as Metric
+from reposerve.backends.pb_metrics import MetricFamily as MetricFamily
 from reposerve.errors import ReposerveError
 
 # Triton's TRITONSERVER_DataType numbers, as numpy_to_triton_type / triton_to_numpy_type
@@ -95,13 +99,6 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
     if dtype.kind == "S":
         return 13
     return _TYPE_NUMBERS.get(dtype)
-
-
-class TritonModelException(Exception):
-    """Raise it from ``execute`` to fail every request of the call with its message."""
-
-    def message(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 class TritonError:

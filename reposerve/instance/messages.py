@@ -12,7 +12,7 @@ import struct
 
 import msgspec
 
-from reposerve.backends.base import RequestFailure, RequestSlice
+from reposerve.backends.base import MetricFamilyGone, MetricState, RequestFailure, RequestSlice
 from reposerve.errors import ErrorKind
 
 FRAME_HEADER = struct.Struct("<I")
@@ -159,7 +159,17 @@ class Failure(msgspec.Struct, tag=True, array_like=True):
 
 
 ToInstance = Load | AddSlot | Execute | Resume | Cancel | CallResult | CallFailure | Shutdown
-FromInstance = Ready | LoadFailed | Result | Response | Failure | Call | CallTaken
+FromInstance = (
+    Ready
+    | LoadFailed
+    | Result
+    | Response
+    | Failure
+    | Call
+    | CallTaken
+    | MetricState
+    | MetricFamilyGone
+)
 
 _encoder = msgspec.msgpack.Encoder()
 

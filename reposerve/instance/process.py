@@ -25,10 +25,11 @@ from typing import Any
 import msgspec
 
 import reposerve
-from reposerve.backends.base import RequestSlice
+from reposerve.backends.base import MetricFamilyGone, MetricState, RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError
 from reposerve.instance.arena import Slot, align
+from reposerve.instance.custom_metrics import CustomMetrics
 from reposerve.instance.messages import (
     AddSlot,
     Call,
@@ -117,6 +118,7 @@ class InstanceProcess:
         self.staging = 0  # batches it accepts beyond those, to start as soon as one ends
         self.per_request = False  # whether its backend wants each batch's request slices
         self.config: ModelConfig | None = None  # as completed by the backend, once READY
+        self.custom_metrics = CustomMetrics()  # the model's own, as the process reports them
         self._on_exit = on_exit
         self._process: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
@@ -446,6 +448,8 @@ class InstanceProcess:
                 self._on_response(message)
             case CallTaken():
                 self._calls_waiting -= 1
+            case MetricState() | MetricFamilyGone():
+                self.custom_metrics.apply(message)
             case Call():
                 self._calls_waiting += 1
                 self._start_next()

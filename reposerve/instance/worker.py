@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from reposerve.backends import Backend, ModelContext, create_backend
+from reposerve.backends import Backend, ModelContext, create_backend, pb_metrics
 from reposerve.backends.base import BackendError
 from reposerve.config import ModelConfig, complete_config
 from reposerve.errors import ReposerveError
@@ -218,6 +218,7 @@ def main(argv: list[str]) -> int:
     # Model code sees an embedded interpreter's argv, not the instance's (a model that
     # runs unittest.main() parses it).
     sys.argv = [""]
+    pb_metrics.connect(channel.send)
     load = channel.receive()
     if not isinstance(load, Load):
         return 2

@@ -309,3 +309,54 @@ def test_auto_complete_config_fills_in_a_folder_without_a_config_file(tmp_path):
         ) in index["contradicted"]["reason"]
     finally:
         assert server.stop() == 0, server.log()
+
+
+CUSTOM_METRICS = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            counter = pb_utils.MetricFamily.COUNTER
+            self.family = pb_utils.MetricFamily("requests_seen", "requests seen", counter)
+            self.seen = self.family.Metric(labels={"model": args["model_name"]})
+            histogram = pb_utils.MetricFamily.HISTOGRAM
+            self.sizes = pb_utils.MetricFamily("input_sum", "input sums", histogram)
+            self.sum = self.sizes.Metric(labels={}, buckets=[1.0, 10.0])
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                self.seen.increment(1)
+                self.sum.observe(float(x.sum()))
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("TWICE", x * 2)]))
+            return responses
+"""
+
+
+def test_a_models_own_metrics_are_scraped_beside_reposerves(tmp_path):
+    _model(tmp_path, "metered", CUSTOM_METRICS, SENDERS_PBTXT)
+    server = start_server(tmp_path, tmp_path)
+    try:
+        client = httpclient.InferenceServerClient(server.address)
+        for value in (0.25, 2.0, 30.0):
+            tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+            tensor.set_data_from_numpy(np.full((1, 2), value, np.float32))
+            client.infer("metered", [tensor])
+        text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
+        for line in [
+            "# HELP requests_seen requests seen",
+            "# TYPE requests_seen counter",
+            'requests_seen{model="metered"} 3',
+            "# TYPE input_sum histogram",
+            'input_sum_bucket{le="1"} 1',
+            'input_sum_bucket{le="10"} 2',
+            'input_sum_bucket{le="+Inf"} 3',
+            "input_sum_count 3",
+            "input_sum_sum 64.5",
+        ]:
+            assert line in text.splitlines(), line
+    finally:
+        assert server.stop() == 0, server.log()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from reposerve.backends import ModelContext, create_backend, pb_utils
+from reposerve.backends import pb_metrics as pb_utils_metrics
 from reposerve.backends.base import RequestFailure, RequestResponse, RequestSlice
 from reposerve.backends.triton_python import TritonResponseError, triton_args
 from reposerve.config.load import parse_model_config
@@ -412,3 +413,45 @@ def test_auto_complete_model_config_edits_as_triton_allows():
         with pytest.raises(ValueError) as caught:
             edit()
         assert str(caught.value) == message
+
+
+def test_custom_metrics_follow_tritons_rules():
+    sent = []
+    pb_utils_metrics.connect(sent.append)
+    try:
+        family = pb_utils.MetricFamily("rules_counter", "counted", pb_utils.MetricFamily.COUNTER)
+        same = pb_utils.MetricFamily("rules_counter", "other words", pb_utils.MetricFamily.COUNTER)
+        first, second = family.Metric({"k": "v"}), same.Metric({"k": "v"})
+        first.increment(2.5)
+        assert second.value() == 2.5  # one family by name, one metric by labels
+        for refused in (
+            lambda: first.increment(-1),
+            lambda: first.set(3),
+            lambda: first.observe(1),
+        ):
+            with pytest.raises(pb_utils.TritonModelException):
+                refused()
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.MetricFamily("rules_counter", "d", pb_utils.MetricFamily.GAUGE)
+        del family, same
+        with pytest.raises(pb_utils.TritonModelException) as caught:
+            first.value()
+        assert str(caught.value) == (
+            "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+        )
+        histogram = pb_utils.MetricFamily("rules_h", "h", pb_utils.MetricFamily.HISTOGRAM)
+        for buckets in (None, [2.5, 0.1], [1, 1, 2]):
+            with pytest.raises(pb_utils.TritonModelException):
+                histogram.Metric(labels={}, buckets=buckets)
+        observed = histogram.Metric(buckets=[1.0, 5.0])
+        for value in (0.5, 1.0, 3.0, 9.0):
+            observed.observe(value)
+        last = sent[-1]
+        assert (last.family, last.bucket_counts, last.count, last.value) == (
+            "rules_h",
+            [2, 1],
+            4,
+            13.5,
+        )
+    finally:
+        pb_utils_metrics.connect(None)
