@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mmap
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -177,8 +177,13 @@ class RequestAwareBackend(Protocol):
     calls it instead of ``execute``."""
 
     def execute_requests(
-        self, inputs: Arrays, requests: Sequence[RequestSlice]
-    ) -> Answers | Awaitable[Answers] | Responses: ...
+        self,
+        inputs: Arrays,
+        requests: Sequence[RequestSlice],
+        cancelled: Callable[[int], bool],
+    ) -> Answers | Awaitable[Answers] | Responses:
+        """``cancelled(i)``: whether request ``i``'s caller has cancelled it by now."""
+        ...
 
 
 Answers = list[RequestResponse]

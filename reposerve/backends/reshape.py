@@ -11,7 +11,7 @@ Only ``create_backend`` wraps a backend here, and only when the config has a res
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,7 @@ class ReshapedBackend:
             self.decoupled = backend.decoupled
         if hasattr(backend, "execute_requests"):
             self.execute_requests = self._execute_requests
-        for hook in ("register_host_buffer", "synchronize"):
+        for hook in ("register_host_buffer", "synchronize", "completed_config"):
             if hasattr(backend, hook):
                 setattr(self, hook, getattr(backend, hook))
 
@@ -58,9 +58,11 @@ class ReshapedBackend:
     def execute(self, inputs: Arrays) -> Any:
         return self._answer(self._backend.execute(self._model_inputs(inputs)))
 
-    def _execute_requests(self, inputs: Arrays, requests: Sequence[RequestSlice]) -> Any:
+    def _execute_requests(
+        self, inputs: Arrays, requests: Sequence[RequestSlice], cancelled: Callable[[int], bool]
+    ) -> Any:
         execute = self._backend.execute_requests  # type: ignore[attr-defined]
-        return self._answer(execute(self._model_inputs(inputs), requests))
+        return self._answer(execute(self._model_inputs(inputs), requests, cancelled))
 
     def unload(self) -> None:
         self._backend.unload()

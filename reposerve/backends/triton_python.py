@@ -78,6 +78,10 @@ class TritonResponseError(BackendError):
     """``execute`` answered the call in a way that fails every request of it."""
 
 
+def _never(index: int) -> bool:
+    return False
+
+
 class TritonPythonBackend:
     def __init__(self, model_class: type, context: ModelContext, where: str) -> None:
         auto_complete = getattr(model_class, "auto_complete_config", None)
@@ -111,17 +115,20 @@ class TritonPythonBackend:
     def execute(self, inputs: Arrays) -> Answers | Awaitable[Answers] | Responses:
         """The whole batch as one request (the worker calls ``execute_requests``)."""
         items = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
-        return self.execute_requests(inputs, [RequestSlice(items, "")])
+        return self.execute_requests(inputs, [RequestSlice(items, "")], _never)
 
     def execute_requests(
-        self, inputs: Arrays, requests: Sequence[RequestSlice]
+        self,
+        inputs: Arrays,
+        requests: Sequence[RequestSlice],
+        cancelled: Callable[[int], bool] = _never,
     ) -> Answers | Awaitable[Answers] | Responses:
         if self.decoupled:
             if self.is_async:
-                return self._stream_async(inputs, requests)
-            return self._stream(inputs, requests)
+                return self._stream_async(inputs, requests, cancelled)
+            return self._stream(inputs, requests, cancelled)
         sent = _SentOnce(len(requests))
-        triton_requests = self._split(inputs, requests, sent.put, _never, decoupled=False)
+        triton_requests = self._split(inputs, requests, sent.put, cancelled, decoupled=False)
         if self.is_async:
             return self._execute_async(triton_requests, requests, sent)
         returned = self._execute(triton_requests)
@@ -146,11 +153,15 @@ class TritonPythonBackend:
         return self._answers(returned, requests, sent)
 
     def _stream(
-        self, inputs: Arrays, requests: Sequence[RequestSlice]
+        self, inputs: Arrays, requests: Sequence[RequestSlice], flagged: Callable[[int], bool]
     ) -> Iterator[RequestResponse]:
         """A sync decoupled execute on its own thread; its responses as they are sent."""
         responses = _SentResponses()
-        triton_requests = self._split(inputs, requests, responses.put, responses.is_cancelled)
+
+        def cancelled(index: int) -> bool:
+            return responses.is_cancelled() or flagged(index)
+
+        triton_requests = self._split(inputs, requests, responses.put, cancelled)
         answers = _Answers(self._where, requests, self._answer)
 
         def run() -> None:
@@ -167,7 +178,7 @@ class TritonPythonBackend:
             responses.cancel()
 
     async def _stream_async(
-        self, inputs: Arrays, requests: Sequence[RequestSlice]
+        self, inputs: Arrays, requests: Sequence[RequestSlice], flagged: Callable[[int], bool]
     ) -> AsyncIterator[RequestResponse]:
         """An async decoupled execute on the instance's loop; senders may be on threads."""
         loop = asyncio.get_running_loop()
@@ -178,7 +189,9 @@ class TritonPythonBackend:
             if not cancelled:
                 loop.call_soon_threadsafe(sent.put_nowait, item)
 
-        triton_requests = self._split(inputs, requests, put, lambda: cancelled)
+        triton_requests = self._split(
+            inputs, requests, put, lambda index: cancelled or flagged(index)
+        )
         answers = _Answers(self._where, requests, self._answer)
         task = asyncio.ensure_future(self._execute(triton_requests))
 
@@ -202,11 +215,12 @@ class TritonPythonBackend:
         inputs: Arrays,
         requests: Sequence[RequestSlice],
         put: Callable[[object], None],
-        cancelled: Callable[[], bool],
+        cancelled: Callable[[int], bool],
         decoupled: bool = True,
     ) -> list[pb_utils.InferenceRequest]:
         """One InferenceRequest per client request, its tensors views of the batch, each
-        with a response sender delivering (index, response, final) to ``put``."""
+        with a response sender delivering (index, response, final) to ``put`` and
+        ``cancelled(its index)`` behind its ``is_cancelled()``."""
         triton_requests = []
         start = 0
         for index, request in enumerate(requests):
@@ -215,13 +229,14 @@ class TritonPythonBackend:
                 self._tensor(name, array[start:stop] if self._batched else array)
                 for name, array in inputs.items()
             ]
+            is_cancelled = partial(cancelled, index)
             sender = pb_utils.InferenceResponseSender(
-                partial(_deliver, put, index), cancelled, decoupled
+                partial(_deliver, put, index), is_cancelled, decoupled
             )
             wanted = self._output_names if request.outputs is None else request.outputs
             triton_requests.append(
                 pb_utils.InferenceRequest._received(
-                    tensors, request.id, list(wanted), request.parameters, sender, cancelled
+                    tensors, request.id, list(wanted), request.parameters, sender, is_cancelled
                 )
             )
             start = stop
@@ -310,10 +325,6 @@ class _SentOnce:
         with self._done:
             while self._open:
                 self._done.wait()
-
-
-def _never() -> bool:
-    return False
 
 
 # Responses a sync decoupled model may send ahead of its client before a send blocks.

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from reposerve.backends.base import RequestFailure
+from reposerve.instance.messages import TensorRef
 from reposerve.tensor import Tensor
 
 
@@ -82,3 +83,19 @@ class StreamedResponse(msgspec.Struct):
 OnResponse = Callable[[StreamedResponse, Callable[[], None]], bool]
 """A decoupled batch's response and ``resume``: returns whether the instance may write the
 next one now; if not, it waits for ``resume``."""
+
+
+def views(view: memoryview, refs: list[TensorRef]) -> dict[str, Tensor]:
+    """The tensors ``refs`` place in a slot, as views on it."""
+    return {
+        ref.name: Tensor(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
+        for ref in refs
+    }
+
+
+_parameters_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+def response_parameters(text: str) -> dict[str, Any]:
+    """A response's parameters (the instance checked them: a JSON object)."""
+    return {} if text == "{}" else _parameters_decoder.decode(text)

@@ -20,7 +20,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -61,9 +60,10 @@ from reposerve.instance.outcomes import (
     OnStart,
     RequestOutputs,
     StreamedResponse,
+    response_parameters,
+    views,
 )
 from reposerve.instance.spec import InstanceSpec
-from reposerve.tensor import Tensor
 
 log = logging.getLogger("reposerve.instance")
 
@@ -233,7 +233,10 @@ class InstanceProcess:
         slot_index = self._free_slots.pop() if self._free_slots else self._add_slot()
         slot = self._slots[slot_index]
         refs: list[TensorRef] = []
-        offset = 0
+        # The slot opens with one cancel flag per request (see cancel_request), zeroed.
+        slot.ensure(len(requests))
+        slot.buffer[: len(requests)] = bytes(len(requests))
+        offset = align(len(requests)) if requests else 0
         for tensor in inputs:
             nbytes = sum(len(part) for part in tensor.parts)
             refs.append(TensorRef(tensor.name, tensor.datatype, tensor.shape, offset, nbytes))
@@ -281,6 +284,13 @@ class InstanceProcess:
         running.since = asyncio.get_running_loop().time()
         self._arm_watchdog()
         self._transport.write(encode_frame(Cancel(batch_id)))
+
+    def cancel_request(self, batch_id: int, index: int) -> None:
+        """Raise request ``index``'s cancel flag in its batch's slot: the model reads it
+        there (``is_cancelled()``) whatever it is doing, without a frame to wait for."""
+        running = self._in_flight.get(batch_id)
+        if running is not None:
+            self._slots[running.slot].buffer[index] = 1
 
     @property
     def _running_limit(self) -> int:
@@ -433,12 +443,12 @@ class InstanceProcess:
                 view = memoryview(slot.buffer)
                 answers = {
                     answer.request: RequestOutputs(
-                        _views(view, answer.outputs), _parameters(answer.parameters)
+                        views(view, answer.outputs), response_parameters(answer.parameters)
                     )
                     for answer in message.answers
                 }
                 outcome = BatchOutcome(
-                    _views(view, message.outputs), message.compute_ns, message.failed, answers
+                    views(view, message.outputs), message.compute_ns, message.failed, answers
                 )
                 try:
                     running.on_done(outcome)
@@ -495,7 +505,7 @@ class InstanceProcess:
             return
         slot = self._slots[running.slot]
         slot.remap(message.slot_size)
-        outputs = _views(memoryview(slot.buffer), message.outputs)
+        outputs = views(memoryview(slot.buffer), message.outputs)
         batch_id = message.batch_id
 
         def resume() -> None:
@@ -511,7 +521,7 @@ class InstanceProcess:
             message.request,
             message.final,
             message.failure,
-            _parameters(message.parameters),
+            response_parameters(message.parameters),
         )
         if running.on_response is None or running.on_response(response, resume):
             resume()
@@ -581,19 +591,3 @@ def _pin(pid: int, cpus: Sequence[int]) -> None:
         for task in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(ProcessLookupError):  # a thread that just ended
                 os.sched_setaffinity(int(task), cpus)
-
-
-def _views(view: memoryview, refs: list[TensorRef]) -> dict[str, Tensor]:
-    """The tensors ``refs`` place in a slot, as views on it."""
-    return {
-        ref.name: Tensor(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
-        for ref in refs
-    }
-
-
-_parameters_decoder = msgspec.json.Decoder(dict[str, Any])
-
-
-def _parameters(text: str) -> dict[str, Any]:
-    """A response's parameters (the instance checked them: a JSON object)."""
-    return {} if text == "{}" else _parameters_decoder.decode(text)

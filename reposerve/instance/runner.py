@@ -72,15 +72,21 @@ class BatchRunner:
         }
         return slot, inputs
 
-    def execute(self, message: Execute, inputs: dict[str, np.ndarray]) -> Any:
-        """Run the backend on the batch: per request when it asks for the boundaries."""
+    def execute(self, message: Execute, slot: Slot, inputs: dict[str, np.ndarray]) -> Any:
+        """Run the backend on the batch: per request when it asks for the boundaries, and
+        then with how to read each request's cancel flag (the slot's first bytes, which
+        the front raises when that request's caller cancels it)."""
         if self._execute_requests is None:
             return self.backend.execute(inputs)
         requests = message.requests
-        if not requests:  # one request holding the whole batch (warmup)
+        if not requests:  # one request holding the whole batch (warmup): never cancelled
             items = message.inputs[0].shape[0] if self._batched and message.inputs else 1
-            requests = [RequestSlice(items, "")]
-        return self._execute_requests(inputs, requests)
+            return self._execute_requests(inputs, [RequestSlice(items, "")], _never)
+
+        def cancelled(index: int) -> bool:
+            return slot.buffer[index] != 0
+
+        return self._execute_requests(inputs, requests, cancelled)
 
     def finish(
         self, message: Execute, slot: Slot, outputs: object, started_ns: int
@@ -316,6 +322,10 @@ class BatchRunner:
                 raise OutputError(f"{where}: expected item shape {spec.shape}, got {list(dims)}")
             checked.append((spec.name, spec.datatype, value))
         return checked
+
+
+def _never(index: int) -> bool:
+    return False
 
 
 def _conform(array: np.ndarray, datatype: str, where: str) -> np.ndarray:

@@ -65,7 +65,7 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
             started = time.perf_counter_ns()
             try:
                 slot, inputs = runner.prepare(message)
-                outputs = runner.execute(message, inputs)
+                outputs = runner.execute(message, slot, inputs)
                 if runner.decoupled:
                     reply = runner.stream(message, slot, outputs, started, channel)
                 else:
@@ -114,12 +114,12 @@ def _run_async(channel: Channel, runner: BatchRunner, caller: Caller) -> None:
                     reply = Result(message.batch_id, slot.size, [], 0)
                 else:
                     stream.running = True  # from here a Cancel cancels this task
-                    responses = runner.execute(message, inputs)
+                    responses = runner.execute(message, slot, inputs)
                     reply = await runner.stream_async(
                         message, slot, responses, started, channel, stream.resumed
                     )
             else:
-                outputs = await runner.execute(message, inputs)
+                outputs = await runner.execute(message, slot, inputs)
                 reply = runner.finish(message, slot, outputs, started)
         except Exception as exc:
             reply = runner.failure(message, exc)

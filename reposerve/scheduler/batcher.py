@@ -127,6 +127,7 @@ class Scheduler:
         key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
         future = asyncio.get_running_loop().create_future()
         item = Queued(request, finish, future, key, self._clock.now(), stream)
+        future.add_done_callback(partial(self._tell_cancelled, item))
         if stream is not None:
             stream.on_cancel = partial(self._abandon, item)
         timeout_us = request.timeout_us or self._default_timeout_us
@@ -371,6 +372,13 @@ class Scheduler:
         for stream in full:
             stream.when_room(room)
         return False
+
+    def _tell_cancelled(self, item: Queued, future: asyncio.Future) -> None:
+        """A request whose caller cancelled it while it runs: its model may see that
+        (``is_cancelled()``) and stop early; what it answers then goes nowhere."""
+        batch = item.batch
+        if future.cancelled() and batch is not None and batch.instance is not None:
+            batch.instance.cancel_request(batch.handle, batch.items.index(item))
 
     def _abandon(self, item: Queued) -> None:
         """A streamed request's client has gone: a queued request is dropped when the

@@ -49,6 +49,10 @@ class Executor(Protocol):
         """Stop a decoupled batch whose clients have all gone."""
         ...
 
+    def cancel_request(self, batch_id: int, index: int) -> None:
+        """Tell the model that request ``index`` of a running batch has been cancelled."""
+        ...
+
 
 class Queued:
     __slots__ = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -360,3 +361,80 @@ def test_a_models_own_metrics_are_scraped_beside_reposerves(tmp_path):
             assert line in text.splitlines(), line
     finally:
         assert server.stop() == 0, server.log()
+
+
+# Waits until its request is cancelled (checking without sending anything), then records
+# that it saw it; decoupled or not by its config.
+WATCHES_CANCEL = """
+    import threading
+    import time
+    from pathlib import Path
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    RECORD = Path({record!r})
+
+
+    def wait_for_cancel(watched, name):
+        RECORD.joinpath(f"started-{{name}}").touch()
+        deadline = time.monotonic() + 30
+        while not watched.is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        RECORD.joinpath(name).write_text(str(watched.is_cancelled()))
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            if {decoupled}:
+                for request in requests:
+                    sender = request.get_response_sender()
+
+                    def run(sender=sender):
+                        wait_for_cancel(sender, "decoupled")
+                        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+                    threading.Thread(target=run).start()
+                return None
+            for request in requests:
+                wait_for_cancel(request, "plain")
+            error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+"""
+
+
+def test_a_model_sees_its_request_cancelled_while_it_runs(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    for name, decoupled in (("plain", False), ("decoupled", True)):
+        pbtxt = SENDERS_PBTXT + (
+            "model_transaction_policy { decoupled: true }" if decoupled else ""
+        )
+        code = WATCHES_CANCEL.format(record=str(records), decoupled=decoupled)
+        _model(tmp_path / "repository", name, code, pbtxt)
+    server = start_server(tmp_path / "repository", tmp_path)
+    try:
+        tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+        answers = []
+        with grpcclient.InferenceServerClient(server.grpc_address) as client:
+            call = client.async_infer("plain", [tensor], lambda **answer: answers.append(answer))
+            client.start_stream(callback=lambda **answer: answers.append(answer))
+            client.async_stream_infer("decoupled", [tensor])
+            started = [records / "started-plain", records / "started-decoupled"]
+            _wait_for(lambda: all(path.exists() for path in started))
+            call.cancel()
+            client.stop_stream(cancel_requests=True)
+        ended = [records / "plain", records / "decoupled"]
+        _wait_for(lambda: all(path.exists() for path in ended))
+        assert (records / "plain").read_text() == "True"
+        assert (records / "decoupled").read_text() == "True"
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def _wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the state never came"
+        time.sleep(0.05)

@@ -178,7 +178,7 @@ def test_an_error_response_fails_only_its_request(triton_server):
     assert by_request["good"] == [(4, False), (5, False)]
     assert by_request["bad"] == [(1, False)]
     (error,) = by_request["errors"]
-    assert "negative value" in error and "repeat" in error
+    assert error == "negative value"  # the model's own words, as Triton passes them on
 
 
 def test_a_cancelled_stream_turns_is_cancelled_true(triton_server):
