@@ -289,7 +289,8 @@ class InstanceProcess:
         """Raise request ``index``'s cancel flag in its batch's slot: the model reads it
         there (``is_cancelled()``) whatever it is doing, without a frame to wait for."""
         running = self._in_flight.get(batch_id)
-        if running is not None:
+        # Only per-request batches carry the flags (the others' slots open with inputs).
+        if running is not None and self.per_request:
             self._slots[running.slot].buffer[index] = 1
 
     @property
