@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="results.json, logs/ and the work tree (default /tmp/triton_qa-TIME)",
     )
+    parser.add_argument(
+        "--timeout", type=float, help="cap each client run at this many seconds (default 900)"
+    )
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -41,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     names = args.suite or list(SUITES)
     started = time.monotonic()
-    runner = main_run([SUITES[n] for n in names], args.server_repo, args.backend_repo, out)
+    runner = main_run(
+        [SUITES[n] for n in names], args.server_repo, args.backend_repo, out, args.timeout
+    )
     totals = {s: sum(1 for c in runner.cases if c.status == s) for s in ("PASS", "FAIL", "SKIP")}
     print(f"{totals['PASS']} passed, {totals['FAIL']} failed, {totals['SKIP']} skipped")
     result = {

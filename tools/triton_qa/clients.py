@@ -56,6 +56,9 @@ def first_error(text: str, limit: int = 12) -> tuple[str, str]:
     return head[:300], "\n".join(picked[:limit])
 
 
+_VERBOSE = re.compile(r"^\S+?\.py::(\S+) (PASSED|FAILED|ERROR|SKIPPED)", re.M)
+
+
 def _test_id(classname: str, name: str) -> str:
     cls = classname.rsplit(".", 1)[-1] if classname else ""
     return f"{cls}::{name}" if cls else name
@@ -72,14 +75,19 @@ def run_pytest(
     deselect = []
     for test in client.skip:
         deselect += ["--deselect", f"{target_file}::{test}"]
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN"]
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rN"]
     argv += [f"--junitxml={xml}", client.target, *deselect]
     rc, output = _run(argv, cwd, {**env, **client.env}, log, client.timeout)
     cases = [Case(f"{prefix}{test}", "SKIP", reason) for test, reason in client.skip.items()]
     if not xml.exists():
+        # Killed (timeout): keep what -v printed for the tests that finished.
+        for test, verdict in _VERBOSE.findall(output):
+            status = {"PASSED": "PASS", "SKIPPED": "SKIP"}.get(verdict, "FAIL")
+            reason = "" if status == "PASS" else f"{verdict} (details lost: pytest was killed)"
+            cases.append(Case(f"{prefix}{test}", status, reason))
         head, text = first_error(output)
-        why = "timed out" if rc is None else f"pytest exited {rc} without a report"
-        return [*cases, Case(f"{prefix}{module}", "FAIL", f"{why}: {head}", text)]
+        why = f"timed out after {client.timeout:.0f}s" if rc is None else f"pytest exited {rc}"
+        return [*cases, Case(f"{prefix}{module}", "FAIL", f"{why} without a report: {head}", text)]
     for tc in ET.parse(xml).getroot().iter("testcase"):
         test_id = prefix + _test_id(tc.get("classname", ""), tc.get("name", ""))
         failed = tc.find("failure")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -38,7 +39,10 @@ def _fill(text: str, values: dict[str, str]) -> str:
 
 
 class Runner:
-    def __init__(self, root: Path, backend_repo: Path | None, out: Path) -> None:
+    def __init__(
+        self, root: Path, backend_repo: Path | None, out: Path, timeout: float | None = None
+    ) -> None:
+        self.timeout = timeout  # caps every client's own limit (a hung test costs that long)
         self.root = root
         self.backend_repo = backend_repo
         self.out = out
@@ -168,6 +172,8 @@ class Runner:
                 ]
                 return cases or [Case(f"{prefix}{client.label}{client.target}", "FAIL", reason)]
             return [Case(f"{prefix}{client.case}", "FAIL", reason)]
+        if self.timeout and isinstance(client, Pytest | Script):
+            client = dataclasses.replace(client, timeout=min(client.timeout, self.timeout))
         if isinstance(client, Pytest):
             return run_pytest(client, prefix + client.label, cwd, env, logs, tag)
         if isinstance(client, Script):
