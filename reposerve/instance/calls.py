@@ -6,12 +6,14 @@ callee's scheduler like any request and writes the outputs into the same slot, a
 inputs, answering ``CallResult`` (or ``CallFailure``). Slots are pooled: a call takes one,
 the answer's outputs are copied out, and the slot is free again.
 
-A sync model blocks in ``infer_sync``; meanwhile its instance keeps serving the batches
-it is given, nested, so a model can call itself, or every instance of a model wait on a
-callee, without a deadlock: the front counts each call as room for one more batch until
-the caller says it has taken the answer (``CallTaken``): a caller answered while batches
-run above it still waits for them. An async
-model awaits ``infer``, its instance running other batches as it always does.
+A sync model blocks in ``infer_sync``; called from execute itself, its instance keeps
+serving the batches it is given meanwhile, nested, so a model can call itself, or every
+instance of a model wait on a callee, without a deadlock: the front counts each such call
+as room for one more batch until the caller says it has taken the answer (``CallTaken``):
+a caller answered while batches run above it still waits for them. A call from a thread
+of the model's own (a decoupled model's sender thread) just waits for its answer, which
+whichever thread reads the socket hands it. An async model awaits ``infer``, its
+instance running other batches as it always does.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ Reply = CallResult | CallFailure
 
 class CallChannel(Protocol):
     def send(self, message: FromInstance) -> None: ...
+
+    def expect(self, call_id: int) -> None:
+        """That call's answer is for ``wait_call`` (a sync caller)."""
+        ...
 
     def wait_call(self, call_id: int) -> Reply | None:
         """Block until that call's answer (serving what else arrives); None: the front
@@ -86,7 +92,7 @@ class Caller:
                 f"model '{self._model}': context.infer is awaited in execute itself, on the "
                 "instance's event loop (not in a thread or a loop of the model's own)"
             )
-        call_id = self._send(model, inputs, version)
+        call_id = self._send(model, inputs, version, nested=False)
         answer = self._loop.create_future()
         self._answers[call_id] = answer
         # Cancelled meanwhile, the answer still comes: deliver frees the slot then (the
@@ -102,15 +108,15 @@ class Caller:
                 f"model '{self._model}': infer_sync would stop every batch of this async "
                 "instance. Hint: await context.infer(...) in an async execute"
             )
-        if threading.current_thread() is not threading.main_thread():
-            raise ModelCallError(
-                f"model '{self._model}': infer_sync is called from execute itself, on the "
-                "instance's main thread (the one that reads the answers)"
-            )
-        call_id = self._send(model, inputs, version)
+        # From execute itself (the main thread) the instance serves batches nested while
+        # it waits; from a thread of the model's own it just waits.
+        nested = threading.current_thread() is threading.main_thread()
+        call_id = self._send(model, inputs, version, nested)
         return self._take(call_id, model, self._channel.wait_call(call_id))
 
-    def _send(self, model: str, inputs: dict[str, np.ndarray], version: int | None) -> int:
+    def _send(
+        self, model: str, inputs: dict[str, np.ndarray], version: int | None, nested: bool
+    ) -> int:
         slot = self._free.pop() if self._free else Slot.create(f"reposerve-call-{self._model}")
         try:
             refs = self._write(slot, model, inputs)
@@ -119,9 +125,10 @@ class Caller:
             raise
         call_id = next(self._ids)
         self._slots[call_id] = slot
-        self._channel.send(
-            Call(call_id, slot.fd, slot.size, model, -1 if version is None else version, refs)
-        )
+        if self._loop is None:
+            self._channel.expect(call_id)
+        number = -1 if version is None else version
+        self._channel.send(Call(call_id, slot.fd, slot.size, model, number, refs, nested))
         return call_id
 
     def _write(self, slot: Slot, model: str, inputs: dict[str, np.ndarray]) -> list[TensorRef]:

@@ -1,9 +1,13 @@
 """The instance process's end of its socket to the front: frames in (with the file
 descriptors of new slots passed beside them), frames out.
 
-Reads block. While a sync model waits (for a decoupled batch's Resume, or a model call's
-answer) frames that are not for it wait their turn, in order, for ``receive``; an Execute
-or AddSlot that comes while a model call waits is served at once (``serve``), nested.
+Reads block, and any thread may be the one reading: the main thread between batches, or
+while a sync model waits (for a decoupled batch's Resume, or a model call's answer), or
+a thread of the model's own that waits for its model call's answer while the main
+thread is busy. Whoever reads sorts what it read: a call's answer goes to the thread
+that waits for it (``expect``), everything else waits its turn in order for the main
+thread (``receive``); an Execute or AddSlot that comes while the main thread waits on a
+model call is served at once (``serve``), nested.
 """
 
 from __future__ import annotations
@@ -30,14 +34,18 @@ _MAX_FDS_PER_READ = 16
 
 
 class Channel:
-    """The worker's end of the socket: blocking reads (with passed fds), locked writes."""
+    """The worker's end of the socket: blocking reads by one thread at a time (with
+    passed fds), locked writes."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._reader = FrameReader(ToInstance)
-        self._messages: deque = deque()
-        self._deferred: deque = deque()  # read while a decoupled batch waited, not yet run
-        self._replies: dict[int, CallResult | CallFailure] = {}  # to calls further out
+        self._inbox: deque[ToInstance] = deque()  # for the main thread, in order
+        self._replies: dict[int, CallResult | CallFailure] = {}  # to expected calls
+        self._expected: set[int] = set()  # calls whose caller waits in wait_call
+        self._changed = threading.Condition()
+        self._reading = False  # a thread is in recv (the others wait for what it reads)
+        self._closed = False
         # Runs an Execute or AddSlot that arrives while a model waits on a call (sync).
         self.serve: Callable[[ToInstance], None] | None = None
         self._fds: deque[int] = deque()
@@ -45,52 +53,85 @@ class Channel:
 
     def receive(self) -> ToInstance | None:
         """The next message, or None once the front has gone."""
-        if self._deferred:
-            return self._deferred.popleft()
-        return self._next()
+        return self._wait(lambda: self._inbox.popleft() if self._inbox else None)
 
     def wait_resume(self, batch_id: int) -> bool:
         """Block until the front lets decoupled batch ``batch_id`` write its next response:
         True on its Resume, False on its Cancel or once the front has gone. Other frames
         wait their turn for ``receive``, in order."""
-        while True:
-            message = self._next()
-            if message is None:
-                return False
-            if isinstance(message, Resume | Cancel) and message.batch_id == batch_id:
-                return isinstance(message, Resume)
-            if isinstance(message, CallResult | CallFailure):  # for a call further out
-                self._replies[message.call_id] = message
-            else:
-                self._deferred.append(message)
+
+        def resume_or_cancel() -> ToInstance | None:
+            for message in self._inbox:
+                if isinstance(message, Resume | Cancel) and message.batch_id == batch_id:
+                    self._inbox.remove(message)
+                    return message
+            return None
+
+        return isinstance(self._wait(resume_or_cancel), Resume)
+
+    def expect(self, call_id: int) -> None:
+        """Model call ``call_id`` is about to be sent and its caller will ``wait_call``."""
+        with self._changed:
+            self._expected.add(call_id)
 
     def wait_call(self, call_id: int) -> CallResult | CallFailure | None:
-        """Block until model call ``call_id`` is answered; None once the front has gone.
-        Batches given meanwhile run now, nested (the waiting one cannot go on before its
-        answer, which may need them); other frames wait their turn for ``receive``."""
-        while call_id not in self._replies:
-            message = self._next()
-            if message is None:
-                return None
-            if isinstance(message, CallResult | CallFailure):
-                self._replies[message.call_id] = message
-            elif isinstance(message, Execute | AddSlot) and self.serve is not None:
-                self.serve(message)
-            else:
-                self._deferred.append(message)
-        return self._replies.pop(call_id)
+        """Block until expected model call ``call_id`` is answered; None once the front
+        has gone. On the main thread, batches given meanwhile run now, nested (the
+        waiting one cannot go on before its answer, which may need them)."""
+        nested = self.serve if threading.current_thread() is threading.main_thread() else None
 
-    def _next(self) -> ToInstance | None:
-        while not self._messages:
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 16, _MAX_FDS_PER_READ)
-            except OSError:
-                return None
-            if not data:
-                return None
-            self._fds.extend(fds)
-            self._messages.extend(self._reader.feed(data))
-        return self._messages.popleft()
+        def answer_or_batch() -> ToInstance | CallResult | CallFailure | None:
+            reply = self._replies.pop(call_id, None)
+            if reply is not None or nested is None:
+                return reply
+            for message in self._inbox:
+                if isinstance(message, Execute | AddSlot):
+                    self._inbox.remove(message)
+                    return message
+            return None
+
+        while True:
+            taken = self._wait(answer_or_batch)
+            if taken is None or isinstance(taken, CallResult | CallFailure):
+                return taken
+            assert nested is not None  # answer_or_batch takes batches only for it
+            nested(taken)
+
+    def _wait(self, take: Callable[[], object]) -> object:
+        """What ``take`` finds (it runs under the lock), reading the socket for it when no
+        other thread is; None once the front has gone."""
+        with self._changed:
+            while True:
+                found = take()
+                if found is not None or self._closed:
+                    return found
+                if self._reading:
+                    self._changed.wait()
+                    continue
+                self._reading = True
+                self._changed.release()
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(
+                        self._sock, 1 << 16, _MAX_FDS_PER_READ
+                    )
+                except OSError:
+                    data, fds = b"", []
+                finally:
+                    self._changed.acquire()
+                    self._reading = False
+                if not data:
+                    self._closed = True
+                self._fds.extend(fds)
+                for message in self._reader.feed(data):
+                    self._sort(message)
+                self._changed.notify_all()
+
+    def _sort(self, message: ToInstance) -> None:
+        if isinstance(message, CallResult | CallFailure) and message.call_id in self._expected:
+            self._expected.discard(message.call_id)
+            self._replies[message.call_id] = message
+        else:
+            self._inbox.append(message)
 
     def take_fd(self) -> int:
         return self._fds.popleft()

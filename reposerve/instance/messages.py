@@ -142,6 +142,9 @@ class Call(msgspec.Struct, tag=True, array_like=True):
     model: str
     version: int  # -1: the newest ready one
     inputs: list[TensorRef]
+    # Made by execute itself on a sync instance, which serves further batches nested
+    # while it waits: room for one more until CallTaken. Not from the model's threads.
+    nested: bool = True
 
 
 class CallTaken(msgspec.Struct, tag=True, array_like=True):

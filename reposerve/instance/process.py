@@ -111,7 +111,7 @@ class InstanceProcess:
         self._on_call = on_call
         # Model calls the process waits on: each is room for one more batch, which it runs
         # while it waits (a sync model calling itself must not wait for itself).
-        self._calls_waiting = 0
+        self._nested_calls: set[int] = set()
         self._call_slots: dict[int, Slot] = {}  # the process's call memfds, by its fd
         self.state = InstanceState.STARTING
         self.max_inflight = 1  # batches the process runs at once (many for async models)
@@ -297,7 +297,7 @@ class InstanceProcess:
     def _running_limit(self) -> int:
         """Batches it runs at once: one more for each model call it waits on (a sync
         instance runs the next batch nested meanwhile), up to NESTED_LIMIT more."""
-        return self.max_inflight + min(self._calls_waiting, NESTED_LIMIT)
+        return self.max_inflight + min(len(self._nested_calls), NESTED_LIMIT)
 
     def call_slot(self, call: Call) -> Slot:
         """The shared memory a call's inputs lie in (opened through /proc, once per
@@ -458,12 +458,13 @@ class InstanceProcess:
             case Response():
                 self._on_response(message)
             case CallTaken():
-                self._calls_waiting -= 1
+                self._nested_calls.discard(message.call_id)
             case MetricState() | MetricFamilyGone():
                 self.custom_metrics.apply(message)
             case Call():
-                self._calls_waiting += 1
-                self._start_next()
+                if message.nested:  # room for a batch run nested while it waits
+                    self._nested_calls.add(message.call_id)
+                    self._start_next()
                 if self._on_call is not None:
                     self._on_call(self, message)
                 else:

@@ -213,6 +213,7 @@ FORGER = """
             fd = os.open(self.victim, os.O_RDONLY)
             call_id = 10_000
             caller._slots[call_id] = caller._free.pop() if caller._free else None
+            caller._channel.expect(call_id)
             caller._channel.send(
                 Call(call_id, fd, 4096, "plus_one", -1, [TensorRef("X", "FP32", (1, 4), 0, 16)])
             )

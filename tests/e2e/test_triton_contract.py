@@ -124,6 +124,34 @@ BLS_PBTXT = """
     output [ { name: "TWICE" data_type: TYPE_FP32 dims: [ 1, 2 ] } ]
 """
 
+# Triton's decoupled BLS pattern: the model's own thread calls another model.
+DECOUPLED_BLS = """
+    import threading
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            def answer(request):
+                sender = request.get_response_sender()
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+                for _ in range(2):
+                    called = pb_utils.InferenceRequest(
+                        model_name="senders", inputs=[x], requested_output_names=["TWICE"]
+                    ).exec()
+                    if called.has_error():
+                        raise pb_utils.TritonModelException(called.error().message())
+                    twice = called.output_tensors()[0].as_numpy()
+                    x = pb_utils.Tensor("INPUT0", twice)
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("TWICE", twice)]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            for request in requests:
+                threading.Thread(target=answer, args=(request,)).start()
+            return None
+"""
+
 BF16 = """
     import torch
     import triton_python_backend_utils as pb_utils
@@ -168,6 +196,8 @@ def server(tmp_path_factory):
     _model(root, "senders", SENDERS, SENDERS_PBTXT)
     _model(root, "bls_by_name", BLS, BLS_PBTXT)
     _model(root, "bf16", BF16, BF16_PBTXT)
+    decoupled = SENDERS_PBTXT + "model_transaction_policy { decoupled: true }"
+    _model(root, "decoupled_bls", DECOUPLED_BLS, decoupled)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
     assert server.stop() == 0, server.log()
@@ -241,6 +271,21 @@ def test_a_bls_model_name_may_be_bytes(server):
     x.set_data_from_numpy(np.array([[1.5, 2.5]], np.float32))
     result = client.infer("bls_by_name", [name, x])
     assert result.as_numpy("TWICE").tolist() == [[3.0, 5.0]]
+
+
+def test_a_decoupled_models_own_thread_may_call_models(server):
+    answers: list = []
+    tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1.0, 2.0]], np.float32))
+    with grpcclient.InferenceServerClient(server.grpc_address) as client:
+        client.start_stream(callback=lambda result, error: answers.append((result, error)))
+        for _ in range(3):  # at once: each waits on its calls from its own thread
+            client.async_stream_infer("decoupled_bls", [tensor])
+        _wait_for(lambda: len(answers) == 6)
+        client.stop_stream()
+    assert [error for _, error in answers] == [None] * 6
+    values = sorted(result.as_numpy("TWICE").tolist() for result, _ in answers)
+    assert values == [[[2.0, 4.0]]] * 3 + [[[4.0, 8.0]]] * 3
 
 
 def test_model_code_sees_an_embedded_interpreters_argv(server):
