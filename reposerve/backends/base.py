@@ -29,6 +29,27 @@ class ModelCaller(Protocol):
         self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
     ) -> dict[str, np.ndarray]: ...
 
+    async def call(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None = None,
+        parameters: str = "{}",
+        timeout_us: int = 0,
+    ) -> tuple[dict[str, np.ndarray], str]:
+        """``infer`` with the request's parameters (a JSON object's text) and timeout:
+        the outputs and the response's parameters."""
+        ...
+
+    def call_sync(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None = None,
+        parameters: str = "{}",
+        timeout_us: int = 0,
+    ) -> tuple[dict[str, np.ndarray], str]: ...
+
 
 class ModelContext(msgspec.Struct, frozen=True):
     """Handed to a model's ``load``: which version and instance it is, and where it runs;
@@ -137,6 +158,7 @@ class RequestSlice(msgspec.Struct, frozen=True, array_like=True):
     id: str
     outputs: list[str] | None = None
     parameters: str = "{}"
+    timeout_us: int = 0  # the request's own timeout (0: none given)
 
 
 class RequestFailure(msgspec.Struct, frozen=True, array_like=True):

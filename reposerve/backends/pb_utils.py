@@ -45,7 +45,7 @@ from reposerve.backends.pb_config import ModelConfig as ModelConfig
 from reposerve.backends.pb_errors import TritonModelException as TritonModelException
 from reposerve.backends.pb_metrics import Metric as Metric
 from reposerve.backends.pb_metrics import MetricFamily as MetricFamily
-from reposerve.errors import ReposerveError
+from reposerve.errors import ErrorKind, ReposerveError
 
 # Triton's TRITONSERVER_DataType numbers, as numpy_to_triton_type / triton_to_numpy_type
 # speak them. BF16 (14) has no numpy dtype: reposerve hands its bit patterns over as uint16.
@@ -417,6 +417,7 @@ class InferenceRequest:
         parameters: str,
         sender: InferenceResponseSender,
         cancelled: Callable[[], bool],
+        timeout: int = 0,
     ) -> InferenceRequest:
         """A client's request, as ``execute`` gets it (``parameters`` already checked)."""
         request = cls.__new__(cls)
@@ -428,7 +429,7 @@ class InferenceRequest:
         request._model_name = ""
         request._model_version = -1
         request._flags = 0
-        request._timeout = 0
+        request._timeout = timeout
         request._preferred_memory = None
         request._trace = InferenceTrace()
         request._sender = sender
@@ -485,36 +486,32 @@ class InferenceRequest:
         """Run this request on ``model_name`` (Triton's BLS), blocking until it answers."""
         caller = self._bls_caller(decoupled)
         try:
-            outputs = caller.infer_sync(self._model_name, self._arrays(), self._version())
+            answer = caller.call_sync(self._model_name, self._arrays(), *self._call_options())
         except ReposerveError as exc:
-            return InferenceResponse(error=TritonError(exc.message))
-        return self._response(outputs)
+            return InferenceResponse(error=TritonError(exc.message, _code(exc)))
+        return self._response(*answer)
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
         caller = self._bls_caller(decoupled)
         try:
-            outputs = await caller.infer(self._model_name, self._arrays(), self._version())
+            answer = await caller.call(self._model_name, self._arrays(), *self._call_options())
         except ReposerveError as exc:
-            return InferenceResponse(error=TritonError(exc.message))
-        return self._response(outputs)
+            return InferenceResponse(error=TritonError(exc.message, _code(exc)))
+        return self._response(*answer)
+
+    def _call_options(self) -> tuple[int | None, str, int]:
+        """The version, parameters and timeout (µs) of the call, as the caller takes them."""
+        version = None if self._model_version < 0 else self._model_version
+        return version, self._parameters, self._timeout
 
     def _bls_caller(self, decoupled: bool) -> Any:
         if not self._model_name:
             raise TritonModelException("exec() needs a request built with model_name=...")
         if decoupled:
             raise TritonModelException("exec(decoupled=True) is not supported by reposerve (yet)")
-        unsupported = [
-            name
-            for name, value in (
-                ("timeout", self._timeout),
-                ("flags", self._flags),
-                ("parameters", self._parameters != "{}"),
-            )
-            if value
-        ]
-        if unsupported:
+        if self._flags:
             raise TritonModelException(
-                f"InferenceRequest: {', '.join(unsupported)} not supported by reposerve's "
+                "InferenceRequest: flags (sequence batching) are not supported by reposerve's "
                 "model calls (yet)"
             )
         if _caller is None:
@@ -524,10 +521,7 @@ class InferenceRequest:
     def _arrays(self) -> dict[str, np.ndarray]:
         return {tensor.name(): tensor._array for tensor in self._inputs}
 
-    def _version(self) -> int | None:
-        return None if self._model_version < 0 else self._model_version
-
-    def _response(self, outputs: dict[str, np.ndarray]) -> InferenceResponse:
+    def _response(self, outputs: dict[str, np.ndarray], parameters: str) -> InferenceResponse:
         wanted = self._requested_output_names or list(outputs)
         missing = [name for name in wanted if name not in outputs]
         if missing:
@@ -537,11 +531,26 @@ class InferenceRequest:
                     f"(it has: {', '.join(outputs)})"
                 )
             )
-        return InferenceResponse([Tensor(name, outputs[name]) for name in wanted])
+        tensors = [Tensor(name, outputs[name]) for name in wanted]
+        return InferenceResponse(tensors, parameters=parameters)
 
 
 def _never() -> bool:
     return False
+
+
+# How a failed model call's kind reads as a TritonError code.
+_CODES = {
+    ErrorKind.NOT_FOUND: TritonError.NOT_FOUND,
+    ErrorKind.INVALID_ARGUMENT: TritonError.INVALID_ARG,
+    ErrorKind.UNAVAILABLE: TritonError.UNAVAILABLE,
+    ErrorKind.UNSUPPORTED: TritonError.UNSUPPORTED,
+    ErrorKind.CANCELLED: TritonError.CANCELLED,
+}
+
+
+def _code(error: ReposerveError) -> int:
+    return _CODES.get(error.kind, TritonError.INTERNAL)
 
 
 class InferenceResponse:

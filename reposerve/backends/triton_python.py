@@ -236,7 +236,13 @@ class TritonPythonBackend:
             wanted = self._output_names if request.outputs is None else request.outputs
             triton_requests.append(
                 pb_utils.InferenceRequest._received(
-                    tensors, request.id, list(wanted), request.parameters, sender, is_cancelled
+                    tensors,
+                    request.id,
+                    list(wanted),
+                    request.parameters,
+                    sender,
+                    is_cancelled,
+                    request.timeout_us,
                 )
             )
             start = stop

@@ -85,14 +85,33 @@ class Caller:
     async def infer(
         self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
     ) -> dict[str, np.ndarray]:
+        outputs, _ = await self.call(model, inputs, version)
+        return outputs
+
+    def infer_sync(
+        self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
+    ) -> dict[str, np.ndarray]:
+        outputs, _ = self.call_sync(model, inputs, version)
+        return outputs
+
+    async def call(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None = None,
+        parameters: str = "{}",
+        timeout_us: int = 0,
+    ) -> tuple[dict[str, np.ndarray], str]:
+        """``infer`` with the request's parameters (a JSON object's text) and timeout;
+        the outputs and the response's parameters."""
         if self._loop is None:  # a sync instance: nothing else runs while it waits
-            return self.infer_sync(model, inputs, version)
+            return self.call_sync(model, inputs, version, parameters, timeout_us)
         if asyncio.get_running_loop() is not self._loop:
             raise ModelCallError(
                 f"model '{self._model}': context.infer is awaited in execute itself, on the "
                 "instance's event loop (not in a thread or a loop of the model's own)"
             )
-        call_id = self._send(model, inputs, version, nested=False)
+        call_id = self._send(model, inputs, version, False, parameters, timeout_us)
         answer = self._loop.create_future()
         self._answers[call_id] = answer
         # Cancelled meanwhile, the answer still comes: deliver frees the slot then (the
@@ -100,9 +119,14 @@ class Caller:
         reply = await answer
         return self._take(call_id, model, reply)
 
-    def infer_sync(
-        self, model: str, inputs: dict[str, np.ndarray], version: int | None = None
-    ) -> dict[str, np.ndarray]:
+    def call_sync(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None = None,
+        parameters: str = "{}",
+        timeout_us: int = 0,
+    ) -> tuple[dict[str, np.ndarray], str]:
         if self._loop is not None:
             raise ModelCallError(
                 f"model '{self._model}': infer_sync would stop every batch of this async "
@@ -111,11 +135,17 @@ class Caller:
         # From execute itself (the main thread) the instance serves batches nested while
         # it waits; from a thread of the model's own it just waits.
         nested = threading.current_thread() is threading.main_thread()
-        call_id = self._send(model, inputs, version, nested)
+        call_id = self._send(model, inputs, version, nested, parameters, timeout_us)
         return self._take(call_id, model, self._channel.wait_call(call_id))
 
     def _send(
-        self, model: str, inputs: dict[str, np.ndarray], version: int | None, nested: bool
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None,
+        nested: bool,
+        parameters: str,
+        timeout_us: int,
     ) -> int:
         slot = self._free.pop() if self._free else Slot.create(f"reposerve-call-{self._model}")
         try:
@@ -128,7 +158,9 @@ class Caller:
         if self._loop is None:
             self._channel.expect(call_id)
         number = -1 if version is None else version
-        self._channel.send(Call(call_id, slot.fd, slot.size, model, number, refs, nested))
+        self._channel.send(
+            Call(call_id, slot.fd, slot.size, model, number, refs, nested, parameters, timeout_us)
+        )
         return call_id
 
     def _write(self, slot: Slot, model: str, inputs: dict[str, np.ndarray]) -> list[TensorRef]:
@@ -155,8 +187,11 @@ class Caller:
             slot.buffer[ref.offset : ref.offset + ref.nbytes] = payload
         return refs
 
-    def _take(self, call_id: int, model: str, reply: Reply | None) -> dict[str, np.ndarray]:
-        """The outputs, copied out of the slot, which is free again."""
+    def _take(
+        self, call_id: int, model: str, reply: Reply | None
+    ) -> tuple[dict[str, np.ndarray], str]:
+        """The outputs, copied out of the slot (which is free again), and the response's
+        parameters."""
         slot = self._slots.pop(call_id)
         if reply is not None:
             self._release(call_id)
@@ -172,7 +207,7 @@ class Caller:
                 raw = view[ref.offset : ref.offset + ref.nbytes]
                 array = to_numpy(ref.datatype, ref.shape, raw)
                 outputs[ref.name] = array if ref.datatype == "BYTES" else array.copy()
-            return outputs
+            return outputs, reply.parameters
         finally:
             self._free.append(slot)
 

@@ -73,11 +73,13 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
 
 
 class CallResult(msgspec.Struct, tag=True, array_like=True):
-    """A model call's answer: the outputs in its call slot, after the inputs."""
+    """A model call's answer: the outputs in its call slot, after the inputs, and the
+    response's parameters (a JSON object's text)."""
 
     call_id: int
     slot_size: int
     outputs: list[TensorRef]
+    parameters: str = "{}"
 
 
 class CallFailure(msgspec.Struct, tag=True, array_like=True):
@@ -145,6 +147,8 @@ class Call(msgspec.Struct, tag=True, array_like=True):
     # Made by execute itself on a sync instance, which serves further batches nested
     # while it waits: room for one more until CallTaken. Not from the model's threads.
     nested: bool = True
+    parameters: str = "{}"  # the request's parameters, a JSON object's text
+    timeout_us: int = 0  # 0: none (the callee's default)
 
 
 class CallTaken(msgspec.Struct, tag=True, array_like=True):

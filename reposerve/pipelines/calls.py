@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from reposerve.errors import ErrorKind, InstanceError, ProtocolError, ReposerveError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import Call, CallFailure, CallResult, TensorRef
 from reposerve.pipelines.ensemble import Resolve
 from reposerve.protocol.request import decode_parts
 from reposerve.tensor import Tensor
+
+_parameters_decoder = msgspec.json.Decoder(dict[str, Any])
+_parameters_encoder = msgspec.json.Encoder()
 
 
 async def serve_call(
@@ -30,17 +35,23 @@ async def serve_call(
                 kind=ErrorKind.UNSUPPORTED,
             )
         view = memoryview(slot.buffer)
+        asked = _parameters_decoder.decode(call.parameters)
+        if call.timeout_us:
+            asked["timeout"] = call.timeout_us
         header = {
             "inputs": [
                 {"name": ref.name, "datatype": ref.datatype, "shape": list(ref.shape)}
                 for ref in call.inputs
-            ]
+            ],
+            "parameters": asked,
         }
         raws = [view[ref.offset : ref.offset + ref.nbytes] for ref in call.inputs]
         request = decode_parts(header, raws, model.config, call.model)
         start = align(max((ref.offset + ref.nbytes for ref in call.inputs), default=0))
 
-        def write(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> list[TensorRef]:
+        def write(
+            outputs: dict[str, Tensor], parameters: dict[str, Any]
+        ) -> tuple[list[TensorRef], dict[str, Any]]:
             refs = []
             offset = start
             for name, tensor in outputs.items():
@@ -52,10 +63,11 @@ async def serve_call(
                     slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.raw
             except (OSError, ValueError) as exc:  # the caller's process went away meanwhile
                 raise InstanceError(f"the calling instance is gone ({exc})") from exc
-            return refs
+            return refs, parameters
 
-        refs = await model.scheduler.submit(request, write)
-        return CallResult(call.call_id, slot.size, refs)
+        refs, answered = await model.scheduler.submit(request, write)
+        text = _parameters_encoder.encode(answered).decode() if answered else "{}"
+        return CallResult(call.call_id, slot.size, refs, text)
     except ReposerveError as exc:
         message = f"{caller}: calling model '{call.model}': {exc.message}"
         return CallFailure(call.call_id, message, exc.kind)

@@ -589,4 +589,6 @@ def _slice(request: InferRequest) -> RequestSlice:
     parameters = (
         _parameters_encoder.encode(request.parameters).decode() if request.parameters else "{}"
     )
-    return RequestSlice(request.batch_size, request.id or "", outputs, parameters)
+    return RequestSlice(
+        request.batch_size, request.id or "", outputs, parameters, request.timeout_us
+    )

@@ -483,3 +483,101 @@ def _wait_for(condition, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the state never came"
         time.sleep(0.05)
+
+
+# Triton's bls_parameters pattern: each step adds parameters and calls itself with them.
+BLS_PARAMETERS = """
+    import json
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                steps = int(pb_utils.get_input_tensor_by_name(request, "STEPS").as_numpy()[0])
+                parameters = json.loads(request.parameters())
+                if steps == 0:
+                    text = np.array([json.dumps(parameters).encode()], dtype=np.object_)
+                    responses.append(
+                        pb_utils.InferenceResponse(
+                            [pb_utils.Tensor("AGGREGATED", text)], parameters={"depth": 0}
+                        )
+                    )
+                    continue
+                parameters[f"step_{steps}"] = steps
+                called = pb_utils.InferenceRequest(
+                    model_name="bls_parameters",
+                    inputs=[pb_utils.Tensor("STEPS", np.array([steps - 1], np.uint8))],
+                    requested_output_names=["AGGREGATED"],
+                    parameters=parameters,
+                ).exec()
+                depth = json.loads(called.parameters())["depth"] + 1
+                responses.append(
+                    pb_utils.InferenceResponse(called.output_tensors(), parameters={"depth": depth})
+                )
+            return responses
+"""
+
+BLS_PARAMETERS_PBTXT = """
+    backend: "python"
+    input [ { name: "STEPS" data_type: TYPE_UINT8 dims: [ 1 ] } ]
+    output [ { name: "AGGREGATED" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+# Calls a model that answers with the timeout its request carries.
+TIMED = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                if request.inputs()[0].name() == "STEPS":  # the callee
+                    text = str(request.timeout()).encode()
+                    out = pb_utils.Tensor("AGGREGATED", np.array([text], dtype=np.object_))
+                    responses.append(pb_utils.InferenceResponse([out]))
+                    continue
+                called = pb_utils.InferenceRequest(
+                    model_name="timed",
+                    inputs=[pb_utils.Tensor("STEPS", np.array([1], np.uint8))],
+                    requested_output_names=["AGGREGATED"],
+                    timeout=100_000,
+                ).exec()
+                responses.append(pb_utils.InferenceResponse(called.output_tensors()))
+            return responses
+"""
+
+TIMED_PBTXT = """
+    backend: "python"
+    input [
+      { name: "STEPS" data_type: TYPE_UINT8 dims: [ 1 ] optional: true },
+      { name: "CALL" data_type: TYPE_UINT8 dims: [ 1 ] optional: true }
+    ]
+    output [ { name: "AGGREGATED" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+def test_bls_requests_carry_parameters_and_a_timeout(tmp_path):
+    _model(tmp_path, "bls_parameters", BLS_PARAMETERS, BLS_PARAMETERS_PBTXT)
+    _model(tmp_path, "timed", TIMED, TIMED_PBTXT)
+    server = start_server(tmp_path, tmp_path)
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_address) as client:
+            steps = grpcclient.InferInput("STEPS", [1], "UINT8")
+            steps.set_data_from_numpy(np.array([3], np.uint8))
+            result = client.infer("bls_parameters", [steps], parameters={"from_client": "yes"})
+            aggregated = json.loads(result.as_numpy("AGGREGATED")[0])
+            assert aggregated == {"from_client": "yes", "step_3": 3, "step_2": 2, "step_1": 1}
+            assert result.get_response().parameters["depth"].int64_param == 3
+
+            call = grpcclient.InferInput("CALL", [1], "UINT8")
+            call.set_data_from_numpy(np.array([1], np.uint8))
+            result = client.infer("timed", [call])
+            assert result.as_numpy("AGGREGATED")[0] == b"100000"  # µs, as the model gave it
+    finally:
+        assert server.stop() == 0, server.log()
