@@ -16,7 +16,8 @@ import msgspec
 
 from reposerve.backends.onnx_options import file_options
 from reposerve.config.triton_json import parse_triton_config
-from reposerve.errors import ConfigError, ErrorKind, ProtocolError, RepositoryError
+from reposerve.errors import ConfigError, ErrorKind, ProtocolError, ReposerveError, RepositoryError
+from reposerve.instance.messages import CallFailure, CallResult, ModelControl
 from reposerve.logs import LogControl
 from reposerve.metrics import MetricsOptions, VersionMetrics, render
 from reposerve.protocol import documents
@@ -61,6 +62,7 @@ class InferenceService:
         self._strict = strict_readiness
         self._started = False
         self._stopping = False
+        repository.model_control = self._model_control
 
     # -- start-up and shutdown ---------------------------------------------------------
 
@@ -380,6 +382,19 @@ class InferenceService:
         if not isinstance(dependents, bool):
             raise ProtocolError(f"unload '{name}': parameter unload_dependents must be a bool")
         await self.repository.unload(name, dependents=dependents)
+
+    async def _model_control(self, control: ModelControl) -> CallResult | CallFailure:
+        """A model's own request to load, unload or ask after a model (Triton's
+        ``pb_utils.load_model`` and friends): the control API's, with its rules."""
+        try:
+            if control.action == "load":
+                await self.load_model(control.model, control.body)
+            elif control.action == "unload":
+                await self.unload_model(control.model, control.body)
+        except ReposerveError as exc:
+            return CallFailure(control.call_id, exc.message, exc.kind)
+        ready = self.model_ready(control.model, control.version or None)
+        return CallResult(control.call_id, 0, [], msgspec.json.encode({"ready": ready}).decode())
 
     def _check_control(self) -> None:
         if self.model_control_mode != "explicit":

@@ -50,6 +50,11 @@ class ModelCaller(Protocol):
         timeout_us: int = 0,
     ) -> tuple[dict[str, np.ndarray], str]: ...
 
+    def control(self, action: str, model: str, version: str = "", body: bytes = b"") -> str:
+        """Load, unload or ask after a model ("load" | "unload" | "ready"), as the control
+        API would: the answer's parameters (``{"ready": ...}``), or ModelCallError."""
+        ...
+
 
 class ModelContext(msgspec.Struct, frozen=True):
     """Handed to a model's ``load``: which version and instance it is, and where it runs;

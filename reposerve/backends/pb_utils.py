@@ -30,6 +30,7 @@ through DLPack.
 
 from __future__ import annotations
 
+import base64
 import enum
 import json
 import logging
@@ -585,6 +586,43 @@ class InferenceResponse:
     def parameters(self) -> str:
         """The response's parameters, a JSON object's text."""
         return self._parameters
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) a model of the repository, as the control API's load does:
+    ``config`` is Triton's JSON config to use instead of the folder's; ``files`` maps
+    ``file:<path>`` to a file's content for the model folder (it needs ``config``)."""
+    _check_type("load_model: model_name", model_name, str)
+    _check_type("load_model: config", config, str)
+    parameters: dict[str, str] = {"config": config} if config else {}
+    for key, content in (files or {}).items():
+        if not isinstance(key, str) or not isinstance(content, bytes):
+            raise TypeError("load_model: files must map str ('file:<path>') to bytes")
+        parameters[key] = base64.b64encode(content).decode()
+    _control("load", model_name, body=json.dumps({"parameters": parameters}).encode())
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload a model of the repository, as the control API's unload does."""
+    _check_type("unload_model: model_name", model_name, str)
+    body = {"parameters": {"unload_dependents": bool(unload_dependents)}}
+    _control("unload", model_name, body=json.dumps(body).encode())
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether the model (that version, or its newest) is ready to serve."""
+    _check_type("is_model_ready: model_name", model_name, str)
+    _check_type("is_model_ready: model_version", model_version, str)
+    return bool(json.loads(_control("ready", model_name, model_version))["ready"])
+
+
+def _control(action: str, model: str, version: str = "", body: bytes = b"") -> str:
+    if _caller is None:
+        raise TritonModelException("no repository to control")
+    try:
+        return _caller.control(action, model, version, body)
+    except ReposerveError as exc:
+        raise TritonModelException(exc.message) from None
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

@@ -34,6 +34,7 @@ from reposerve.instance.messages import (
     CallResult,
     CallTaken,
     FromInstance,
+    ModelControl,
     TensorRef,
 )
 
@@ -137,6 +138,20 @@ class Caller:
         nested = threading.current_thread() is threading.main_thread()
         call_id = self._send(model, inputs, version, nested, parameters, timeout_us)
         return self._take(call_id, model, self._channel.wait_call(call_id))
+
+    def control(self, action: str, model: str, version: str = "", body: bytes = b"") -> str:
+        """A request to control the repository (``ModelControl``), blocking until it is
+        answered from any thread (also an async instance's loop: it is rare and short
+        next to what it waits for); the answer's parameters, e.g. ``{"ready": true}``."""
+        call_id = next(self._ids)
+        self._channel.expect(call_id)
+        self._channel.send(ModelControl(call_id, action, model, version, body))
+        reply = self._channel.wait_call(call_id)
+        if reply is None:
+            raise ModelCallError(f"{action} '{model}': the server went away")
+        if isinstance(reply, CallFailure):
+            raise ModelCallError(reply.message, reply.kind)
+        return reply.parameters
 
     def _send(
         self,

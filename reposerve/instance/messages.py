@@ -151,6 +151,19 @@ class Call(msgspec.Struct, tag=True, array_like=True):
     timeout_us: int = 0  # 0: none (the callee's default)
 
 
+class ModelControl(msgspec.Struct, tag=True, array_like=True):
+    """A model's request to control the repository (Triton's ``pb_utils.load_model``,
+    ``unload_model``, ``is_model_ready``), answered like a call: a CallResult whose
+    parameters say ``{"ready": ...}``, or a CallFailure. ``body``: the request as the
+    HTTP control endpoint takes it (a load's config and files, an unload's dependents)."""
+
+    call_id: int
+    action: str  # "load" | "unload" | "ready"
+    model: str
+    version: str = ""  # "ready": the version asked about ("" the model)
+    body: bytes = b""
+
+
 class CallTaken(msgspec.Struct, tag=True, array_like=True):
     """The caller has its answer and runs on: the instance no longer waits on that call
     (a sync instance may still wait beneath batches it ran while waiting, until this)."""
@@ -173,6 +186,7 @@ FromInstance = (
     | Response
     | Failure
     | Call
+    | ModelControl
     | CallTaken
     | MetricState
     | MetricFamilyGone

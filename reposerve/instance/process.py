@@ -42,6 +42,7 @@ from reposerve.instance.messages import (
     FromInstance,
     Load,
     LoadFailed,
+    ModelControl,
     Ready,
     Response,
     Result,
@@ -96,7 +97,7 @@ class InstanceState(enum.Enum):
     EXITED = "exited"
 
 
-OnCall = Callable[["InstanceProcess", Call], None]
+OnCall = Callable[["InstanceProcess", Call | ModelControl], None]
 """A model's call to a model (``context.infer``): the owner answers with ``answer_call``."""
 
 
@@ -461,20 +462,15 @@ class InstanceProcess:
                 self._nested_calls.discard(message.call_id)
             case MetricState() | MetricFamilyGone():
                 self.custom_metrics.apply(message)
-            case Call():
-                if message.nested:  # room for a batch run nested while it waits
+            case Call() | ModelControl():
+                if isinstance(message, Call) and message.nested:  # room for a nested batch
                     self._nested_calls.add(message.call_id)
                     self._start_next()
                 if self._on_call is not None:
                     self._on_call(self, message)
                 else:
-                    self.answer_call(
-                        CallFailure(
-                            message.call_id,
-                            "no repository to call models in",
-                            ErrorKind.UNAVAILABLE,
-                        )
-                    )
+                    reason = "no repository to call models in"
+                    self.answer_call(CallFailure(message.call_id, reason, ErrorKind.UNAVAILABLE))
             case Failure(batch_id=batch_id):
                 running = self._answered(batch_id, next_starts=not message.fatal)
                 if running is None:

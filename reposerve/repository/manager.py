@@ -24,7 +24,7 @@ from reposerve.pipelines.ensemble import check_steps
 from reposerve.repository.override import OverrideFolder
 from reposerve.repository.roots import all_model_names, check_exists, find_root
 from reposerve.repository.scan import ConfigOverride, read_model
-from reposerve.repository.version import ModelState, ModelVersion
+from reposerve.repository.version import Control, ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
 
@@ -77,6 +77,9 @@ class Repository:
         self._latency_summaries = latency_summaries
         self._models: dict[str, _Model] = {}
         self._closing = False
+        # Serves models' own requests to load and unload models (Triton's
+        # pb_utils.load_model): the service's, whose control API rules apply to them too.
+        self.model_control: Control | None = None
 
     def names(self) -> list[str]:
         return all_model_names(self.roots)
@@ -184,6 +187,7 @@ class Repository:
                     source.labels,
                     latency_summaries=self._latency_summaries,
                     resolve=self.get,
+                    control=self.model_control,
                 )
                 for version in source.versions
             ]

@@ -14,10 +14,11 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
-from reposerve.instance.messages import Call, CallFailure
+from reposerve.instance.messages import Call, CallFailure, CallResult, ModelControl
 from reposerve.instance.outcomes import BatchTensor, FailureCause
 from reposerve.instance.process import InstanceProcess
 from reposerve.pipelines.calls import serve_call
@@ -31,6 +32,10 @@ from reposerve.scheduler.batcher import Scheduler
 from reposerve.statistics import ModelStatistics
 
 log = logging.getLogger("reposerve.repository")
+
+
+Control = Callable[[ModelControl], Awaitable[CallResult | CallFailure]]
+"""Serves a model's request to control the repository (``InferenceService``'s)."""
 
 
 class ModelState(enum.Enum):
@@ -59,8 +64,10 @@ class ModelVersion:
         labels: dict[str, tuple[str, ...]] | None = None,
         latency_summaries: bool = False,
         resolve: Resolve | None = None,
+        control: Control | None = None,
     ) -> None:
-        """``resolve`` looks up other models (``Repository.get``): an ensemble's steps."""
+        """``resolve`` looks up other models (``Repository.get``): an ensemble's steps;
+        ``control`` serves its models' requests to load and unload models."""
         self.name = name
         self.version = source.number
         self.version_text = str(source.number)
@@ -84,6 +91,7 @@ class ModelVersion:
         else:
             self.scheduler = Scheduler(self.label, config, [], self.statistics)
         self._resolve = resolve
+        self._control = control
         self._load_timeout = load_timeout
         self._restarter = InstanceRestarter(
             self.label,
@@ -252,7 +260,12 @@ class ModelVersion:
                 InstanceError(f"{self.label}: instance {instance.spec.index} {instance.ended}")
             )
 
-    def _on_call(self, instance: InstanceProcess, call: Call) -> None:
+    def _on_call(self, instance: InstanceProcess, call: Call | ModelControl) -> None:
+        if isinstance(call, ModelControl):
+            task = asyncio.ensure_future(self._serve_control(instance, call))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+            return
         if isinstance(self.scheduler, Scheduler):  # the waiting instance has room now
             self.scheduler.capacity_changed()
         task = asyncio.ensure_future(self._serve_call(instance, call))
@@ -267,6 +280,16 @@ class ModelVersion:
             instance.answer_call(CallFailure(call.call_id, str(exc), ErrorKind.UNAVAILABLE))
             return
         instance.answer_call(await serve_call(call, slot, self._resolve, self.label))
+
+    async def _serve_control(self, instance: InstanceProcess, control: ModelControl) -> None:
+        if self._control is None:
+            reason = f"{self.label}: no repository control here"
+            answer: CallResult | CallFailure = CallFailure(
+                control.call_id, reason, ErrorKind.UNAVAILABLE
+            )
+        else:
+            answer = await self._control(control)
+        instance.answer_call(answer)
 
     def _replace(self, dead: InstanceProcess, replacement: InstanceProcess) -> None:
         self.instances[self.instances.index(dead)] = replacement

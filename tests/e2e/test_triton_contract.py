@@ -581,3 +581,55 @@ def test_bls_requests_carry_parameters_and_a_timeout(tmp_path):
             assert result.as_numpy("AGGREGATED")[0] == b"100000"  # µs, as the model gave it
     finally:
         assert server.stop() == 0, server.log()
+
+
+# Triton's bls_model_loading pattern: a model loads, checks and unloads another.
+CONTROLLER = """
+    import json
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.config = json.loads(args["model_config"])  # target's tensors are the same
+
+        def execute(self, requests):
+            seen = [pb_utils.is_model_ready("target")]
+            pb_utils.load_model(model_name="target")
+            seen.append(pb_utils.is_model_ready("target"))
+            seen.append(pb_utils.is_model_ready("target", "2"))
+            try:
+                pb_utils.load_model("target", config="{not json")
+            except pb_utils.TritonModelException as exc:
+                seen.append("refused: " + str(exc)[:40])
+            config = {key: self.config[key] for key in ("backend", "input", "output")}
+            config["version_policy"] = {"specific": {"versions": [1]}}
+            pb_utils.load_model("target", config=json.dumps(config))
+            seen += [pb_utils.is_model_ready("target", "1"), pb_utils.is_model_ready("target", "2")]
+            pb_utils.unload_model("target")
+            seen.append(pb_utils.is_model_ready("target"))
+            seen.append(pb_utils.is_model_ready("no_such_model"))
+            text = np.array([json.dumps(seen).encode()], dtype=np.object_)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("AGGREGATED", text)])]
+"""
+
+
+def test_a_model_loads_checks_and_unloads_another(tmp_path):
+    _model(tmp_path, "controller", CONTROLLER, BLS_PARAMETERS_PBTXT)
+    _model(tmp_path, "target", BLS_PARAMETERS, BLS_PARAMETERS_PBTXT)
+    (tmp_path / "target" / "2").mkdir()
+    (tmp_path / "target" / "2" / "model.py").write_text(textwrap.dedent(BLS_PARAMETERS))
+    explicit = ("--model-control-mode", "explicit", "--load-model", "controller")
+    server = start_server(tmp_path, tmp_path, *explicit)
+    try:
+        client = httpclient.InferenceServerClient(server.address)
+        steps = httpclient.InferInput("STEPS", [1], "UINT8")
+        steps.set_data_from_numpy(np.array([0], np.uint8))
+        seen = json.loads(client.infer("controller", [steps]).as_numpy("AGGREGATED")[0])
+        assert seen[:3] == [False, True, True]  # the newest version, 2
+        assert seen[3].startswith("refused: ")
+        assert seen[4:] == [True, False, False, False]  # version 1 by the config; unloaded
+    finally:
+        assert server.stop() == 0, server.log()
