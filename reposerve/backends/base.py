@@ -50,6 +50,17 @@ class ModelCaller(Protocol):
         timeout_us: int = 0,
     ) -> tuple[dict[str, np.ndarray], str]: ...
 
+    def stream_sync(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None = None,
+        parameters: str = "{}",
+        timeout_us: int = 0,
+    ) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+        """A call to a decoupled model: each response's outputs and parameters."""
+        ...
+
     def control(self, action: str, model: str, version: str = "", body: bytes = b"") -> str:
         """Load, unload or ask after a model ("load" | "unload" | "ready"), as the control
         API would: the answer's parameters (``{"ready": ...}``), or ModelCallError."""

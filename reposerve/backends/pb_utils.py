@@ -35,7 +35,7 @@ import enum
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -483,17 +483,25 @@ class InferenceRequest:
             )
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on ``model_name`` (Triton's BLS), blocking until it answers."""
-        caller = self._bls_caller(decoupled)
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` (Triton's BLS), blocking until it answers;
+        ``decoupled``: on a decoupled model, an iterator of its responses as they come,
+        ending with an empty one (Triton's final response)."""
+        caller = self._bls_caller()
+        if decoupled:
+            return self._responses(caller)
         try:
             answer = caller.call_sync(self._model_name, self._arrays(), *self._call_options())
         except ReposerveError as exc:
             return InferenceResponse(error=TritonError(exc.message, _code(exc)))
         return self._response(*answer)
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        caller = self._bls_caller(decoupled)
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """``exec`` for an ``async def execute``; with ``decoupled`` the iterator's
+        responses are waited for as it is iterated."""
+        caller = self._bls_caller()
+        if decoupled:
+            return self._responses(caller)
         try:
             answer = await caller.call(self._model_name, self._arrays(), *self._call_options())
         except ReposerveError as exc:
@@ -505,11 +513,20 @@ class InferenceRequest:
         version = None if self._model_version < 0 else self._model_version
         return version, self._parameters, self._timeout
 
-    def _bls_caller(self, decoupled: bool) -> Any:
+    def _responses(self, caller: Any) -> Iterator[InferenceResponse]:
+        try:
+            for outputs, parameters in caller.stream_sync(
+                self._model_name, self._arrays(), *self._call_options()
+            ):
+                yield self._response(outputs, parameters)
+        except ReposerveError as exc:
+            yield InferenceResponse(error=TritonError(exc.message, _code(exc)))
+            return
+        yield InferenceResponse([])  # the final one
+
+    def _bls_caller(self) -> Any:
         if not self._model_name:
             raise TritonModelException("exec() needs a request built with model_name=...")
-        if decoupled:
-            raise TritonModelException("exec(decoupled=True) is not supported by reposerve (yet)")
         if self._flags:
             raise TritonModelException(
                 "InferenceRequest: flags (sequence batching) are not supported by reposerve's "

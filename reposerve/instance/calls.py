@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
@@ -31,6 +32,8 @@ from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import (
     Call,
     CallFailure,
+    CallNext,
+    CallResponse,
     CallResult,
     CallTaken,
     FromInstance,
@@ -41,7 +44,7 @@ from reposerve.instance.messages import (
 # numpy dtype -> V2 datatype (BF16 has none: its uint16 bit patterns call as UINT16).
 _DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name != "BF16"}
 
-Reply = CallResult | CallFailure
+Reply = CallResult | CallResponse | CallFailure
 
 
 class CallChannel(Protocol):
@@ -161,6 +164,7 @@ class Caller:
         nested: bool,
         parameters: str,
         timeout_us: int,
+        decoupled: bool = False,
     ) -> int:
         slot = self._free.pop() if self._free else Slot.create(f"reposerve-call-{self._model}")
         try:
@@ -170,11 +174,22 @@ class Caller:
             raise
         call_id = next(self._ids)
         self._slots[call_id] = slot
-        if self._loop is None:
+        if self._loop is None or decoupled:  # answers for wait_call
             self._channel.expect(call_id)
         number = -1 if version is None else version
         self._channel.send(
-            Call(call_id, slot.fd, slot.size, model, number, refs, nested, parameters, timeout_us)
+            Call(
+                call_id,
+                slot.fd,
+                slot.size,
+                model,
+                number,
+                refs,
+                nested,
+                parameters,
+                timeout_us,
+                decoupled,
+            )
         )
         return call_id
 
@@ -215,17 +230,58 @@ class Caller:
                 raise ModelCallError(f"calling '{model}': the server went away")
             if isinstance(reply, CallFailure):
                 raise ModelCallError(reply.message, reply.kind)
-            slot.remap(reply.slot_size)
-            view = memoryview(slot.buffer)
-            outputs = {}
-            for ref in reply.outputs:
-                raw = view[ref.offset : ref.offset + ref.nbytes]
-                array = to_numpy(ref.datatype, ref.shape, raw)
-                outputs[ref.name] = array if ref.datatype == "BYTES" else array.copy()
-            return outputs, reply.parameters
+            return _read(slot, reply), reply.parameters
         finally:
             self._free.append(slot)
+
+    def stream_sync(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None = None,
+        parameters: str = "{}",
+        timeout_us: int = 0,
+    ) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+        """A call to a decoupled model: each response's outputs and parameters as it comes
+        (blocking until then, from any thread). Left before its end, the call is still
+        read to its end, so the callee and the slot are released."""
+        nested = self._loop is None and threading.current_thread() is threading.main_thread()
+        call_id = self._send(model, inputs, version, nested, parameters, timeout_us, True)
+        slot = self._slots[call_id]
+        ended = False
+        try:
+            while True:
+                reply = self._channel.wait_call(call_id)
+                if not isinstance(reply, CallResponse):
+                    ended = True
+                    self._take(call_id, model, reply)  # the end, or its error
+                    return
+                outputs = _read(slot, reply)
+                self._channel.send(CallNext(call_id))
+                yield outputs, reply.parameters
+        finally:
+            while not ended:  # drain what the callee still sends
+                reply = self._channel.wait_call(call_id)
+                if isinstance(reply, CallResponse):
+                    self._channel.send(CallNext(call_id))
+                else:
+                    ended = True
+                    self._slots.pop(call_id, None)
+                    self._free.append(slot)
+                    if reply is not None:
+                        self._release(call_id)
 
     def _release(self, call_id: int) -> None:
         """The front's room for this call ends: its caller runs on (or is gone)."""
         self._channel.send(CallTaken(call_id))
+
+
+def _read(slot: Slot, reply: CallResult | CallResponse) -> dict[str, np.ndarray]:
+    """An answer's outputs, copied out of the call slot."""
+    slot.remap(reply.slot_size)
+    view = memoryview(slot.buffer)
+    outputs = {}
+    for ref in reply.outputs:
+        array = to_numpy(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
+        outputs[ref.name] = array if ref.datatype == "BYTES" else array.copy()
+    return outputs

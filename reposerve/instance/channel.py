@@ -20,6 +20,7 @@ from collections.abc import Callable
 from reposerve.instance.messages import (
     AddSlot,
     CallFailure,
+    CallResponse,
     CallResult,
     Cancel,
     Execute,
@@ -32,6 +33,8 @@ from reposerve.instance.messages import (
 
 _MAX_FDS_PER_READ = 16
 
+Reply = CallResult | CallResponse | CallFailure
+
 
 class Channel:
     """The worker's end of the socket: blocking reads by one thread at a time (with
@@ -41,7 +44,7 @@ class Channel:
         self._sock = sock
         self._reader = FrameReader(ToInstance)
         self._inbox: deque[ToInstance] = deque()  # for the main thread, in order
-        self._replies: dict[int, CallResult | CallFailure] = {}  # to expected calls
+        self._replies: dict[int, deque[Reply]] = {}  # to expected calls, in order
         self._expected: set[int] = set()  # calls whose caller waits in wait_call
         self._changed = threading.Condition()
         self._reading = False  # a thread is in recv (the others wait for what it reads)
@@ -74,16 +77,22 @@ class Channel:
         with self._changed:
             self._expected.add(call_id)
 
-    def wait_call(self, call_id: int) -> CallResult | CallFailure | None:
-        """Block until expected model call ``call_id`` is answered; None once the front
-        has gone. On the main thread, batches given meanwhile run now, nested (the
-        waiting one cannot go on before its answer, which may need them)."""
+    def wait_call(self, call_id: int) -> Reply | None:
+        """Block until expected model call ``call_id``'s next answer (its one answer, or a
+        decoupled call's next response or end); None once the front has gone. On the main
+        thread, batches given meanwhile run now, nested (the waiting one cannot go on
+        before its answer, which may need them)."""
         nested = self.serve if threading.current_thread() is threading.main_thread() else None
 
-        def answer_or_batch() -> ToInstance | CallResult | CallFailure | None:
-            reply = self._replies.pop(call_id, None)
-            if reply is not None or nested is None:
+        def answer_or_batch() -> ToInstance | None:
+            replies = self._replies.get(call_id)
+            if replies:
+                reply = replies.popleft()
+                if not replies:
+                    del self._replies[call_id]
                 return reply
+            if nested is None:
+                return None
             for message in self._inbox:
                 if isinstance(message, Execute | AddSlot):
                     self._inbox.remove(message)
@@ -92,7 +101,7 @@ class Channel:
 
         while True:
             taken = self._wait(answer_or_batch)
-            if taken is None or isinstance(taken, CallResult | CallFailure):
+            if taken is None or isinstance(taken, Reply):
                 return taken
             assert nested is not None  # answer_or_batch takes batches only for it
             nested(taken)
@@ -127,9 +136,10 @@ class Channel:
                 self._changed.notify_all()
 
     def _sort(self, message: ToInstance) -> None:
-        if isinstance(message, CallResult | CallFailure) and message.call_id in self._expected:
-            self._expected.discard(message.call_id)
-            self._replies[message.call_id] = message
+        if isinstance(message, Reply) and message.call_id in self._expected:
+            if not isinstance(message, CallResponse):  # the call's last answer
+                self._expected.discard(message.call_id)
+            self._replies.setdefault(message.call_id, deque()).append(message)
         else:
             self._inbox.append(message)
 

@@ -82,6 +82,16 @@ class CallResult(msgspec.Struct, tag=True, array_like=True):
     parameters: str = "{}"
 
 
+class CallResponse(msgspec.Struct, tag=True, array_like=True):
+    """One response of a decoupled model call, in the call slot after the inputs; the
+    front writes the next once the caller sends CallNext."""
+
+    call_id: int
+    slot_size: int
+    outputs: list[TensorRef]
+    parameters: str = "{}"
+
+
 class CallFailure(msgspec.Struct, tag=True, array_like=True):
     call_id: int
     message: str
@@ -149,6 +159,9 @@ class Call(msgspec.Struct, tag=True, array_like=True):
     nested: bool = True
     parameters: str = "{}"  # the request's parameters, a JSON object's text
     timeout_us: int = 0  # 0: none (the callee's default)
+    # A call to a decoupled model, taking its responses one by one: each comes as a
+    # CallResponse (the next only after CallNext), the stream ends with a CallResult.
+    decoupled: bool = False
 
 
 class ModelControl(msgspec.Struct, tag=True, array_like=True):
@@ -162,6 +175,12 @@ class ModelControl(msgspec.Struct, tag=True, array_like=True):
     model: str
     version: str = ""  # "ready": the version asked about ("" the model)
     body: bytes = b""
+
+
+class CallNext(msgspec.Struct, tag=True, array_like=True):
+    """The caller has taken a decoupled call's response out of the slot: write the next."""
+
+    call_id: int
 
 
 class CallTaken(msgspec.Struct, tag=True, array_like=True):
@@ -178,7 +197,9 @@ class Failure(msgspec.Struct, tag=True, array_like=True):
     fatal: bool = False  # the process ends after this answer (a poisoned CUDA context)
 
 
-ToInstance = Load | AddSlot | Execute | Resume | Cancel | CallResult | CallFailure | Shutdown
+ToInstance = (
+    Load | AddSlot | Execute | Resume | Cancel | CallResult | CallResponse | CallFailure | Shutdown
+)
 FromInstance = (
     Ready
     | LoadFailed
@@ -187,6 +208,7 @@ FromInstance = (
     | Failure
     | Call
     | ModelControl
+    | CallNext
     | CallTaken
     | MetricState
     | MetricFamilyGone

@@ -33,6 +33,8 @@ from reposerve.instance.messages import (
     AddSlot,
     Call,
     CallFailure,
+    CallNext,
+    CallResponse,
     CallResult,
     CallTaken,
     Cancel,
@@ -97,7 +99,7 @@ class InstanceState(enum.Enum):
     EXITED = "exited"
 
 
-OnCall = Callable[["InstanceProcess", Call | ModelControl], None]
+OnCall = Callable[["InstanceProcess", Call | ModelControl | CallNext], None]
 """A model's call to a model (``context.infer``): the owner answers with ``answer_call``."""
 
 
@@ -313,7 +315,7 @@ class InstanceProcess:
         slot.remap(call.slot_size)
         return slot
 
-    def answer_call(self, reply: CallResult | CallFailure) -> None:
+    def answer_call(self, reply: CallResult | CallResponse | CallFailure) -> None:
         if self._transport is not None and self.state is not InstanceState.EXITED:
             self._transport.write(encode_frame(reply))
 
@@ -462,7 +464,7 @@ class InstanceProcess:
                 self._nested_calls.discard(message.call_id)
             case MetricState() | MetricFamilyGone():
                 self.custom_metrics.apply(message)
-            case Call() | ModelControl():
+            case Call() | ModelControl() | CallNext():
                 if isinstance(message, Call) and message.nested:  # room for a nested batch
                     self._nested_calls.add(message.call_id)
                     self._start_next()

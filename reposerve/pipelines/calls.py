@@ -3,35 +3,45 @@
 The call's inputs are read in place from the calling process's call slot, checked against
 the callee's config as any request's are, and run through the callee's scheduler (so they
 are batched with its other requests); the outputs are written back into the same slot,
-after the inputs.
+after the inputs. A decoupled callee's responses go the same way one at a time, each
+written once the caller has taken the one before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 
 from reposerve.errors import ErrorKind, InstanceError, ProtocolError, ReposerveError
 from reposerve.instance.arena import Slot, align
-from reposerve.instance.messages import Call, CallFailure, CallResult, TensorRef
+from reposerve.instance.messages import Call, CallFailure, CallResponse, CallResult, TensorRef
 from reposerve.pipelines.ensemble import Resolve
 from reposerve.protocol.request import decode_parts
+from reposerve.scheduler.stream import ResponseStream
 from reposerve.tensor import Tensor
 
 _parameters_decoder = msgspec.json.Decoder(dict[str, Any])
 _parameters_encoder = msgspec.json.Encoder()
 
 
+SendResponse = Callable[[CallResponse], Awaitable[None]]
+"""Sends a decoupled call's response and waits until the caller has taken it (CallNext)."""
+
+
 async def serve_call(
-    call: Call, slot: Slot, resolve: Resolve, caller: str
+    call: Call, slot: Slot, resolve: Resolve, caller: str, send: SendResponse
 ) -> CallResult | CallFailure:
-    """``caller`` (the calling model's label) names it in errors."""
+    """``caller`` (the calling model's label) names it in errors. A call to a decoupled
+    model (``call.decoupled``) sends each response through ``send`` and ends with an
+    empty CallResult."""
     try:
         model = resolve(call.model, None if call.version < 0 else str(call.version))
-        if model.config.decoupled:
+        if model.config.decoupled and not call.decoupled:
             raise ProtocolError(
-                f"model '{call.model}' is decoupled (it streams): a model call takes one answer",
+                f"model '{call.model}' is decoupled (it streams): a model call takes one "
+                "answer. Hint: call it with exec(decoupled=True)",
                 kind=ErrorKind.UNSUPPORTED,
             )
         view = memoryview(slot.buffer)
@@ -48,26 +58,60 @@ async def serve_call(
         raws = [view[ref.offset : ref.offset + ref.nbytes] for ref in call.inputs]
         request = decode_parts(header, raws, model.config, call.model)
         start = align(max((ref.offset + ref.nbytes for ref in call.inputs), default=0))
+        if model.config.decoupled:
+            await _stream(model, request, call.call_id, slot, start, send)
+            return CallResult(call.call_id, slot.size, [])
 
         def write(
             outputs: dict[str, Tensor], parameters: dict[str, Any]
-        ) -> tuple[list[TensorRef], dict[str, Any]]:
-            refs = []
-            offset = start
-            for name, tensor in outputs.items():
-                refs.append(TensorRef(name, tensor.datatype, tensor.shape, offset, len(tensor.raw)))
-                offset = align(offset + len(tensor.raw))
-            try:
-                slot.ensure(offset)
-                for ref, tensor in zip(refs, outputs.values(), strict=True):
-                    slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.raw
-            except (OSError, ValueError) as exc:  # the caller's process went away meanwhile
-                raise InstanceError(f"the calling instance is gone ({exc})") from exc
-            return refs, parameters
+        ) -> tuple[list[TensorRef], str]:
+            return _write(slot, start, outputs), _parameters_text(parameters)
 
         refs, answered = await model.scheduler.submit(request, write)
-        text = _parameters_encoder.encode(answered).decode() if answered else "{}"
-        return CallResult(call.call_id, slot.size, refs, text)
+        return CallResult(call.call_id, slot.size, refs, answered)
     except ReposerveError as exc:
         message = f"{caller}: calling model '{call.model}': {exc.message}"
         return CallFailure(call.call_id, message, exc.kind)
+
+
+async def _stream(
+    model: Any, request: Any, call_id: int, slot: Slot, start: int, send: SendResponse
+) -> None:
+    """A decoupled model's responses to a call, one at a time through the call slot: each
+    is kept (copied) as it comes, and written once the caller took the one before."""
+
+    def keep(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> tuple[dict, str]:
+        owned = {name: Tensor(t.datatype, t.shape, bytes(t.raw)) for name, t in outputs.items()}
+        return owned, _parameters_text(parameters)
+
+    stream: ResponseStream = ResponseStream()
+    future = model.scheduler.submit(request, keep, stream)
+    future.add_done_callback(
+        lambda done: stream.end(None if done.cancelled() else done.exception())
+    )
+    try:
+        async for outputs, parameters in stream:
+            refs = _write(slot, start, outputs)
+            await send(CallResponse(call_id, slot.size, refs, parameters))
+    finally:
+        stream.cancel()
+
+
+def _write(slot: Slot, start: int, outputs: dict[str, Tensor]) -> list[TensorRef]:
+    """The outputs in the call slot from ``start``, one after another."""
+    refs = []
+    offset = start
+    for name, tensor in outputs.items():
+        refs.append(TensorRef(name, tensor.datatype, tensor.shape, offset, len(tensor.raw)))
+        offset = align(offset + len(tensor.raw))
+    try:
+        slot.ensure(offset)
+        for ref, tensor in zip(refs, outputs.values(), strict=True):
+            slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.raw
+    except (OSError, ValueError) as exc:  # the caller's process went away meanwhile
+        raise InstanceError(f"the calling instance is gone ({exc})") from exc
+    return refs
+
+
+def _parameters_text(parameters: dict[str, Any]) -> str:
+    return _parameters_encoder.encode(parameters).decode() if parameters else "{}"

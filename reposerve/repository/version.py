@@ -18,7 +18,14 @@ from collections.abc import Awaitable, Callable
 
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
-from reposerve.instance.messages import Call, CallFailure, CallResult, ModelControl
+from reposerve.instance.messages import (
+    Call,
+    CallFailure,
+    CallNext,
+    CallResponse,
+    CallResult,
+    ModelControl,
+)
 from reposerve.instance.outcomes import BatchTensor, FailureCause
 from reposerve.instance.process import InstanceProcess
 from reposerve.pipelines.calls import serve_call
@@ -104,6 +111,8 @@ class ModelVersion:
             on_call=self._on_call,
         )
         self._calls: set[asyncio.Task] = set()  # model calls its instances made, under way
+        # Decoupled calls' responses sent, by (caller pid, call id), until the caller took it.
+        self._taken: dict[tuple[int, int], asyncio.Future[None]] = {}
         self._warmups: list[list[BatchTensor]] = []  # built once the config is complete
 
     @property
@@ -247,6 +256,10 @@ class ModelVersion:
 
     def _on_instance_exit(self, instance: InstanceProcess) -> None:
         self.scheduler.remove_instance(instance)
+        for key in [key for key in self._taken if key[0] == instance.pid]:
+            gone = self._taken.pop(key)  # its decoupled calls: nobody takes their responses
+            if not gone.done():
+                gone.set_exception(InstanceError(f"{self.label}: the caller {instance.ended}"))
         if self.state is ModelState.READY:
             self._restarter.restart(instance)
         elif self.scheduler.serving:
@@ -260,7 +273,12 @@ class ModelVersion:
                 InstanceError(f"{self.label}: instance {instance.spec.index} {instance.ended}")
             )
 
-    def _on_call(self, instance: InstanceProcess, call: Call | ModelControl) -> None:
+    def _on_call(self, instance: InstanceProcess, call: Call | ModelControl | CallNext) -> None:
+        if isinstance(call, CallNext):  # the caller took a decoupled call's response
+            taken = self._taken.pop((instance.pid, call.call_id), None)
+            if taken is not None and not taken.done():
+                taken.set_result(None)
+            return
         if isinstance(call, ModelControl):
             task = asyncio.ensure_future(self._serve_control(instance, call))
             self._calls.add(task)
@@ -279,7 +297,14 @@ class ModelVersion:
         except OSError as exc:  # the process went away meanwhile, or named no slot
             instance.answer_call(CallFailure(call.call_id, str(exc), ErrorKind.UNAVAILABLE))
             return
-        instance.answer_call(await serve_call(call, slot, self._resolve, self.label))
+
+        async def send(response: CallResponse) -> None:
+            taken = asyncio.get_running_loop().create_future()
+            self._taken[(instance.pid, call.call_id)] = taken
+            instance.answer_call(response)
+            await taken
+
+        instance.answer_call(await serve_call(call, slot, self._resolve, self.label, send))
 
     async def _serve_control(self, instance: InstanceProcess, control: ModelControl) -> None:
         if self._control is None:

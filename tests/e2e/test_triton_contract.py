@@ -152,6 +152,58 @@ DECOUPLED_BLS = """
             return None
 """
 
+# A decoupled model: as many responses as its input says, each with a parameter.
+STREAMER = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                sender = request.get_response_sender()
+                count = int(pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()[0][0])
+                for index in range(count):
+                    value = np.full((1, 2), index, np.float32)
+                    sender.send(
+                        pb_utils.InferenceResponse(
+                            [pb_utils.Tensor("TWICE", value)], parameters={"index": index}
+                        )
+                    )
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+"""
+
+# Calls the streamer with exec(decoupled=True), or async_exec(decoupled=True) when async.
+BLS_STREAM = """
+    import json
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        {prefix}def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+                call = pb_utils.InferenceRequest(
+                    model_name="streamer", inputs=[x], requested_output_names=["TWICE"]
+                )
+                seen = []
+                for response in {call}:
+                    if response.has_error():
+                        raise pb_utils.TritonModelException(response.error().message())
+                    if not response.output_tensors():
+                        seen.append("final")
+                        break
+                    value = float(response.output_tensors()[0].as_numpy()[0][0])
+                    seen.append([value, json.loads(response.parameters())["index"]])
+                text = np.array([[json.dumps(seen).encode()]], dtype=np.object_)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)]))
+            return responses
+"""
+
 BF16 = """
     import torch
     import triton_python_backend_utils as pb_utils
@@ -198,6 +250,11 @@ def server(tmp_path_factory):
     _model(root, "bf16", BF16, BF16_PBTXT)
     decoupled = SENDERS_PBTXT + "model_transaction_policy { decoupled: true }"
     _model(root, "decoupled_bls", DECOUPLED_BLS, decoupled)
+    _model(root, "streamer", STREAMER, decoupled)
+    blocking = BLS_STREAM.format(prefix="", call="call.exec(decoupled=True)")
+    awaiting = BLS_STREAM.format(prefix="async ", call="await call.async_exec(decoupled=True)")
+    _model(root, "bls_stream", blocking, CONTRACT_PBTXT)
+    _model(root, "bls_stream_async", awaiting, CONTRACT_PBTXT)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
     assert server.stop() == 0, server.log()
@@ -286,6 +343,16 @@ def test_a_decoupled_models_own_thread_may_call_models(server):
     assert [error for _, error in answers] == [None] * 6
     values = sorted(result.as_numpy("TWICE").tolist() for result, _ in answers)
     assert values == [[[2.0, 4.0]]] * 3 + [[[4.0, 8.0]]] * 3
+
+
+@pytest.mark.parametrize("model", ["bls_stream", "bls_stream_async"])
+def test_a_decoupled_model_called_through_bls_streams_its_responses(server, model):
+    client = httpclient.InferenceServerClient(server.address)
+    for count in (3, 0):
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 2), count, np.float32))
+        text = client.infer(model, [tensor]).as_numpy("TEXT")[0][0]
+        assert json.loads(text) == [[float(i), i] for i in range(count)] + ["final"]
 
 
 def test_model_code_sees_an_embedded_interpreters_argv(server):
