@@ -203,10 +203,14 @@ class Runner:
 
 
 def main_run(
-    suites: list[Suite], server_repo: Path, backend_repo: Path | None, out: Path
+    suites: list[Suite],
+    server_repo: Path,
+    backend_repo: Path | None,
+    out: Path,
+    timeout: float | None = None,
 ) -> Runner:
     root = extract(server_repo, out / "work")
-    runner = Runner(root, backend_repo, out)
+    runner = Runner(root, backend_repo, out, timeout)
     for suite in suites:
         runner.run(suite)
     return runner
