@@ -527,6 +527,8 @@ class InferenceRequest:
     def _bls_caller(self) -> Any:
         if not self._model_name:
             raise TritonModelException("exec() needs a request built with model_name=...")
+        if not _bls_allowed:
+            raise TritonModelException("BLS is only supported during the 'execute' function.")
         if self._flags:
             raise TritonModelException(
                 "InferenceRequest: flags (sequence batching) are not supported by reposerve's "
@@ -673,6 +675,9 @@ def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
 
 _log = logging.getLogger("reposerve.model")
 _caller: Any = None  # the instance's ModelCaller, for BLS requests (set by the shim)
+# False while the model initializes or finalizes: BLS runs only from execute (and the
+# threads it starts), as in Triton.
+_bls_allowed = True
 
 
 class LogLevel(enum.Enum):

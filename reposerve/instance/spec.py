@@ -27,6 +27,7 @@ class InstanceSpec(msgspec.Struct, frozen=True):
     cpus: tuple[int, ...]  # the cores it is pinned to; () = not pinned
     threads: int
     execute_timeout_s: float  # 0 = none
+    name: str = ""  # Triton's name for it (<model>_<group>_<n>), as its models see it
 
     @property
     def label(self) -> str:

@@ -173,7 +173,7 @@ class Repository:
                 if override:
                     override.remove()
                 model.error = exc.message
-                log.error("%s", exc.message)
+                log.error("failed to load '%s': %s", name, exc.message)  # Triton's words
                 raise
             model.error = ""
             if override:

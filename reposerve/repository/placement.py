@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 
 from reposerve.config import InstanceGroup, ModelConfig
+from reposerve.config.instances import instance_name
 from reposerve.errors import ConfigError
 from reposerve.instance.spec import GpuDevice, InstanceSpec
 from reposerve.repository.gpus import Gpus
@@ -67,6 +68,7 @@ def plan_instances(
                         cpus=tuple(group.cpus or ()),
                         threads=override or threads,
                         execute_timeout_s=config.execution.timeout_seconds,
+                        name=instance_name(name, config, len(specs)),
                     )
                 )
     return Placement(config, specs)

@@ -134,7 +134,14 @@ def _backend(config: ModelConfig, version_path: Path, name: str) -> str:
     if config.backend is not None:
         files = BACKEND_FILES[config.backend]
         if not any((version_path / file).is_file() for file in files):
-            raise ConfigError(f"{where}: backend {config.backend} needs {' or '.join(files)}")
+            # Triton's words too, which its tests look for in the log.
+            stub = (
+                f" (Failed to preinitialize Python stub: Python model file not found in "
+                f"'{version_path.resolve() / 'model.py'}')"
+                if config.backend == "python"
+                else ""
+            )
+            raise ConfigError(f"{where}: backend {config.backend} needs {' or '.join(files)}{stub}")
         return config.backend
     found = [
         backend

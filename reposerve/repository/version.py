@@ -241,7 +241,8 @@ class ModelVersion:
         for instance in self.instances:
             instance.kill()
         self._move(ModelState.UNAVAILABLE, reason)
-        log.error("%s is unavailable: %s", self.label, reason)
+        # Triton's words, which its tests look for in the log.
+        log.error("failed to load '%s' version %s: %s", self.name, self.version, reason)
 
     def _give_up(self, reason: str) -> None:
         """An instance keeps dying: the version stops serving, and says why."""

@@ -700,3 +700,80 @@ def test_a_model_loads_checks_and_unloads_another(tmp_path):
         assert seen[4:] == [True, False, False, False]  # version 1 by the config; unloaded
     finally:
         assert server.stop() == 0, server.log()
+
+
+BLS_IN_INITIALIZE = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            tensor = pb_utils.Tensor("INPUT0", np.zeros((1, 2), np.float32))
+            pb_utils.InferenceRequest(
+                model_name="senders", inputs=[tensor], requested_output_names=["TWICE"]
+            ).exec()
+
+        def execute(self, requests):
+            return None
+"""
+
+RELATIVE_IMPORT = """
+    import triton_python_backend_utils as pb_utils
+
+    from . import helper
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor("TWICE", helper.twice(r.inputs()[0]))])
+                for r in requests
+            ]
+"""
+
+EXITS_IN_INITIALIZE = """
+    import os
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            os._exit(3)
+
+        def execute(self, requests):
+            return None
+"""
+
+
+def test_triton_model_folders_fail_and_load_as_triton_says(tmp_path):
+    _model(tmp_path, "senders", SENDERS, SENDERS_PBTXT)
+    _model(tmp_path, "bls_in_initialize", BLS_IN_INITIALIZE, SENDERS_PBTXT)
+    _model(tmp_path, "relative", RELATIVE_IMPORT, SENDERS_PBTXT)
+    (tmp_path / "relative" / "1" / "helper.py").write_text(
+        "def twice(tensor):\n    return tensor.as_numpy() * 2\n"
+    )
+    _model(tmp_path, "init_exit", EXITS_IN_INITIALIZE, SENDERS_PBTXT)
+    _model(tmp_path, "no_model_file", "", SENDERS_PBTXT)
+    (tmp_path / "no_model_file" / "1" / "model.py").unlink()
+    server = start_server(tmp_path, tmp_path, *SERVE_BROKEN)
+    try:
+        index = {e["name"]: e for e in httpx.post(f"{server.url}/v2/repository/index").json()}
+        assert index["relative"]["state"] == "READY"
+        reasons = {name: entry.get("reason", "") for name, entry in index.items()}
+        assert (
+            "BLS is only supported during the 'execute' function." in reasons["bls_in_initialize"]
+        )
+        assert "Stub process 'init_exit_0_0' is not healthy." in reasons["init_exit"]
+        missing = tmp_path.resolve() / "no_model_file" / "1" / "model.py"
+        assert (
+            f"Failed to preinitialize Python stub: Python model file not found in '{missing}'"
+        ) in reasons["no_model_file"]
+        log = server.log()
+        assert "failed to load 'no_model_file'" in log
+        assert "failed to load 'init_exit' version 1" in log
+        client = httpclient.InferenceServerClient(server.address)
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+        assert client.infer("relative", [tensor]).as_numpy("TWICE").tolist() == [[2, 2]]
+    finally:
+        server.stop()
