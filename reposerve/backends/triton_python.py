@@ -144,7 +144,12 @@ class TritonPythonBackend:
         triton_requests = self._split(inputs, requests, sent.put, cancelled, decoupled=False)
         if self.is_async:
             return self._execute_async(triton_requests, requests, sent)
-        returned = self._execute(triton_requests)
+        try:
+            returned = self._execute(triton_requests)
+        except Exception as exc:
+            if not sent.any():
+                raise  # the call failed (the scheduler isolates the request at fault)
+            returned = exc  # the requests already answered keep their answers
         if returned is None:  # answered through the senders, maybe from other threads
             sent.wait()
         return self._answers(returned, requests, sent)
@@ -161,7 +166,12 @@ class TritonPythonBackend:
         requests: Sequence[RequestSlice],
         sent: _SentOnce,
     ) -> Answers:
-        returned = await self._execute(triton_requests)
+        try:
+            returned = await self._execute(triton_requests)
+        except Exception as exc:
+            if not sent.any():
+                raise
+            returned = exc
         if returned is None:  # answered through the senders, maybe from other tasks
             await asyncio.to_thread(sent.wait)
         return self._answers(returned, requests, sent)
@@ -271,10 +281,24 @@ class TritonPythonBackend:
         self, returned: object, requests: Sequence[RequestSlice], sent: _SentOnce
     ) -> Answers:
         """What execute returned, or (None) what it sent, as one answer per request: its
-        outputs as the model gave them, or its failure alone."""
+        outputs as the model gave them, or its failure alone. A response sent through a
+        request's sender is that request's answer whatever execute did after (Triton's
+        first response wins); ``returned`` an exception fails the others with it."""
         count = len(requests)
         if returned is None:
             returned = sent.responses
+        if isinstance(returned, Exception):
+            failure = f"{type(returned).__name__}: {returned}"
+            return [
+                self._answer(index, response, request, final=True)
+                if response is not None
+                else RequestResponse(
+                    index, {}, True, RequestFailure(index, failure, ErrorKind.INTERNAL)
+                )
+                for index, (response, request) in enumerate(
+                    zip(sent.responses, requests, strict=True)
+                )
+            ]
         if not isinstance(returned, list | tuple) or len(returned) != count:
             got = (
                 f"{len(returned)} responses"
@@ -288,6 +312,7 @@ class TritonPythonBackend:
             )
         answers: Answers = []
         for index, response in enumerate(returned):
+            response = sent.responses[index] or response
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise TritonResponseError(
                     f"{self._where}: execute returned {type(response).__name__} as response "
@@ -331,6 +356,10 @@ class _SentOnce:
         self.responses: list[pb_utils.InferenceResponse | None] = [None] * count
         self._open = count
         self._done = threading.Condition()
+
+    def any(self) -> bool:
+        """Whether some request has had its response."""
+        return any(response is not None for response in self.responses)
 
     def put(self, item: object) -> None:
         index, response, final = item  # type: ignore[misc]
@@ -413,9 +442,9 @@ class _Answers:
     def check_return(self, returned: object) -> None:
         if returned is not None:
             raise TritonResponseError(
-                f"{self._where}: a decoupled TritonPythonModel's execute must return None "
-                f"(it returned {type(returned).__name__}). Hint: send each response through "
-                "request.get_response_sender()"
+                f"{self._where}: using the decoupled mode and the execute function must "
+                f"return None (it returned {type(returned).__name__}). Hint: send each "
+                "response through request.get_response_sender()"
             )
 
     def take(self, item: object) -> RequestResponse:

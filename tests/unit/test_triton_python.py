@@ -455,3 +455,40 @@ def test_custom_metrics_follow_tritons_rules():
         )
     finally:
         pb_utils_metrics.connect(None)
+
+
+FIRST_WINS = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            first = requests[0]
+            x = first.inputs()[0].as_numpy()
+            sent = pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x + 100)])
+            first.get_response_sender().send(sent)
+            if first.request_id() == "raise":
+                raise RuntimeError("after the first answer")
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests
+            ]
+"""
+
+
+def test_a_response_sent_before_execute_returns_is_that_requests_answer(tmp_path):
+    context = _context(tmp_path)
+    (context.version_path / "model.py").write_text(textwrap.dedent(FIRST_WINS))
+    backend = create_backend("python", context)
+    inputs, requests = _batch(("a", 1), ("b", 1))
+    first, second = backend.execute_requests(inputs, requests)
+    np.testing.assert_array_equal(first.outputs["OUTPUT0"], inputs["INPUT0"][:1] + 100)
+    np.testing.assert_array_equal(second.outputs["OUTPUT0"], inputs["INPUT0"][1:])
+    # execute failing after it answered a request: that answer stands, the rest fail.
+    inputs, requests = _batch(("raise", 1), ("b", 1))
+    first, second = backend.execute_requests(inputs, requests)
+    assert first.failure is None
+    assert second.failure == RequestFailure(
+        1, "RuntimeError: after the first answer", ErrorKind.INTERNAL
+    )
