@@ -27,7 +27,7 @@ from reposerve.protocol.load import decode_load_request
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.response import encode_response
 from reposerve.repository import IndexEntry, ModelState, ModelVersion, Repository
-from reposerve.repository.scan import ConfigOverride
+from reposerve.repository.scan import ConfigOverride, check_model_name
 from reposerve.scheduler.stream import ResponseStream
 from reposerve.tensor import Tensor
 from reposerve.utilization import Usage
@@ -333,6 +333,7 @@ class InferenceService:
         used instead of the folder's) and ``file:`` parameters (the model folder's files,
         only with --allow-model-file-override)."""
         self._check_control()
+        check_model_name(name)  # before its config can name it otherwise
         # Off the loop: a load may carry whole model files, base64 in JSON.
         request = await asyncio.to_thread(decode_load_request, name, body)
         if request.files and not self.allow_file_override:

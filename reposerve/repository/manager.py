@@ -23,7 +23,7 @@ from reposerve.errors import ConfigError, ErrorKind, RepositoryError
 from reposerve.pipelines.ensemble import check_steps
 from reposerve.repository.override import OverrideFolder
 from reposerve.repository.roots import all_model_names, check_exists, find_root
-from reposerve.repository.scan import ConfigOverride, read_model
+from reposerve.repository.scan import ConfigOverride, check_model_name, read_model
 from reposerve.repository.version import Control, ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
@@ -154,7 +154,11 @@ class Repository:
         if name not in self._models:
             # Only real model folders get an entry: a bogus name leaves no trace behind
             # (a name in two repositories does: it is a model, with a problem to report).
-            check_exists(self.roots, name)
+            # A load that brings the model's files needs no folder (Triton's rule).
+            if files:
+                check_model_name(name)
+            else:
+                check_exists(self.roots, name)
         model = self._models.setdefault(name, _Model())
         async with model.lock:
             # Written off the event loop: the files may be large.

@@ -50,10 +50,18 @@ def model_names(root: Path) -> list[str]:
     )
 
 
+def check_model_name(name: str) -> None:
+    """ConfigError unless ``name`` can name a model (Triton's words in it: tests look)."""
+    if not MODEL_NAME.match(name):
+        raise ConfigError(
+            f"failed to load '{name}': not a valid model name (letters, digits, _ . -): "
+            "Invalid stub name: contains invalid characters"
+        )
+
+
 def check_model_folder(root: Path, name: str) -> Path:
     """``root/name`` if that can be a model folder; else ConfigError saying why not."""
-    if not MODEL_NAME.match(name):
-        raise ConfigError(f"{name}: not a valid model name (letters, digits, _ . -)")
+    check_model_name(name)
     path = root / name
     if not path.is_dir():
         raise ConfigError(f"{name}: no such model folder in {root}")

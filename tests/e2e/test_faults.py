@@ -371,8 +371,8 @@ def test_a_crash_loop_ends_unavailable_with_its_reason(repository, tmp_path):
         _wait_for(lambda: not client.is_model_ready("loops"), what="model not ready")
         reason = (
             "instance 0 died 5 times within 60 s (last: model 'loops' version 1 instance 0 "
-            "(cpu): exited with code 4 while loading); it is not restarted again. "
-            "Fix the model and load it again"
+            "(cpu): exited with code 4 while loading (Stub process 'loops_0_0' is not "
+            "healthy.)); it is not restarted again. Fix the model and load it again"
         )
         index = {}
 

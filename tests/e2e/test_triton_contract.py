@@ -7,6 +7,7 @@ works; model code sees an embedded interpreter's ``sys.argv``."""
 
 from __future__ import annotations
 
+import base64
 import json
 import textwrap
 import time
@@ -777,3 +778,37 @@ def test_triton_model_folders_fail_and_load_as_triton_says(tmp_path):
         assert client.infer("relative", [tensor]).as_numpy("TWICE").tolist() == [[2, 2]]
     finally:
         server.stop()
+
+
+def test_a_model_loads_from_its_files_alone_and_bad_names_are_refused(tmp_path):
+    (tmp_path / "repository").mkdir()
+    server = start_server(tmp_path / "repository", tmp_path)
+    try:
+        code = textwrap.dedent(SENDERS)
+        for name, status in [("TestModel123", 200), ("model;test", 400), ("model{test}", 400)]:
+            config = {
+                "name": name,
+                "backend": "python",
+                "max_batch_size": 4,
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}],
+                "output": [{"name": "TWICE", "data_type": "TYPE_FP32", "dims": [2]}],
+            }
+            parameters = {
+                "config": json.dumps(config),
+                "file:/1/model.py": base64.b64encode(code.encode()).decode(),
+            }
+            reply = httpx.post(
+                f"{server.url}/v2/repository/models/{name}/load",
+                json={"parameters": parameters},
+                timeout=60,
+            )
+            assert reply.status_code == status, reply.text
+            if status != 200:
+                assert "failed to load" in reply.text
+                assert "Invalid stub name: contains invalid characters" in reply.text
+        client = httpclient.InferenceServerClient(server.address)
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+        assert client.infer("TestModel123", [tensor]).as_numpy("TWICE").tolist() == [[2, 2]]
+    finally:
+        assert server.stop() == 0, server.log()
