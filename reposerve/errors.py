@@ -83,3 +83,8 @@ class ModelCallError(ReposerveError):
     """A model's call to another model (``context.infer``) failed: the message says which
     model and why, the kind how the front would have reported it. Uncaught, it fails the
     calling batch with that message."""
+
+
+class ModelError(ReposerveError):
+    """A model's execute failed, in words that say it all (a Triton python model's error,
+    in Triton's form): the client gets them as they are, without reposerve's prefix."""

@@ -59,7 +59,7 @@ from reposerve.backends.base import (
 from reposerve.config import ModelConfig
 from reposerve.config.instances import instance_name
 from reposerve.config.triton_json import parse_triton_config
-from reposerve.errors import ErrorKind, ReposerveError
+from reposerve.errors import ErrorKind, ModelError, ReposerveError
 from reposerve.protocol.documents import model_config
 
 # Triton's error codes -> how the front reports them (Triton's HTTP statuses; it answers
@@ -102,6 +102,7 @@ class TritonPythonBackend:
                 context, config=_auto_completed(auto_complete, context, where)
             )
         self.completed_config = config = context.config
+        self._instance = instance_name(context.model_name, config, context.instance_index)
         self._where = where
         self._batched = config.max_batch_size > 0
         self._output_names = [spec.name for spec in config.output]
@@ -148,11 +149,18 @@ class TritonPythonBackend:
             returned = self._execute(triton_requests)
         except Exception as exc:
             if not sent.any():
-                raise  # the call failed (the scheduler isolates the request at fault)
+                raise self._failed(exc) from exc  # the scheduler isolates the one at fault
             returned = exc  # the requests already answered keep their answers
         if returned is None:  # answered through the senders, maybe from other threads
             sent.wait()
         return self._answers(returned, requests, sent)
+
+    def _failed(self, exc: Exception) -> ModelError:
+        """An exception from execute as Triton reports it (its clients check the words)."""
+        return ModelError(
+            f"Failed to process the request(s) for model '{self._instance}', message: "
+            f"{type(exc).__name__}: {exc}"
+        )
 
     def unload(self) -> None:
         finalize = getattr(self._model, "finalize", None)
@@ -170,7 +178,7 @@ class TritonPythonBackend:
             returned = await self._execute(triton_requests)
         except Exception as exc:
             if not sent.any():
-                raise
+                raise self._failed(exc) from exc
             returned = exc
         if returned is None:  # answered through the senders, maybe from other tasks
             await asyncio.to_thread(sent.wait)

@@ -195,6 +195,7 @@ class Failure(msgspec.Struct, tag=True, array_like=True):
     message: str
     invalid_input: bool  # the model raised reposerve.InvalidInput: the client's fault
     fatal: bool = False  # the process ends after this answer (a poisoned CUDA context)
+    verbatim: bool = False  # the message is whole as it is (Triton's words): no prefix
 
 
 ToInstance = (

@@ -57,6 +57,7 @@ class BatchFailure(msgspec.Struct, frozen=True):
 
     message: str
     cause: FailureCause
+    verbatim: bool = False  # the message says it all (Triton's words): sent as it is
 
     @property
     def raised(self) -> bool:

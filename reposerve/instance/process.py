@@ -484,7 +484,7 @@ class InstanceProcess:
                         self.state = InstanceState.STOPPING
                 self._free_slots.append(running.slot)
                 cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
-                running.on_done(BatchFailure(message.message, cause))
+                running.on_done(BatchFailure(message.message, cause, message.verbatim))
             case Ready():
                 self.max_inflight = message.max_inflight
                 self.staging = message.staging

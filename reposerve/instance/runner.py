@@ -18,7 +18,7 @@ from reposerve.backends import Backend
 from reposerve.backends.base import DeviceOutput, RequestFailure, RequestResponse, RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
-from reposerve.errors import InvalidInput
+from reposerve.errors import InvalidInput, ModelError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.channel import Channel
 from reposerve.instance.faults import Aftermath, aftermath, free_device_memory
@@ -249,6 +249,9 @@ class BatchRunner:
     def failure(self, message: Execute, exc: BaseException) -> Failure:
         if isinstance(exc, InvalidInput):  # the model's own words about the client's data
             return Failure(message.batch_id, exc.message, invalid_input=True)
+        if isinstance(exc, ModelError):  # a message that says it all (Triton's form)
+            traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+            return Failure(message.batch_id, exc.message, invalid_input=False, verbatim=True)
         traceback.print_exception(exc, file=sys.stderr)
         text = f"{type(exc).__name__}: {exc}"
         outcome = aftermath(exc)

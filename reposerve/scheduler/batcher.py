@@ -487,7 +487,8 @@ class Scheduler:
             error = SchedulerError(failure.message)
             reason = FailureReason.OTHER
         else:
-            error = InstanceError(f"{self._label}: {failure.message}")
+            message = failure.message if failure.verbatim else f"{self._label}: {failure.message}"
+            error = InstanceError(message)
             if failure.cause is FailureCause.NOT_STARTED:  # handed back while aborting
                 reason = FailureReason.OTHER
         for item in batch.items:

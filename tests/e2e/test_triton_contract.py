@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.server import SERVE_BROKEN, start_server
 
@@ -205,6 +206,12 @@ BLS_STREAM = """
             return responses
 """
 
+RAISES = """
+    class TritonPythonModel:
+        def execute(self, requests):
+            lorem_ipsum  # noqa: F821 - Triton's wrong_model
+"""
+
 BF16 = """
     import torch
     import triton_python_backend_utils as pb_utils
@@ -249,6 +256,7 @@ def server(tmp_path_factory):
     _model(root, "senders", SENDERS, SENDERS_PBTXT)
     _model(root, "bls_by_name", BLS, BLS_PBTXT)
     _model(root, "bf16", BF16, BF16_PBTXT)
+    _model(root, "raises", RAISES, SENDERS_PBTXT)
     decoupled = SENDERS_PBTXT + "model_transaction_policy { decoupled: true }"
     _model(root, "decoupled_bls", DECOUPLED_BLS, decoupled)
     _model(root, "streamer", STREAMER, decoupled)
@@ -354,6 +362,18 @@ def test_a_decoupled_model_called_through_bls_streams_its_responses(server, mode
         tensor.set_data_from_numpy(np.full((1, 2), count, np.float32))
         text = client.infer(model, [tensor]).as_numpy("TEXT")[0][0]
         assert json.loads(text) == [[float(i), i] for i in range(count)] + ["final"]
+
+
+def test_an_exception_in_execute_reaches_the_client_in_tritons_words(server):
+    client = httpclient.InferenceServerClient(server.address)
+    tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("raises", [tensor])
+    assert caught.value.message() == (
+        "Failed to process the request(s) for model 'raises_0_0', message: NameError: name "
+        "'lorem_ipsum' is not defined"
+    )
 
 
 def test_model_code_sees_an_embedded_interpreters_argv(server):
