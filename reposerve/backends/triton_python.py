@@ -57,7 +57,7 @@ from reposerve.backends.base import (
     Signature,
 )
 from reposerve.config import ModelConfig
-from reposerve.config.instances import instance_name
+from reposerve.config.instances import instance_kind, instance_name
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ErrorKind, ModelError, ReposerveError
 from reposerve.protocol.documents import model_config
@@ -502,7 +502,13 @@ def triton_args(context: ModelContext) -> dict[str, str]:
     kind, _, device = context.device.partition(":")
     return {
         "model_config": model_config(context.model_name, "python", context.config).decode(),
-        "model_instance_kind": "GPU" if kind == "cuda" else "CPU",
+        "model_instance_kind": (
+            "MODEL"
+            if instance_kind(context.config, context.instance_index) == "model"
+            else "GPU"
+            if kind == "cuda"
+            else "CPU"
+        ),
         "model_instance_name": instance_name(
             context.model_name, context.config, context.instance_index
         ),

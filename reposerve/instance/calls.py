@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 from collections.abc import Iterator
 from typing import Protocol
@@ -71,6 +72,7 @@ class Caller:
         self._slots: dict[int, Slot] = {}  # calls under way -> their slot
         self._loop: asyncio.AbstractEventLoop | None = None  # an async instance's
         self._answers: dict[int, asyncio.Future[Reply]] = {}
+        self._pid = os.getpid()  # a forked child shares the socket: it may not call
 
     def serve_async(self, loop: asyncio.AbstractEventLoop) -> None:
         """Answers arrive on ``loop`` (through ``deliver``), for ``await infer``."""
@@ -146,6 +148,7 @@ class Caller:
         """A request to control the repository (``ModelControl``), blocking until it is
         answered from any thread (also an async instance's loop: it is rare and short
         next to what it waits for); the answer's parameters, e.g. ``{"ready": true}``."""
+        self._check_process()
         call_id = next(self._ids)
         self._channel.expect(call_id)
         self._channel.send(ModelControl(call_id, action, model, version, body))
@@ -166,6 +169,7 @@ class Caller:
         timeout_us: int,
         decoupled: bool = False,
     ) -> int:
+        self._check_process()
         slot = self._free.pop() if self._free else Slot.create(f"reposerve-call-{self._model}")
         try:
             refs = self._write(slot, model, inputs)
@@ -270,6 +274,15 @@ class Caller:
                     self._free.append(slot)
                     if reply is not None:
                         self._release(call_id)
+
+    def _check_process(self) -> None:
+        """A forked child of the instance would share its socket with the instance and
+        read answers meant for it (both would hang): refused at once instead."""
+        if os.getpid() != self._pid:
+            raise ModelCallError(
+                f"model '{self._model}': model calls from a process forked by the model are "
+                "not supported. Hint: call from the instance process (execute, or a thread)"
+            )
 
     def _release(self, call_id: int) -> None:
         """The front's room for this call ends: its caller runs on (or is gone)."""

@@ -206,6 +206,32 @@ BLS_STREAM = """
             return responses
 """
 
+# BLS from a child the model forked: refused at once rather than hung.
+FORKS = """
+    import os
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            read, write = os.pipe()
+            child = os.fork()
+            if child == 0:
+                tensor = pb_utils.Tensor("INPUT0", np.ones((1, 2), np.float32))
+                called = pb_utils.InferenceRequest(
+                    model_name="senders", inputs=[tensor], requested_output_names=["TWICE"]
+                ).exec()
+                os.write(write, called.error().message().encode() if called.has_error() else b"ok")
+                os._exit(0)
+            os.close(write)
+            text = os.read(read, 4096)
+            os.waitpid(child, 0)
+            out = pb_utils.Tensor("TEXT", np.array([[text]], dtype=np.object_))
+            return [pb_utils.InferenceResponse([out]) for _ in requests]
+"""
+
 RAISES = """
     class TritonPythonModel:
         def execute(self, requests):
@@ -257,6 +283,7 @@ def server(tmp_path_factory):
     _model(root, "bls_by_name", BLS, BLS_PBTXT)
     _model(root, "bf16", BF16, BF16_PBTXT)
     _model(root, "raises", RAISES, SENDERS_PBTXT)
+    _model(root, "forks", FORKS, CONTRACT_PBTXT)
     decoupled = SENDERS_PBTXT + "model_transaction_policy { decoupled: true }"
     _model(root, "decoupled_bls", DECOUPLED_BLS, decoupled)
     _model(root, "streamer", STREAMER, decoupled)
@@ -374,6 +401,14 @@ def test_an_exception_in_execute_reaches_the_client_in_tritons_words(server):
         "Failed to process the request(s) for model 'raises_0_0', message: NameError: name "
         "'lorem_ipsum' is not defined"
     )
+
+
+def test_bls_from_a_forked_child_is_refused_not_hung(server):
+    client = httpclient.InferenceServerClient(server.address)
+    tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+    text = client.infer("forks", [tensor]).as_numpy("TEXT")[0][0].decode()
+    assert "model calls from a process forked by the model are not supported" in text
 
 
 def test_model_code_sees_an_embedded_interpreters_argv(server):

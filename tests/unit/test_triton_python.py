@@ -150,6 +150,15 @@ def test_initialize_args_name_the_instance_in_its_group(tmp_path):
     assert (args["model_instance_kind"], args["model_instance_device_id"]) == ("CPU", "0")
 
 
+def test_a_kind_model_instance_is_told_so(tmp_path):
+    context = _context(tmp_path)
+    config = parse_model_config(
+        textwrap.dedent(CONFIG).replace("count = 1", 'count = 1\n    kind = "model"'), "m"
+    )
+    args = triton_args(msgspec.structs.replace(context, config=config, instance_index=2))
+    assert args["model_instance_kind"] == "MODEL"
+
+
 def test_pb_utils_helpers():
     config = {"output": [{"name": "OUT", "data_type": "TYPE_FP16", "dims": [3]}]}
     spec = pb_utils.get_output_config_by_name(config, "OUT")
