@@ -345,7 +345,7 @@ class InferenceService:
             )
         override = None
         if request.config is not None:
-            label = f"load '{name}': parameters.config"
+            label = f"failed to load '{name}': parameters.config"  # Triton's words first
             config = parse_triton_config(request.config, label, name)
             paths = file_options(config.parameters)
             if paths and not self.allow_file_override:  # they make the server write there

@@ -485,8 +485,8 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (Triton's BLS), blocking until it answers;
-        ``decoupled``: on a decoupled model, an iterator of its responses as they come,
-        ending with an empty one (Triton's final response)."""
+        ``decoupled``: an iterator of the responses as they come: a decoupled model's,
+        ending with an empty one (Triton's final response), or another model's one."""
         caller = self._bls_caller()
         if decoupled:
             return self._responses(caller)
@@ -518,11 +518,10 @@ class InferenceRequest:
             for outputs, parameters in caller.stream_sync(
                 self._model_name, self._arrays(), *self._call_options()
             ):
-                yield self._response(outputs, parameters)
+                # No outputs: a decoupled model's end (Triton's empty final response).
+                yield self._response(outputs, parameters) if outputs else InferenceResponse([])
         except ReposerveError as exc:
             yield InferenceResponse(error=TritonError(exc.message, _code(exc)))
-            return
-        yield InferenceResponse([])  # the final one
 
     def _bls_caller(self) -> Any:
         if not self._model_name:

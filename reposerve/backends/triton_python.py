@@ -194,7 +194,7 @@ class TritonPythonBackend:
             return responses.is_cancelled() or flagged(index)
 
         triton_requests = self._split(inputs, requests, responses.put, cancelled)
-        answers = _Answers(self._where, requests, self._answer)
+        answers = _Answers(self._instance, requests, self._answer)
 
         def run() -> None:
             try:
@@ -224,7 +224,7 @@ class TritonPythonBackend:
         triton_requests = self._split(
             inputs, requests, put, lambda index: cancelled or flagged(index)
         )
-        answers = _Answers(self._where, requests, self._answer)
+        answers = _Answers(self._instance, requests, self._answer)
         task = asyncio.ensure_future(self._execute(triton_requests))
 
         def returned(done: asyncio.Future) -> None:
@@ -438,21 +438,21 @@ class _Answers:
 
     def __init__(
         self,
-        where: str,
+        instance: str,
         requests: Sequence[RequestSlice],
         answer: Callable[[int, pb_utils.InferenceResponse, RequestSlice, bool], RequestResponse],
     ) -> None:
-        self._where = where
+        self._instance = instance  # Triton's name for it, in its messages
         self._requests = requests
         self._answer = answer
         self.open = len(requests)
 
     def check_return(self, returned: object) -> None:
         if returned is not None:
-            raise TritonResponseError(
-                f"{self._where}: using the decoupled mode and the execute function must "
-                f"return None (it returned {type(returned).__name__}). Hint: send each "
-                "response through request.get_response_sender()"
+            raise ModelError(  # Triton's words, which its tests compare
+                f"Python model '{self._instance}' is using the decoupled mode and the "
+                f"execute function must return None. (It returned {type(returned).__name__}: "
+                "send each response through request.get_response_sender().)"
             )
 
     def take(self, item: object) -> RequestResponse:

@@ -246,9 +246,11 @@ class Caller:
         parameters: str = "{}",
         timeout_us: int = 0,
     ) -> Iterator[tuple[dict[str, np.ndarray], str]]:
-        """A call to a decoupled model: each response's outputs and parameters as it comes
-        (blocking until then, from any thread). Left before its end, the call is still
-        read to its end, so the callee and the slot are released."""
+        """A call taking its answers as a stream (Triton's ``exec(decoupled=True)``): each
+        response's outputs and parameters as it comes (blocking until then, from any
+        thread); a decoupled callee's end as an empty last one, another model's one
+        answer alone. Left before its end, the call is still read to its end, so the
+        callee and the slot are released."""
         nested = self._loop is None and threading.current_thread() is threading.main_thread()
         call_id = self._send(model, inputs, version, nested, parameters, timeout_us, True)
         slot = self._slots[call_id]
@@ -258,7 +260,11 @@ class Caller:
                 reply = self._channel.wait_call(call_id)
                 if not isinstance(reply, CallResponse):
                     ended = True
-                    self._take(call_id, model, reply)  # the end, or its error
+                    answer = self._take(call_id, model, reply)  # the end, or its error
+                    if isinstance(reply, CallResult) and reply.stream_end:
+                        yield {}, "{}"  # the final response: no outputs
+                    else:
+                        yield answer
                     return
                 outputs = _read(slot, reply)
                 self._channel.send(CallNext(call_id))

@@ -80,6 +80,9 @@ class CallResult(msgspec.Struct, tag=True, array_like=True):
     slot_size: int
     outputs: list[TensorRef]
     parameters: str = "{}"
+    # The end of a decoupled callee's responses (Triton's empty final response), not an
+    # answer of its own.
+    stream_end: bool = False
 
 
 class CallResponse(msgspec.Struct, tag=True, array_like=True):

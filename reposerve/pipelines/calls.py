@@ -60,7 +60,7 @@ async def serve_call(
         start = align(max((ref.offset + ref.nbytes for ref in call.inputs), default=0))
         if model.config.decoupled:
             await _stream(model, request, call.call_id, slot, start, send)
-            return CallResult(call.call_id, slot.size, [])
+            return CallResult(call.call_id, slot.size, [], stream_end=True)
 
         def write(
             outputs: dict[str, Tensor], parameters: dict[str, Any]

@@ -80,7 +80,7 @@ def test_config_override_without_an_equivalent_names_the_field(
     with pytest.raises(InferenceServerException) as caught:
         client.load_model("plus", config=json.dumps(config))
     assert caught.value.message() == (
-        "load 'plus': parameters.config: sequence_batching: not supported by reposerve"
+        "failed to load 'plus': parameters.config: sequence_batching: not supported by reposerve"
     )
     assert client.get_model_config("plus")["max_batch_size"] == 8  # still the folder's
 

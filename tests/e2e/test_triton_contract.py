@@ -190,7 +190,7 @@ BLS_STREAM = """
             for request in requests:
                 x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
                 call = pb_utils.InferenceRequest(
-                    model_name="streamer", inputs=[x], requested_output_names=["TWICE"]
+                    model_name="{callee}", inputs=[x], requested_output_names=["TWICE"]
                 )
                 seen = []
                 for response in {call}:
@@ -200,7 +200,7 @@ BLS_STREAM = """
                         seen.append("final")
                         break
                     value = float(response.output_tensors()[0].as_numpy()[0][0])
-                    seen.append([value, json.loads(response.parameters())["index"]])
+                    seen.append([value, json.loads(response.parameters()).get("index")])
                 text = np.array([[json.dumps(seen).encode()]], dtype=np.object_)
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)]))
             return responses
@@ -285,10 +285,16 @@ def server(tmp_path_factory):
     _model(root, "raises", RAISES, SENDERS_PBTXT)
     _model(root, "forks", FORKS, CONTRACT_PBTXT)
     decoupled = SENDERS_PBTXT + "model_transaction_policy { decoupled: true }"
+    returns = RAISES.replace("lorem_ipsum  # noqa: F821 - Triton's wrong_model", "return [None]")
+    _model(root, "decoupled_returns", returns, decoupled)
     _model(root, "decoupled_bls", DECOUPLED_BLS, decoupled)
     _model(root, "streamer", STREAMER, decoupled)
-    blocking = BLS_STREAM.format(prefix="", call="call.exec(decoupled=True)")
-    awaiting = BLS_STREAM.format(prefix="async ", call="await call.async_exec(decoupled=True)")
+    blocking = BLS_STREAM.format(prefix="", call="call.exec(decoupled=True)", callee="streamer")
+    awaiting = BLS_STREAM.format(
+        prefix="async ", call="await call.async_exec(decoupled=True)", callee="streamer"
+    )
+    plain = BLS_STREAM.format(prefix="", call="call.exec(decoupled=True)", callee="senders")
+    _model(root, "bls_stream_plain", plain, CONTRACT_PBTXT)
     _model(root, "bls_stream", blocking, CONTRACT_PBTXT)
     _model(root, "bls_stream_async", awaiting, CONTRACT_PBTXT)
     server = start_server(root, tmp_path_factory.mktemp("log"))
@@ -391,6 +397,14 @@ def test_a_decoupled_model_called_through_bls_streams_its_responses(server, mode
         assert json.loads(text) == [[float(i), i] for i in range(count)] + ["final"]
 
 
+def test_a_plain_model_called_as_a_stream_gives_its_one_response(server):
+    client = httpclient.InferenceServerClient(server.address)
+    tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 2), 3, np.float32))
+    text = client.infer("bls_stream_plain", [tensor]).as_numpy("TEXT")[0][0]
+    assert json.loads(text) == [[6.0, None]]  # its one response, and no final marker
+
+
 def test_an_exception_in_execute_reaches_the_client_in_tritons_words(server):
     client = httpclient.InferenceServerClient(server.address)
     tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
@@ -401,6 +415,21 @@ def test_an_exception_in_execute_reaches_the_client_in_tritons_words(server):
         "Failed to process the request(s) for model 'raises_0_0', message: NameError: name "
         "'lorem_ipsum' is not defined"
     )
+
+
+def test_a_decoupled_execute_returning_responses_is_refused_in_tritons_words(server):
+    answers: list = []
+    tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+    with grpcclient.InferenceServerClient(server.grpc_address) as client:
+        client.start_stream(callback=lambda result, error: answers.append(error))
+        client.async_stream_infer("decoupled_returns", [tensor])
+        _wait_for(lambda: answers)
+        client.stop_stream()
+    assert (
+        "Python model 'decoupled_returns_0_0' is using the decoupled mode and the execute "
+        "function must return None."
+    ) in str(answers[0])
 
 
 def test_bls_from_a_forked_child_is_refused_not_hung(server):
