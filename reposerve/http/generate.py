@@ -88,11 +88,15 @@ async def _only_response(responses: AsyncIterator[bytes], model: str) -> bytes:
         if found is not None:
             raise ProtocolError(
                 f"model '{model}' produced more than one response, which generate cannot "
-                "carry. Hint: call generate_stream"
+                "carry (generate expects model to produce exactly 1 response). Hint: call "
+                "generate_stream"
             )
         found = response
     if found is None:
-        raise ProtocolError(f"model '{model}' produced no response. Hint: call generate_stream")
+        raise ProtocolError(
+            f"model '{model}' produced no response (generate expects model to produce exactly "
+            "1 response). Hint: call generate_stream"
+        )
     return found
 
 

@@ -53,7 +53,10 @@ def decode_generate(body: bytes, config: ModelConfig, model: str) -> InferReques
     for key, value in document.items():
         if key == "parameters":
             if not isinstance(value, dict):
-                raise ProtocolError(f"model '{model}': parameters must be a JSON object")
+                raise ProtocolError(
+                    f"model '{model}': parameters must be a JSON object (Expected JSON object "
+                    "for keyword: 'parameters')"
+                )
             _sort(value, specs, values, parameters, model)
         elif key == "id":
             if not isinstance(value, str):
@@ -97,7 +100,7 @@ def _sort(
         else:
             raise ProtocolError(
                 f"model '{model}': '{key}' is not an input of the model, and as a parameter "
-                "it must be a string, number or bool"
+                f"it must be a string, number or bool (parameter '{key}' has invalid type)"
             )
 
 

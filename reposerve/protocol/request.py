@@ -168,7 +168,16 @@ def _request(
     specs = {tensor.name: tensor for tensor in config.input}
     missing = [name for name, spec in specs.items() if name not in inputs and not spec.optional]
     if missing:
-        raise ProtocolError(f"model '{model}': missing required input(s): {', '.join(missing)}")
+        required = sum(not spec.optional for spec in specs.values())
+        expected = (  # and Triton's words, which its clients' tests look for
+            f"expected {required} inputs"
+            if required == len(specs)
+            else f"expected number of inputs between {required} and {len(specs)}"
+        )
+        raise ProtocolError(
+            f"model '{model}': missing required input(s): {', '.join(missing)} ({expected} "
+            f"but got {len(inputs)} inputs)"
+        )
     return InferRequest(
         id=header.id,
         inputs=inputs,
@@ -265,7 +274,10 @@ def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
         flat = _flatten(item.data, where)
         _check_count(len(flat), count, item, where)
         if not all(isinstance(element, str) for element in flat):
-            raise ProtocolError(f"{where}: BYTES data in JSON must be strings")
+            raise ProtocolError(
+                f"{where}: BYTES data in JSON must be strings (attempt to access JSON "
+                "non-string as string)"
+            )
         return pack_bytes(element.encode() for element in flat)
     if item.datatype == "BF16":
         raise ProtocolError(f"{where}: BF16 data must be sent as binary tensor data")

@@ -64,9 +64,50 @@ def _test_id(classname: str, name: str) -> str:
     return f"{cls}::{name}" if cls else name
 
 
+_UNITTEST_LINE = re.compile(
+    r"^(test\w*) \((?:[\w.]*\.)?(\w+)\.\w+\)\s*\.\.\. (ok|FAIL|ERROR|skipped[^\n]*)$", re.M
+)
+_UNITTEST_FAILURE = re.compile(
+    r"^(?:FAIL|ERROR): (test\w*) \([\w.]*?(\w+)\.\w+\)\n-+\n(.*?)(?=^=+$|^-+\nRan |\Z)",
+    re.M | re.S,
+)
+
+
+def run_unittest(
+    client: Pytest, prefix: str, cwd: Path, env: dict[str, str], logs: Path, tag: str
+) -> list[Case]:
+    """`python3 -m unittest -v MODULE`: one case per test line unittest prints."""
+    log = logs / f"{tag}.client.log"
+    module = Path(client.target.split("::", 1)[0]).stem
+    argv = [sys.executable, "-m", "unittest", "-v", module]
+    rc, output = _run(argv, cwd, {**env, **client.env}, log, client.timeout)
+    details = {
+        f"{cls}::{name}": text.strip() for name, cls, text in _UNITTEST_FAILURE.findall(output)
+    }
+    cases = []
+    for name, cls, verdict in _UNITTEST_LINE.findall(output):
+        test_id = f"{cls}::{name}"
+        if verdict == "ok":
+            cases.append(Case(prefix + test_id, "PASS"))
+        elif verdict.startswith("skipped"):
+            cases.append(Case(prefix + test_id, "SKIP", "skipped by the test: " + verdict))
+        else:
+            text = details.get(test_id, "")
+            head = text.splitlines()[-1][:300] if text else verdict
+            cases.append(Case(prefix + test_id, "FAIL", head, text))
+    if rc is None:
+        cases.append(Case(f"{prefix}{module}", "FAIL", "timed out", output[-2000:]))
+    elif not cases:
+        head, text = first_error(output)
+        cases.append(Case(f"{prefix}{module}", "FAIL", f"unittest exited {rc}: {head}", text))
+    return cases
+
+
 def run_pytest(
     client: Pytest, prefix: str, cwd: Path, env: dict[str, str], logs: Path, tag: str
 ) -> list[Case]:
+    if client.runner == "unittest":
+        return run_unittest(client, prefix, cwd, env, logs, tag)
     xml = logs / f"{tag}.report.xml"
     log = logs / f"{tag}.client.log"
     xml.unlink(missing_ok=True)

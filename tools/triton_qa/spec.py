@@ -31,6 +31,9 @@ class Pytest:
     skip: Mapping[str, str] = field(default_factory=dict)
     as_in_test_sh: str = ""
     timeout: float = 900
+    # "unittest": run as test.sh does (`python3 -m unittest -v`), for files whose
+    # TestResultCollector needs unittest's own result object (pytest's has no testsRun).
+    runner: Literal["pytest", "unittest"] = "pytest"
 
 
 @dataclass(frozen=True)

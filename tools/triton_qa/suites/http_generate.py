@@ -17,6 +17,7 @@ SUITE = Suite(
                 Pytest(
                     "generate_endpoint_test.py",
                     as_in_test_sh="python generate_endpoint_test.py (needs sseclient-py)",
+                    runner="unittest",  # its TestResultCollector needs unittest's result
                 ),
             ),
         ),
