@@ -35,7 +35,7 @@ import enum
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -513,15 +513,9 @@ class InferenceRequest:
         version = None if self._model_version < 0 else self._model_version
         return version, self._parameters, self._timeout
 
-    def _responses(self, caller: Any) -> Iterator[InferenceResponse]:
-        try:
-            for outputs, parameters in caller.stream_sync(
-                self._model_name, self._arrays(), *self._call_options()
-            ):
-                # No outputs: a decoupled model's end (Triton's empty final response).
-                yield self._response(outputs, parameters) if outputs else InferenceResponse([])
-        except ReposerveError as exc:
-            yield InferenceResponse(error=TritonError(exc.message, _code(exc)))
+    def _responses(self, caller: Any) -> ResponseIterator:
+        stream = caller.stream_sync(self._model_name, self._arrays(), *self._call_options())
+        return ResponseIterator(stream, self._response)
 
     def _bls_caller(self) -> Any:
         if not self._model_name:
@@ -552,6 +546,34 @@ class InferenceRequest:
             )
         tensors = [Tensor(name, outputs[name]) for name in wanted]
         return InferenceResponse(tensors, parameters=parameters)
+
+
+class ResponseIterator:
+    """The responses of ``exec(decoupled=True)``, as they come; ``cancel()`` cancels the
+    call (the callee sees ``is_cancelled()``; what it has not sent ends as a CANCELLED
+    error response)."""
+
+    def __init__(self, stream: Any, response: Callable[[dict, str], InferenceResponse]) -> None:
+        self._stream = stream
+        self._response = response
+        self._ended = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._ended:
+            raise StopIteration
+        try:
+            outputs, parameters = next(self._stream)
+        except ReposerveError as exc:
+            self._ended = True
+            return InferenceResponse(error=TritonError(exc.message, _code(exc)))
+        # No outputs: a decoupled model's end (Triton's empty final response).
+        return self._response(outputs, parameters) if outputs else InferenceResponse([])
+
+    def cancel(self) -> None:
+        self._stream.cancel()
 
 
 def _never() -> bool:

@@ -32,6 +32,7 @@ from reposerve.errors import ModelCallError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import (
     Call,
+    CallCancel,
     CallFailure,
     CallNext,
     CallResponse,
@@ -245,7 +246,7 @@ class Caller:
         version: int | None = None,
         parameters: str = "{}",
         timeout_us: int = 0,
-    ) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+    ) -> CallStream:
         """A call taking its answers as a stream (Triton's ``exec(decoupled=True)``): each
         response's outputs and parameters as it comes (blocking until then, from any
         thread); a decoupled callee's end as an empty last one, another model's one
@@ -253,6 +254,9 @@ class Caller:
         callee and the slot are released."""
         nested = self._loop is None and threading.current_thread() is threading.main_thread()
         call_id = self._send(model, inputs, version, nested, parameters, timeout_us, True)
+        return CallStream(call_id, self._responses(call_id, model), self._channel)
+
+    def _responses(self, call_id: int, model: str) -> Iterator[tuple[dict[str, np.ndarray], str]]:
         slot = self._slots[call_id]
         ended = False
         try:
@@ -304,3 +308,31 @@ def _read(slot: Slot, reply: CallResult | CallResponse) -> dict[str, np.ndarray]
         array = to_numpy(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes])
         outputs[ref.name] = array if ref.datatype == "BYTES" else array.copy()
     return outputs
+
+
+class CallStream:
+    """The answers of a call taken as a stream, as they come; ``cancel()`` asks the front
+    to cancel the callee's request (the stream then ends, with CANCELLED unless the
+    callee had finished)."""
+
+    def __init__(
+        self,
+        call_id: int,
+        responses: Iterator[tuple[dict[str, np.ndarray], str]],
+        channel: CallChannel,
+    ) -> None:
+        self._call_id = call_id
+        self._responses = responses
+        self._channel = channel
+
+    def __iter__(self) -> CallStream:
+        return self
+
+    def __next__(self) -> tuple[dict[str, np.ndarray], str]:
+        return next(self._responses)
+
+    def cancel(self) -> None:
+        self._channel.send(CallCancel(self._call_id))
+
+    def close(self) -> None:
+        self._responses.close()  # type: ignore[attr-defined]

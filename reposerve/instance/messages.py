@@ -186,6 +186,12 @@ class CallNext(msgspec.Struct, tag=True, array_like=True):
     call_id: int
 
 
+class CallCancel(msgspec.Struct, tag=True, array_like=True):
+    """The caller cancels a call it takes as a stream: the callee's request is cancelled."""
+
+    call_id: int
+
+
 class CallTaken(msgspec.Struct, tag=True, array_like=True):
     """The caller has its answer and runs on: the instance no longer waits on that call
     (a sync instance may still wait beneath batches it ran while waiting, until this)."""
@@ -213,6 +219,7 @@ FromInstance = (
     | Call
     | ModelControl
     | CallNext
+    | CallCancel
     | CallTaken
     | MetricState
     | MetricFamilyGone

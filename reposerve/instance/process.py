@@ -32,6 +32,7 @@ from reposerve.instance.custom_metrics import CustomMetrics
 from reposerve.instance.messages import (
     AddSlot,
     Call,
+    CallCancel,
     CallFailure,
     CallNext,
     CallResponse,
@@ -99,7 +100,7 @@ class InstanceState(enum.Enum):
     EXITED = "exited"
 
 
-OnCall = Callable[["InstanceProcess", Call | ModelControl | CallNext], None]
+OnCall = Callable[["InstanceProcess", Call | ModelControl | CallNext | CallCancel], None]
 """A model's call to a model (``context.infer``): the owner answers with ``answer_call``."""
 
 
@@ -464,7 +465,7 @@ class InstanceProcess:
                 self._nested_calls.discard(message.call_id)
             case MetricState() | MetricFamilyGone():
                 self.custom_metrics.apply(message)
-            case Call() | ModelControl() | CallNext():
+            case Call() | ModelControl() | CallNext() | CallCancel():
                 if isinstance(message, Call) and message.nested:  # room for a nested batch
                     self._nested_calls.add(message.call_id)
                     self._start_next()

@@ -9,12 +9,17 @@ written once the caller has taken the one before.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-from reposerve.errors import ErrorKind, InstanceError, ProtocolError, ReposerveError
+from reposerve.errors import (
+    ErrorKind,
+    InstanceError,
+    ProtocolError,
+    ReposerveError,
+    SchedulerError,
+)
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import Call, CallFailure, CallResponse, CallResult, TensorRef
 from reposerve.pipelines.ensemble import Resolve
@@ -26,16 +31,24 @@ _parameters_decoder = msgspec.json.Decoder(dict[str, Any])
 _parameters_encoder = msgspec.json.Encoder()
 
 
-SendResponse = Callable[[CallResponse], Awaitable[None]]
-"""Sends a decoupled call's response and waits until the caller has taken it (CallNext)."""
+class CallLink(Protocol):
+    """The way back to a caller that takes a decoupled call's responses one by one."""
+
+    async def send(self, response: CallResponse) -> None:
+        """Send one response; return once the caller has taken it (CallNext)."""
+        ...
+
+    def attach(self, stream: ResponseStream) -> None:
+        """The call's responses come through ``stream``: a CallCancel cancels it."""
+        ...
 
 
 async def serve_call(
-    call: Call, slot: Slot, resolve: Resolve, caller: str, send: SendResponse
+    call: Call, slot: Slot, resolve: Resolve, caller: str, link: CallLink
 ) -> CallResult | CallFailure:
     """``caller`` (the calling model's label) names it in errors. A call to a decoupled
-    model (``call.decoupled``) sends each response through ``send`` and ends with an
-    empty CallResult."""
+    model (``call.decoupled``) sends each response through ``link`` and ends with an
+    empty CallResult (a CANCELLED CallFailure when the caller cancelled it)."""
     try:
         model = resolve(call.model, None if call.version < 0 else str(call.version))
         if model.config.decoupled and not call.decoupled:
@@ -59,7 +72,7 @@ async def serve_call(
         request = decode_parts(header, raws, model.config, call.model)
         start = align(max((ref.offset + ref.nbytes for ref in call.inputs), default=0))
         if model.config.decoupled:
-            await _stream(model, request, call.call_id, slot, start, send)
+            await _stream(model, request, call.call_id, slot, start, link)
             return CallResult(call.call_id, slot.size, [], stream_end=True)
 
         def write(
@@ -75,7 +88,7 @@ async def serve_call(
 
 
 async def _stream(
-    model: Any, request: Any, call_id: int, slot: Slot, start: int, send: SendResponse
+    model: Any, request: Any, call_id: int, slot: Slot, start: int, link: CallLink
 ) -> None:
     """A decoupled model's responses to a call, one at a time through the call slot: each
     is kept (copied) as it comes, and written once the caller took the one before."""
@@ -85,6 +98,7 @@ async def _stream(
         return owned, _parameters_text(parameters)
 
     stream: ResponseStream = ResponseStream()
+    link.attach(stream)
     future = model.scheduler.submit(request, keep, stream)
     future.add_done_callback(
         lambda done: stream.end(None if done.cancelled() else done.exception())
@@ -92,7 +106,9 @@ async def _stream(
     try:
         async for outputs, parameters in stream:
             refs = _write(slot, start, outputs)
-            await send(CallResponse(call_id, slot.size, refs, parameters))
+            await link.send(CallResponse(call_id, slot.size, refs, parameters))
+        if stream.cancelled:
+            raise SchedulerError("the request was cancelled", ErrorKind.CANCELLED)
     finally:
         stream.cancel()
 

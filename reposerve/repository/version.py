@@ -20,6 +20,7 @@ from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.messages import (
     Call,
+    CallCancel,
     CallFailure,
     CallNext,
     CallResponse,
@@ -36,6 +37,7 @@ from reposerve.repository.recovery import InstanceRestarter
 from reposerve.repository.scan import VersionSource
 from reposerve.repository.warmup import warm, warmup_batches
 from reposerve.scheduler.batcher import Scheduler
+from reposerve.scheduler.stream import ResponseStream
 from reposerve.statistics import ModelStatistics
 
 log = logging.getLogger("reposerve.repository")
@@ -111,8 +113,8 @@ class ModelVersion:
             on_call=self._on_call,
         )
         self._calls: set[asyncio.Task] = set()  # model calls its instances made, under way
-        # Decoupled calls' responses sent, by (caller pid, call id), until the caller took it.
-        self._taken: dict[tuple[int, int], asyncio.Future[None]] = {}
+        # The calls its instances make, by (caller pid, call id), while they are served.
+        self._links: dict[tuple[int | None, int], _CallLink] = {}
         self._warmups: list[list[BatchTensor]] = []  # built once the config is complete
 
     @property
@@ -257,10 +259,9 @@ class ModelVersion:
 
     def _on_instance_exit(self, instance: InstanceProcess) -> None:
         self.scheduler.remove_instance(instance)
-        for key in [key for key in self._taken if key[0] == instance.pid]:
-            gone = self._taken.pop(key)  # its decoupled calls: nobody takes their responses
-            if not gone.done():
-                gone.set_exception(InstanceError(f"{self.label}: the caller {instance.ended}"))
+        for key, link in list(self._links.items()):
+            if key[0] == instance.pid:  # nobody takes its calls' responses any more
+                link.gone(InstanceError(f"{self.label}: the caller {instance.ended}"))
         if self.state is ModelState.READY:
             self._restarter.restart(instance)
         elif self.scheduler.serving:
@@ -275,10 +276,12 @@ class ModelVersion:
             )
 
     def _on_call(self, instance: InstanceProcess, call: Call | ModelControl | CallNext) -> None:
-        if isinstance(call, CallNext):  # the caller took a decoupled call's response
-            taken = self._taken.pop((instance.pid, call.call_id), None)
-            if taken is not None and not taken.done():
-                taken.set_result(None)
+        if isinstance(call, CallNext | CallCancel):
+            link = self._links.get((instance.pid, call.call_id))
+            if link is not None and isinstance(call, CallNext):
+                link.took()
+            elif link is not None:
+                link.cancel()
             return
         if isinstance(call, ModelControl):
             task = asyncio.ensure_future(self._serve_control(instance, call))
@@ -299,13 +302,13 @@ class ModelVersion:
             instance.answer_call(CallFailure(call.call_id, str(exc), ErrorKind.UNAVAILABLE))
             return
 
-        async def send(response: CallResponse) -> None:
-            taken = asyncio.get_running_loop().create_future()
-            self._taken[(instance.pid, call.call_id)] = taken
-            instance.answer_call(response)
-            await taken
-
-        instance.answer_call(await serve_call(call, slot, self._resolve, self.label, send))
+        key = (instance.pid, call.call_id)
+        link = self._links[key] = _CallLink(instance)
+        try:
+            answer = await serve_call(call, slot, self._resolve, self.label, link)
+        finally:
+            del self._links[key]
+        instance.answer_call(answer)
 
     async def _serve_control(self, instance: InstanceProcess, control: ModelControl) -> None:
         if self._control is None:
@@ -323,3 +326,35 @@ class ModelVersion:
 
     async def _warm(self, instance: InstanceProcess) -> None:
         await warm(instance, self._warmups, self.statistics, self.label)
+
+
+class _CallLink:
+    """One model call of an instance's, while it is served: how a decoupled callee's
+    responses go back one by one (each once the caller took the one before), and how
+    the caller cancels it."""
+
+    def __init__(self, instance: InstanceProcess) -> None:
+        self._instance = instance
+        self._taken: asyncio.Future[None] | None = None
+        self._stream: ResponseStream | None = None
+
+    async def send(self, response: CallResponse) -> None:
+        self._taken = asyncio.get_running_loop().create_future()
+        self._instance.answer_call(response)
+        await self._taken
+
+    def attach(self, stream: ResponseStream) -> None:
+        self._stream = stream
+
+    def took(self) -> None:
+        if self._taken is not None and not self._taken.done():
+            self._taken.set_result(None)
+
+    def cancel(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+
+    def gone(self, error: InstanceError) -> None:
+        if self._taken is not None and not self._taken.done():
+            self._taken.set_exception(error)
+        self.cancel()

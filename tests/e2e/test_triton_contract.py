@@ -232,6 +232,58 @@ FORKS = """
             return [pb_utils.InferenceResponse([out]) for _ in requests]
 """
 
+UNTIL_CANCELLED = """
+    import threading
+    import time
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            def run(sender):
+                for _ in range(500):
+                    if sender.is_cancelled():
+                        break
+                    one = pb_utils.Tensor("TWICE", np.ones((1, 2), np.float32))
+                    sender.send(pb_utils.InferenceResponse([one]))
+                    time.sleep(0.01)
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            for request in requests:
+                threading.Thread(target=run, args=(request.get_response_sender(),)).start()
+            return None
+"""
+
+# Triton's decoupled_bls_cancel: takes responses until it has enough, then cancels.
+BLS_CANCELS = """
+    import json
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0")
+            stream = pb_utils.InferenceRequest(
+                model_name="until_cancelled", inputs=[x], requested_output_names=["TWICE"]
+            ).exec(decoupled=True)
+            taken, cancelled = 0, False
+            for response in stream:
+                if response.has_error():
+                    cancelled = response.error().code() == pb_utils.TritonError.CANCELLED
+                    break
+                if not response.output_tensors():
+                    break
+                taken += 1
+                if taken == 3:
+                    stream.cancel()
+            text = np.array([[json.dumps([taken >= 3, cancelled]).encode()]], dtype=np.object_)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)])]
+"""
+
 RAISES = """
     class TritonPythonModel:
         def execute(self, requests):
@@ -284,9 +336,12 @@ def server(tmp_path_factory):
     _model(root, "bf16", BF16, BF16_PBTXT)
     _model(root, "raises", RAISES, SENDERS_PBTXT)
     _model(root, "forks", FORKS, CONTRACT_PBTXT)
+
     decoupled = SENDERS_PBTXT + "model_transaction_policy { decoupled: true }"
     returns = RAISES.replace("lorem_ipsum  # noqa: F821 - Triton's wrong_model", "return [None]")
     _model(root, "decoupled_returns", returns, decoupled)
+    _model(root, "until_cancelled", UNTIL_CANCELLED, decoupled)
+    _model(root, "bls_cancels", BLS_CANCELS, CONTRACT_PBTXT)
     _model(root, "decoupled_bls", DECOUPLED_BLS, decoupled)
     _model(root, "streamer", STREAMER, decoupled)
     blocking = BLS_STREAM.format(prefix="", call="call.exec(decoupled=True)", callee="streamer")
@@ -430,6 +485,14 @@ def test_a_decoupled_execute_returning_responses_is_refused_in_tritons_words(ser
         "Python model 'decoupled_returns_0_0' is using the decoupled mode and the execute "
         "function must return None."
     ) in str(answers[0])
+
+
+def test_a_bls_stream_cancelled_by_its_caller_stops_the_callee(server):
+    client = httpclient.InferenceServerClient(server.address)
+    tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+    text = client.infer("bls_cancels", [tensor]).as_numpy("TEXT")[0][0]
+    assert json.loads(text) == [True, True]  # it got its 3, then a CANCELLED end
 
 
 def test_bls_from_a_forked_child_is_refused_not_hung(server):
