@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import base64
 import enum
-import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 
 # pb_utils.ModelConfig (what auto_complete_config edits), the custom metrics' classes, the
@@ -134,8 +134,8 @@ def _parameters_text(parameters: object, where: str) -> str:
     str, values bool, int or str (a JSON text is taken as it is, once checked)."""
     if isinstance(parameters, str):
         try:
-            parameters = json.loads(parameters) if parameters else {}
-        except ValueError as exc:
+            parameters = msgspec.json.decode(parameters) if parameters else {}
+        except msgspec.DecodeError as exc:
             raise TritonModelException(f"{where}: parameters are not JSON: {exc}") from None
     if not isinstance(parameters, dict):
         raise TritonModelException(
@@ -150,7 +150,7 @@ def _parameters_text(parameters: object, where: str) -> str:
             raise TritonModelException(
                 f"Expect parameters values to have type bool/int/str, found type {type(value)}"
             )
-    return json.dumps(parameters)
+    return msgspec.json.encode(parameters).decode()
 
 
 class PreferredMemory:
@@ -454,21 +454,21 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
         if not isinstance(key, str) or not isinstance(content, bytes):
             raise TypeError("load_model: files must map str ('file:<path>') to bytes")
         parameters[key] = base64.b64encode(content).decode()
-    _control("load", model_name, body=json.dumps({"parameters": parameters}).encode())
+    _control("load", model_name, body=msgspec.json.encode({"parameters": parameters}))
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model of the repository, as the control API's unload does."""
     _check_type("unload_model: model_name", model_name, str)
     body = {"parameters": {"unload_dependents": bool(unload_dependents)}}
-    _control("unload", model_name, body=json.dumps(body).encode())
+    _control("unload", model_name, body=msgspec.json.encode(body))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether the model (that version, or its newest) is ready to serve."""
     _check_type("is_model_ready: model_name", model_name, str)
     _check_type("is_model_ready: model_version", model_version, str)
-    return bool(json.loads(_control("ready", model_name, model_version))["ready"])
+    return bool(msgspec.json.decode(_control("ready", model_name, model_version))["ready"])
 
 
 def _control(action: str, model: str, version: str = "", body: bytes = b"") -> str:

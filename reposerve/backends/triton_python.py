@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -478,7 +477,7 @@ def _auto_completed(
 ) -> ModelConfig:
     """The config as the model's ``auto_complete_config`` leaves it (Triton calls it once,
     before ``initialize``, with the config as Triton's JSON)."""
-    document = json.loads(model_config(context.model_name, "python", context.config))
+    document = msgspec.json.decode(model_config(context.model_name, "python", context.config))
     try:
         with _without_bls():
             completed = auto_complete(pb_config.ModelConfig(document))
@@ -491,7 +490,9 @@ def _auto_completed(
         )
     try:
         return parse_triton_config(
-            json.dumps(completed.as_dict()), f"{where}: auto_complete_config", context.model_name
+            msgspec.json.encode(completed.as_dict()).decode(),
+            f"{where}: auto_complete_config",
+            context.model_name,
         )
     except ReposerveError as exc:
         raise BackendError(exc.message) from None

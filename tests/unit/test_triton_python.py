@@ -308,7 +308,7 @@ def test_request_and_response_parameters_are_json_text():
     request = pb_utils.InferenceRequest._received([], "", [], '{"k": 1}', None, lambda: False)
     assert request.parameters() == '{"k": 1}'
     response = pb_utils.InferenceResponse([], parameters={"a": True, "b": 2, "c": "x"})
-    assert response.parameters() == '{"a": true, "b": 2, "c": "x"}'
+    assert response.parameters() == '{"a":true,"b":2,"c":"x"}'
     assert pb_utils.InferenceResponse([]).parameters() == "{}"
     with pytest.raises(pb_utils.TritonModelException) as caught:
         pb_utils.InferenceResponse([], parameters={"f": 0.5})
