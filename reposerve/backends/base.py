@@ -248,3 +248,11 @@ class MetricFamilyGone(msgspec.Struct, tag=True, array_like=True):
     """A model's metric family has ended, and every metric of it."""
 
     family: str
+
+
+class ModelLog(msgspec.Struct, tag=True, array_like=True):
+    """A line a model logs (Triton's ``pb_utils.Logger``): the front writes it through its
+    own logging, so the server's log settings (``/v2/logging``, ``--log-verbose``) apply."""
+
+    level: int  # a ``logging`` level (VERBOSE: logging.DEBUG)
+    message: str

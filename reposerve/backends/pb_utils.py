@@ -42,6 +42,7 @@ import numpy as np
 
 # pb_utils.ModelConfig (what auto_complete_config edits), the custom metrics' classes, the
 # errors and the tensors, under pb_utils' names.
+from reposerve.backends.base import ModelLog
 from reposerve.backends.pb_config import ModelConfig as ModelConfig
 from reposerve.backends.pb_errors import TritonError as TritonError
 from reposerve.backends.pb_errors import TritonModelException as TritonModelException
@@ -544,23 +545,40 @@ class Logger:
     def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
         if not isinstance(level, LogLevel):
             raise TypeError(f"Logger.log: level must be a pb_utils.LogLevel, got {type(level)}")
-        _log.log(level.value, _check_message(message))
+        _write(level.value, _check_message(message))
 
     @staticmethod
     def log_info(message: str) -> None:
-        _log.info(_check_message(message))
+        _write(logging.INFO, _check_message(message))
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _log.warning(_check_message(message))
+        _write(logging.WARNING, _check_message(message))
 
     @staticmethod
     def log_error(message: str) -> None:
-        _log.error(_check_message(message))
+        _write(logging.ERROR, _check_message(message))
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _log.debug(_check_message(message))
+        _write(logging.DEBUG, _check_message(message))
+
+
+_log_sink: Callable[[ModelLog], None] | None = None  # the instance's channel to the front
+
+
+def connect_logs(sink: Callable[[ModelLog], None] | None) -> None:
+    """Model log lines go to the front as ModelLog frames (the worker's channel), which
+    logs them with the server's settings; without a sink they go to this process's stderr."""
+    global _log_sink
+    _log_sink = sink
+
+
+def _write(level: int, message: str) -> None:
+    if _log_sink is not None:
+        _log_sink(ModelLog(level, message))
+    else:
+        _log.log(level, message)
 
 
 def _start_logging(model_name: str) -> None:

@@ -12,7 +12,13 @@ import struct
 
 import msgspec
 
-from reposerve.backends.base import MetricFamilyGone, MetricState, RequestFailure, RequestSlice
+from reposerve.backends.base import (
+    MetricFamilyGone,
+    MetricState,
+    ModelLog,
+    RequestFailure,
+    RequestSlice,
+)
 from reposerve.errors import ErrorKind
 
 FRAME_HEADER = struct.Struct("<I")
@@ -223,6 +229,7 @@ FromInstance = (
     | CallTaken
     | MetricState
     | MetricFamilyGone
+    | ModelLog
 )
 
 _encoder = msgspec.msgpack.Encoder()

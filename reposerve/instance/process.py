@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 import reposerve
-from reposerve.backends.base import MetricFamilyGone, MetricState, RequestSlice
+from reposerve.backends.base import MetricFamilyGone, MetricState, ModelLog, RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError
 from reposerve.instance.arena import Slot, align
@@ -465,6 +465,10 @@ class InstanceProcess:
                 self._nested_calls.discard(message.call_id)
             case MetricState() | MetricFamilyGone():
                 self.custom_metrics.apply(message)
+            case ModelLog():  # through the server's logging, and its settings
+                logging.getLogger(f"reposerve.model.{self.spec.model}").log(
+                    message.level, message.message
+                )
             case Call() | ModelControl() | CallNext() | CallCancel():
                 if isinstance(message, Call) and message.nested:  # room for a nested batch
                     self._nested_calls.add(message.call_id)

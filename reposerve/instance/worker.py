@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from reposerve.backends import Backend, ModelContext, create_backend, pb_metrics
+from reposerve.backends import Backend, ModelContext, create_backend, pb_metrics, pb_utils
 from reposerve.backends.base import BackendError
 from reposerve.config import ModelConfig, complete_config
 from reposerve.errors import ReposerveError
@@ -219,6 +219,7 @@ def main(argv: list[str]) -> int:
     # runs unittest.main() parses it).
     sys.argv = [""]
     pb_metrics.connect(channel.send)
+    pb_utils.connect_logs(channel.send)
     load = channel.receive()
     if not isinstance(load, Load):
         return 2

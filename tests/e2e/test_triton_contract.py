@@ -959,3 +959,39 @@ def test_a_model_loads_from_its_files_alone_and_bad_names_are_refused(tmp_path):
         assert client.infer("TestModel123", [tensor]).as_numpy("TWICE").tolist() == [[2, 2]]
     finally:
         assert server.stop() == 0, server.log()
+
+
+LOGS = """
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            logger = pb_utils.Logger
+            logger.log_info("Info Msg!")
+            logger.log_warn("Warning Msg!")
+            logger.log_verbose("Verbose Msg!")
+            logger.log("Specific Msg!", logger.ERROR)
+            return [pb_utils.InferenceResponse([r.inputs()[0]]) for r in requests]
+"""
+
+
+def test_model_log_lines_follow_the_servers_log_settings(tmp_path):
+    _model(tmp_path, "logs", LOGS, SENDERS_PBTXT.replace('"TWICE"', '"INPUT0"'))
+    server = start_server(tmp_path, tmp_path, "--log-verbose", "1")
+    try:
+        client = httpclient.InferenceServerClient(server.address)
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+        client.infer("logs", [tensor])
+        _wait_for(lambda: "Specific Msg!" in server.log())
+        settings = {"log_verbose_level": 0, "log_info": False, "log_warning": False}
+        assert httpx.post(f"{server.url}/v2/logging", json=settings).status_code == 200
+        client.infer("logs", [tensor])
+        _wait_for(lambda: server.log().count("Specific Msg!") == 2)
+        log = server.log()
+        assert "reposerve.model.logs: Verbose Msg!" in log  # --log-verbose 1 lets it out
+        for line in ("Info Msg!", "Warning Msg!", "Verbose Msg!"):
+            assert log.count(line) == 1, line  # not after the settings turned them off
+    finally:
+        assert server.stop() == 0, server.log()
