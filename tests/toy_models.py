@@ -233,7 +233,7 @@ STAGING_PROBE = """
             (self.folder / "RUNNING").touch()
             while not (self.folder / "GO").exists():
                 time.sleep(0.01)
-            socket_fd = int(sys.argv[1])  # the worker's channel to the front
+            socket_fd = int(sys.orig_argv[-1])  # the worker's channel (models see argv [""])
             waiting, _, _ = select.select([socket_fd], [], [], 1.0)
             return {"OUTPUT": np.full(values.shape, float(bool(waiting)), np.float32)}
 """

@@ -123,8 +123,8 @@ EXPLAINED = (
     "retry shortly",
     "is unloading",
     "was unloaded before this request finished",
-    "is not ready (UNLOADING)",
-    "is not loaded (UNAVAILABLE): unloaded",
+    " (UNLOADING)",  # the version, or the model with no other: Triton's not-ready words
+    " (UNAVAILABLE): unloaded",
     "ran past execution.timeout_seconds",
 )
 TIMED_OUT = "did not finish within 1 s (execution.timeout_seconds)"
