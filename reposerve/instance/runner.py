@@ -339,6 +339,9 @@ def _conform(array: np.ndarray, datatype: str, where: str) -> np.ndarray:
     a conversion across kinds (float -> int, int -> bool, numbers <-> BYTES) or a value
     that does not fit (300 as UINT8, 1e39 as FP32) is an error naming the output.
     """
+    if array.size == 0 and array.dtype.kind not in "OSU":  # no value to convert (Triton's rule)
+        empty = object if datatype == "BYTES" else NUMPY_DTYPES[datatype]
+        return np.empty(array.shape, dtype=empty)
     if datatype == "BYTES":
         if array.dtype.kind not in "OSU":
             raise OutputError(f"{where}: expected BYTES (bytes objects), got {array.dtype}")
