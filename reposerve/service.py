@@ -132,11 +132,12 @@ class InferenceService:
         model = self.repository.get(name, version)
         return documents.model_config(name, model.backend, model.config)
 
-    def model_ready(self, name: str, version: str | None) -> bool:
+    async def model_ready(self, name: str, version: str | None) -> bool:
         try:
-            return self.repository.get(name, version).ready
+            model = self.repository.get(name, version)
         except RepositoryError:
             return False
+        return await model.check_ready()
 
     def model_statistics(self, name: str | None, version: str | None) -> bytes:
         if name is None:
@@ -394,7 +395,7 @@ class InferenceService:
                 await self.unload_model(control.model, control.body)
         except ReposerveError as exc:
             return CallFailure(control.call_id, exc.message, exc.kind)
-        ready = self.model_ready(control.model, control.version or None)
+        ready = await self.model_ready(control.model, control.version or None)
         return CallResult(control.call_id, 0, [], msgspec.json.encode({"ready": ready}).decode())
 
     def _check_control(self) -> None:

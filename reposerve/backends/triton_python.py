@@ -117,6 +117,9 @@ class TritonPythonBackend:
         self._execute = execute
         self.is_async = inspect.iscoroutinefunction(execute)
         self.decoupled = config.decoupled
+        # Triton asks the model itself whether it is ready, when it has a way to say.
+        is_ready = getattr(self._model, "is_ready", None)
+        self.check_ready: Callable[[], object] | None = is_ready if callable(is_ready) else None
         initialize = getattr(self._model, "initialize", None)
         if callable(initialize):
             with _without_bls():

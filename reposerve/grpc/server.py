@@ -94,7 +94,7 @@ class Handlers:
         return self._new("ServerReady", ready=self.service.ready())
 
     async def ModelReady(self, request: Any) -> Any:  # noqa: N802
-        ready = self.service.model_ready(request.name, _version(request))
+        ready = await self.service.model_ready(request.name, _version(request))
         return self._new("ModelReady", ready=ready)
 
     async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802

@@ -62,7 +62,7 @@ class Handlers:
 
     async def model_ready(self, request: Request) -> Response:
         name = request.path_params["model"]
-        ready = self.service.model_ready(name, _version(request))
+        ready = await self.service.model_ready(name, _version(request))
         return _json(encode({"name": name, "ready": ready}), 200 if ready else 400)
 
     async def model_config(self, request: Request) -> Response:

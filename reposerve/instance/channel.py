@@ -7,7 +7,8 @@ a thread of the model's own that waits for its model call's answer while the mai
 thread is busy. Whoever reads sorts what it read: a call's answer goes to the thread
 that waits for it (``expect``), everything else waits its turn in order for the main
 thread (``receive``); an Execute or AddSlot that comes while the main thread waits on a
-model call is served at once (``serve``), nested.
+model call is served at once (``serve``), nested. A ReadyQuery goes to the thread that
+answers the model's readiness (``wait_query``), whatever the main thread is doing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from reposerve.instance.messages import (
     Execute,
     FrameReader,
     FromInstance,
+    ReadyQuery,
     Resume,
     ToInstance,
     encode_frame,
@@ -46,6 +48,7 @@ class Channel:
         self._inbox: deque[ToInstance] = deque()  # for the main thread, in order
         self._replies: dict[int, deque[Reply]] = {}  # to expected calls, in order
         self._expected: set[int] = set()  # calls whose caller waits in wait_call
+        self._queries: deque[ReadyQuery] = deque()  # for the readiness thread
         self._changed = threading.Condition()
         self._reading = False  # a thread is in recv (the others wait for what it reads)
         self._closed = False
@@ -57,6 +60,10 @@ class Channel:
     def receive(self) -> ToInstance | None:
         """The next message, or None once the front has gone."""
         return self._wait(lambda: self._inbox.popleft() if self._inbox else None)
+
+    def wait_query(self) -> ReadyQuery | None:
+        """The next readiness query, or None once the front has gone."""
+        return self._wait(lambda: self._queries.popleft() if self._queries else None)
 
     def wait_resume(self, batch_id: int) -> bool:
         """Block until the front lets decoupled batch ``batch_id`` write its next response:
@@ -140,6 +147,8 @@ class Channel:
             if not isinstance(message, CallResponse):  # the call's last answer
                 self._expected.discard(message.call_id)
             self._replies.setdefault(message.call_id, deque()).append(message)
+        elif isinstance(message, ReadyQuery):
+            self._queries.append(message)
         else:
             self._inbox.append(message)
 

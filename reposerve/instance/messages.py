@@ -78,6 +78,13 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
     pass
 
 
+class ReadyQuery(msgspec.Struct, tag=True, array_like=True):
+    """Ask the model whether it is ready (Triton's user-defined ``is_ready()``); sent only
+    to an instance whose Ready said it has such a check, answered by a ReadyAnswer."""
+
+    query_id: int
+
+
 class CallResult(msgspec.Struct, tag=True, array_like=True):
     """A model call's answer: the outputs in its call slot, after the inputs, and the
     response's parameters (a JSON object's text)."""
@@ -113,6 +120,15 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     staging: int  # further batches it accepts to start the moment one finishes
     config: bytes  # the ModelConfig completed from the model file, JSON-encoded
     per_request: bool = False  # its backend answers per request: send it the boundaries
+    ready_check: bool = False  # the model says itself whether it is ready (ReadyQuery)
+
+
+class ReadyAnswer(msgspec.Struct, tag=True, array_like=True):
+    """The model's answer to a ReadyQuery: ready or not, or why its check failed."""
+
+    query_id: int
+    ready: bool
+    error: str = ""  # the check raised, or returned what is not a bool
 
 
 class LoadFailed(msgspec.Struct, tag=True, array_like=True):
@@ -214,10 +230,20 @@ class Failure(msgspec.Struct, tag=True, array_like=True):
 
 
 ToInstance = (
-    Load | AddSlot | Execute | Resume | Cancel | CallResult | CallResponse | CallFailure | Shutdown
+    Load
+    | AddSlot
+    | Execute
+    | Resume
+    | Cancel
+    | CallResult
+    | CallResponse
+    | CallFailure
+    | ReadyQuery
+    | Shutdown
 )
 FromInstance = (
     Ready
+    | ReadyAnswer
     | LoadFailed
     | Result
     | Response

@@ -47,11 +47,13 @@ from reposerve.instance.messages import (
     LoadFailed,
     ModelControl,
     Ready,
+    ReadyAnswer,
     Response,
     Result,
     Resume,
     Shutdown,
     TensorRef,
+    ToInstance,
     encode_frame,
 )
 from reposerve.instance.outcomes import (
@@ -67,6 +69,7 @@ from reposerve.instance.outcomes import (
     response_parameters,
     views,
 )
+from reposerve.instance.readiness import ReadinessCheck
 from reposerve.instance.spec import InstanceSpec
 
 log = logging.getLogger("reposerve.instance")
@@ -122,6 +125,7 @@ class InstanceProcess:
         self.staging = 0  # batches it accepts beyond those, to start as soon as one ends
         self.per_request = False  # whether its backend wants each batch's request slices
         self.config: ModelConfig | None = None  # as completed by the backend, once READY
+        self.readiness: ReadinessCheck | None = None  # the model's own check, if it has one
         self.custom_metrics = CustomMetrics()  # the model's own, as the process reports them
         self._on_exit = on_exit
         self._process: subprocess.Popen | None = None
@@ -317,8 +321,11 @@ class InstanceProcess:
         return slot
 
     def answer_call(self, reply: CallResult | CallResponse | CallFailure) -> None:
+        self._send(reply)
+
+    def _send(self, message: ToInstance) -> None:
         if self._transport is not None and self.state is not InstanceState.EXITED:
-            self._transport.write(encode_frame(reply))
+            self._transport.write(encode_frame(message))
 
     def _arm_watchdog(self) -> None:
         if self._watchdog is None and self.spec.execute_timeout_s:
@@ -495,9 +502,14 @@ class InstanceProcess:
                 self.staging = message.staging
                 self.per_request = message.per_request
                 self.config = msgspec.json.decode(message.config, type=ModelConfig)
+                if message.ready_check:
+                    self.readiness = ReadinessCheck(self.spec.name, self._send)
                 self.state = InstanceState.READY
                 if self._ready and not self._ready.done():
                     self._ready.set_result(None)
+            case ReadyAnswer():
+                if self.readiness is not None:
+                    self.readiness.answered(message)
             case LoadFailed():
                 if self._ready and not self._ready.done():
                     self._ready.set_exception(
@@ -535,6 +547,8 @@ class InstanceProcess:
         was = self.state
         self.state = InstanceState.EXITED
         self._closed.set()
+        if self.readiness is not None:
+            self.readiness.gone()
         # The socket closes a moment before the process can be reaped; wait for its exit
         # status so the error says how it ended.
         self._exit_report = asyncio.get_running_loop().create_task(self._report_exit(was))

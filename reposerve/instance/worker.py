@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import inspect
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -39,6 +41,7 @@ from reposerve.instance.messages import (
     Load,
     LoadFailed,
     Ready,
+    ReadyAnswer,
     Result,
     Resume,
     ToInstance,
@@ -96,8 +99,9 @@ class _AsyncStream:
         self.cancelled = False
 
 
-def _run_async(channel: Channel, runner: BatchRunner, caller: Caller) -> None:
-    loop = asyncio.new_event_loop()
+def _run_async(
+    channel: Channel, runner: BatchRunner, caller: Caller, loop: asyncio.AbstractEventLoop
+) -> None:
     caller.serve_async(loop)
     tasks: set[asyncio.Task] = set()
     stopped = asyncio.Event()
@@ -169,6 +173,32 @@ def _run_async(channel: Channel, runner: BatchRunner, caller: Caller) -> None:
 
     loop.run_until_complete(main())
     loop.close()
+
+
+async def _awaited(awaitable: object) -> object:
+    return await awaitable  # type: ignore[misc]
+
+
+def _answer_readiness(
+    channel: Channel, check: Callable[[], object], loop: asyncio.AbstractEventLoop | None
+) -> None:
+    """Answer the front's ReadyQuery frames on a thread of its own, so that a readiness
+    check waits for no batch and no batch waits for it. A coroutine check runs on the
+    instance's event loop (an async model's), else on one of its own."""
+    while (query := channel.wait_query()) is not None:
+        try:
+            ready = check()
+            if inspect.isawaitable(ready):
+                if loop is not None:
+                    ready = asyncio.run_coroutine_threadsafe(_awaited(ready), loop).result()
+                else:
+                    ready = asyncio.run(_awaited(ready))
+            if type(ready) is not bool:
+                raise TypeError("is_ready() must return a boolean value")
+            answer = ReadyAnswer(query.query_id, ready)
+        except Exception as exc:
+            answer = ReadyAnswer(query.query_id, False, f"{type(exc).__name__}: {exc}")
+        channel.send(answer)
 
 
 def _transaction_policy(config: ModelConfig, backend: Backend, model: str) -> ModelConfig:
@@ -261,10 +291,20 @@ def main(argv: list[str]) -> int:
         return 1
     runner = BatchRunner(backend, config)
     per_request = hasattr(backend, "execute_requests")
-    channel.send(Ready(inflight, staging, msgspec.json.encode(config), per_request))
+    check_ready = getattr(backend, "check_ready", None)
+    loop = asyncio.new_event_loop() if backend.is_async else None
+    if check_ready is not None:
+        threading.Thread(
+            target=_answer_readiness,
+            args=(channel, check_ready, loop),
+            name="reposerve-readiness",
+            daemon=True,
+        ).start()
+    encoded = msgspec.json.encode(config)
+    channel.send(Ready(inflight, staging, encoded, per_request, check_ready is not None))
     try:
-        if backend.is_async:
-            _run_async(channel, runner, caller)
+        if loop is not None:
+            _run_async(channel, runner, caller, loop)
         else:
             _run_sync(channel, runner)
     finally:

@@ -126,6 +126,28 @@ class ModelVersion:
         """READY with at least one live instance (not while every one is restarting)."""
         return self.state is ModelState.READY and self.scheduler.serving
 
+    async def check_ready(self) -> bool:
+        """``ready``, asked as a client asks: also each live instance's model must agree
+        when it has a check of its own (Triton's user-defined ``is_ready()``). Why not is
+        logged in Triton's words, which its tests look for."""
+        if self.state is not ModelState.READY:
+            return False
+        live = [instance for instance in self.instances if instance.live]
+        if not live:
+            dead = next((i for i in self.instances if not i.live), None)
+            name = dead.spec.name if dead is not None else self.name
+            self._not_ready(f"Stub process '{name}' is not healthy.")
+            return False
+        checks = [i.readiness.ask() for i in live if i.readiness is not None]
+        for why in await asyncio.gather(*checks):
+            if why is not None:
+                self._not_ready(why)
+                return False
+        return True
+
+    def _not_ready(self, why: str) -> None:
+        log.warning("Model '%s' version %s is not ready: %s", self.name, self.version, why)
+
     @property
     def restarts(self) -> int:
         """Instance deaths the restarter has handled."""
