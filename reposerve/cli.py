@@ -296,6 +296,14 @@ def serve_parser() -> argparse.ArgumentParser:
         "false: while the server is up (true)",
     )
     add(
+        "--instance-restart",
+        choices=("immediate", "on-request"),
+        default="immediate",
+        help="when an instance process that died is replaced: at once (immediate), or as "
+        "Triton's python backend does, once the next request comes, which fails "
+        "(on-request; the model is not ready meanwhile)",
+    )
+    add(
         "--exit-on-error",
         type=_boolean,
         default=True,
@@ -395,6 +403,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         model_repositories=tuple(args.model_repository or [Path("model_repository")]),
         auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
         model_load_thread_count=args.model_load_thread_count,
+        instance_restart=args.instance_restart,
         http_host=args.http_host,
         http_port=args.http_port,
         metrics_port=args.metrics_port if args.allow_metrics else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -58,6 +59,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Triton's auto-complete (off: --disable-auto-complete-config / --strict-model-config)
     auto_complete: bool = True
     model_load_thread_count: int = 4  # models building their instances at once
+    # A dead instance is replaced at once, or (Triton's) when the next request comes.
+    instance_restart: Literal["immediate", "on-request"] = "immediate"
     # Logging (reposerve.logs): levels and format change at run time via /v2/logging.
     log_file: str = ""  # "": stderr
     log_info: bool = True

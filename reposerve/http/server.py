@@ -142,6 +142,7 @@ def build(settings: Settings, logs: LogControl | None = None) -> tuple[App, Life
         auto_complete=settings.auto_complete,
         load_threads=settings.model_load_thread_count,
         latency_summaries=settings.metrics.summary_latencies,
+        restart_on_request=settings.instance_restart == "on-request",
     )
     service = InferenceService(
         repository,

@@ -68,8 +68,10 @@ class Repository:
         auto_complete: bool = True,
         load_threads: int = 4,
         latency_summaries: bool = False,
+        restart_on_request: bool = False,
     ) -> None:
         self.roots = tuple(roots)
+        self._restart_on_request = restart_on_request
         self._load_timeout = load_timeout
         self._unload_timeout = unload_timeout
         self._auto_complete = auto_complete
@@ -190,6 +192,7 @@ class Repository:
                     self._load_timeout,
                     source.labels,
                     latency_summaries=self._latency_summaries,
+                    restart_on_request=self._restart_on_request,
                     resolve=self.get,
                     control=self.model_control,
                 )

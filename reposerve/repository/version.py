@@ -74,9 +74,12 @@ class ModelVersion:
         latency_summaries: bool = False,
         resolve: Resolve | None = None,
         control: Control | None = None,
+        restart_on_request: bool = False,
     ) -> None:
         """``resolve`` looks up other models (``Repository.get``): an ensemble's steps;
-        ``control`` serves its models' requests to load and unload models."""
+        ``control`` serves its models' requests to load and unload models;
+        ``restart_on_request``: an instance that died is replaced once the next request
+        comes, not at once (``--instance-restart on-request``, Triton's python backend)."""
         self.name = name
         self.version = source.number
         self.version_text = str(source.number)
@@ -99,6 +102,10 @@ class ModelVersion:
             self.scheduler = EnsembleScheduler(self.label, config, self.statistics, resolve)
         else:
             self.scheduler = Scheduler(self.label, config, [], self.statistics)
+            if restart_on_request:
+                self.scheduler.revive = self._revive
+        self._restart_on_request = restart_on_request
+        self._down: list[InstanceProcess] = []  # died; replaced when a request comes
         self._resolve = resolve
         self._control = control
         self._load_timeout = load_timeout
@@ -285,7 +292,16 @@ class ModelVersion:
             if key[0] == instance.pid:  # nobody takes its calls' responses any more
                 link.gone(InstanceError(f"{self.label}: the caller {instance.ended}"))
         if self.state is ModelState.READY:
-            self._restarter.restart(instance)
+            if self._restart_on_request and not instance.batch_fault:
+                self._down.append(instance)
+                log.error(
+                    "%s: instance %s %s; it is replaced when the next request comes",
+                    self.label,
+                    instance.spec.name,
+                    instance.ended,
+                )
+            else:
+                self._restarter.restart(instance)
         elif self.scheduler.serving:
             return
         elif self.state is ModelState.UNLOADING:
@@ -341,6 +357,23 @@ class ModelVersion:
         else:
             answer = await self._control(control)
         instance.answer_call(answer)
+
+    def _revive(self) -> str | None:
+        """A request came (``--instance-restart on-request``): replace the instances that
+        died since the one before. When none is live it fails, in Triton's words, and the
+        requests after it wait for the replacement."""
+        if not self._down:
+            return None
+        down, self._down = self._down, []
+        for instance in down:
+            self._restarter.restart(instance)
+        if self.scheduler.serving:
+            return None
+        name = down[0].spec.name
+        return (
+            f"Failed to process the request(s) for model instance '{name}', message: "
+            f"Stub process '{name}' is not healthy."
+        )
 
     def _replace(self, dead: InstanceProcess, replacement: InstanceProcess) -> None:
         self.instances[self.instances.index(dead)] = replacement

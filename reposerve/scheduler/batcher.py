@@ -93,6 +93,12 @@ class Scheduler:
         self._dispatched = 0
         self._delivered = 0
         self._held: dict[int, tuple[asyncio.Future, Any, BaseException | None]] = {}
+        # Set by the owner when dead instances wait for a request to be replaced
+        # (--instance-restart on-request): called on each arrival, it starts those
+        # replacements and says why this request fails when no instance is live. Requests
+        # after it wait for the replacement (``_expecting``) instead of being refused.
+        self.revive: Callable[[], str | None] | None = None
+        self._expecting = False
 
     @property
     def pending(self) -> int:
@@ -113,7 +119,11 @@ class Scheduler:
         if self._closed:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
-        if not self._instances:
+        if self.revive is not None and (why := self.revive()) is not None:
+            self._expecting = True
+            self._statistics.record_failure(1, 0, FailureReason.OTHER)
+            raise InstanceError(why)
+        if not self._instances and not self._expecting:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(
                 f"{self._label} has no running instance (it is being restarted); retry shortly"
@@ -169,6 +179,7 @@ class Scheduler:
 
     def add_instance(self, instance: Executor) -> None:
         self._instances.append(instance)
+        self._expecting = False
         self._wake()
 
     def remove_instance(self, instance: Executor) -> None:

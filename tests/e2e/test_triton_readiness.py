@@ -7,7 +7,10 @@ Triton's 5 s counts as not ready, and the next caller waits for its answer."""
 
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.server import start_server
 
@@ -178,3 +182,85 @@ def test_a_check_in_flight_is_asked_once_and_past_the_timeout_means_not_ready(se
     # The answer of the check in flight, or (once that has come) of a check of its own.
     assert grpc.is_model_ready("checked") is True
     assert "Timed out waiting for user-defined is_ready() response" in server.log()
+
+
+IDENTITY = """
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+            return responses
+"""
+
+IDENTITY_PBTXT = """
+    backend: "python"
+    max_batch_size: 4
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+
+def _identity(server) -> np.ndarray:
+    client = httpclient.InferenceServerClient(server.address, network_timeout=60)
+    inputs = [httpclient.InferInput("INPUT0", [1, 2], "FP32")]
+    inputs[0].set_data_from_numpy(np.ones((1, 2), dtype=np.float32))
+    return client.infer("identity", inputs).as_numpy("OUTPUT0")
+
+
+def _until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGKILL])
+def test_on_request_restart_keeps_a_dead_instance_down_until_a_request_comes(tmp_path, sig):
+    """--instance-restart on-request, Triton's python backend: a killed stub leaves the
+    model not ready (so said in the log, in Triton's words) until a request comes; that
+    request fails naming the stub, the replacement starts, and the next one is served."""
+    (tmp_path / "repository" / "identity" / "1").mkdir(parents=True)
+    folder = tmp_path / "repository" / "identity"
+    (folder / "config.pbtxt").write_text(textwrap.dedent(IDENTITY_PBTXT))
+    (folder / "1" / "model.py").write_text(textwrap.dedent(IDENTITY))
+    server = start_server(tmp_path / "repository", tmp_path, "--instance-restart", "on-request")
+    try:
+        http = httpclient.InferenceServerClient(server.address)
+        grpc = grpcclient.InferenceServerClient(server.grpc_address)
+        (stub,) = server.instance_pids()
+        os.kill(stub, sig)
+        _until(lambda: not http.is_model_ready("identity"), "the model stayed ready")
+        assert not grpc.is_model_ready("identity")
+        assert server.instance_pids() == []  # nothing restarts it meanwhile
+        with pytest.raises(InferenceServerException) as failed:
+            _identity(server)
+        assert "Stub process 'identity_0_0' is not healthy." in str(failed.value)
+        np.testing.assert_array_equal(_identity(server), np.ones((1, 2), np.float32))
+        assert http.is_model_ready("identity") and grpc.is_model_ready("identity")
+    finally:
+        assert server.stop() == 0, server.log()
+    log = server.log()
+    said = "Model 'identity' version 1 is not ready: Stub process 'identity_0_0' is not healthy."
+    assert log.count(said) >= 2, log
+
+
+def test_by_default_a_dead_instance_is_replaced_without_waiting_for_a_request(tmp_path):
+    (tmp_path / "repository" / "identity" / "1").mkdir(parents=True)
+    folder = tmp_path / "repository" / "identity"
+    (folder / "config.pbtxt").write_text(textwrap.dedent(IDENTITY_PBTXT))
+    (folder / "1" / "model.py").write_text(textwrap.dedent(IDENTITY))
+    server = start_server(tmp_path / "repository", tmp_path)
+    try:
+        (stub,) = server.instance_pids()
+        os.kill(stub, signal.SIGKILL)
+        _until(lambda: server.instance_pids() not in ([], [stub]), "no replacement was started")
+        http = httpclient.InferenceServerClient(server.address)
+        _until(lambda: http.is_model_ready("identity"), "the replacement never got ready")
+        np.testing.assert_array_equal(_identity(server), np.ones((1, 2), np.float32))
+    finally:
+        assert server.stop() == 0, server.log()

@@ -58,6 +58,9 @@ def map_args(args: list[str]) -> tuple[list[str], list[str]]:
         else:
             raise ValueError(f"tools/triton_qa/server.py: no mapping for Triton flag {arg}")
     out += [f"--http-port={PORTS[0]}", f"--grpc-port={PORTS[1]}", f"--metrics-port={PORTS[2]}"]
+    # Where reposerve differs from Triton on purpose, the flag that asks for Triton's way:
+    # a dead stub is replaced when the next request comes (which fails), not at once.
+    out += ["--instance-restart=on-request"]
     return out, dropped
 
 
