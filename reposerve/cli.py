@@ -445,9 +445,26 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
-def check(paths: list[str]) -> int:
+def check_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reposerve check",
+        description="Validate model repositories as a load would, one line per model; exit "
+        "status 1 if a model is broken, 2 if a path is not a folder.",
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="repository folders, served together as several --model-repository would be "
+        "(default: model_repository)",
+    )
+    return parser
+
+
+def check(argv: list[str]) -> int:
     """Validate repositories (served together, as several --model-repository would be):
     one line per model, exit 1 if any model is broken."""
+    paths = check_parser().parse_args(argv).paths
     roots = [Path(path) for path in paths or ["model_repository"]]
     for root in roots:
         if not root.is_dir():

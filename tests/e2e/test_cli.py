@@ -32,6 +32,12 @@ def test_check_bundled_repository_is_clean():
     assert "ok   add_sub (versions 1; python)" in result.stdout.splitlines()
 
 
+def test_check_help_says_how_to_use_it():
+    result = _check("--help")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("usage: reposerve check [-h] [PATH ...]")
+
+
 def test_check_prints_one_line_per_model(repository):
     write_model(repository, "good", vector_config(), PLUS_ONE)
     write_model(
