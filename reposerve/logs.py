@@ -142,7 +142,20 @@ class _JsonFormatter(logging.Formatter):
         return self._encoder.encode(document).decode()
 
 
-class _IsoFormatter(logging.Formatter):
+# Control characters (but tab) as escapes: a message may hold what a client wrote.
+_ESCAPES = {c: f"\\x{c:02x}" for c in range(32) if c != 9} | {10: "\\n", 13: "\\r"}
+
+
+class _TextFormatter(logging.Formatter):
+    """One record, one line: line breaks and other control characters in a message (a
+    model name a client sent, a model's own text) are written escaped, so no client can
+    forge a line of the log. A traceback, appended after the message, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's
+        return super().formatMessage(record).translate(_ESCAPES)
+
+
+class _IsoFormatter(_TextFormatter):
     """Triton's ISO8601 format: UTC time with a Z."""
 
     converter = time.gmtime
@@ -156,4 +169,4 @@ def _formatter(style: LogFormat) -> logging.Formatter:
         return _JsonFormatter()
     if style == "ISO8601":
         return _IsoFormatter()
-    return logging.Formatter(_TEXT)
+    return _TextFormatter(_TEXT)

@@ -104,7 +104,9 @@ class Lifecycle:
         roots = service.repository.roots
         baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
         failed = await service.start(settings.load_models)
-        log.info("models:\n%s", startup_table(service))
+        # A line a record: the text log escapes line breaks inside a message.
+        for line in ["models:", *startup_table(service).splitlines()]:
+            log.info("%s", line)
         if failed and settings.exit_on_error:
             names = ", ".join(entry.name for entry in failed)
             log.error(
