@@ -290,6 +290,9 @@ def _serve_uvicorn(app: App, lifecycle: Lifecycle, settings: Settings) -> None:
         lifespan="on",
         access_log=False,
         log_config=None,
+        # The client is the TCP peer, whatever X-Forwarded-For says (and whatever
+        # FORWARDED_ALLOW_IPS trusts): who may call the control API is decided from it.
+        proxy_headers=False,
         timeout_graceful_shutdown=int(settings.exit_timeout_secs + _SEND_MARGIN_S),
         ssl_certfile=settings.ssl_certfile,
         ssl_keyfile=settings.ssl_keyfile,

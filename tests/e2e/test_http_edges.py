@@ -576,3 +576,20 @@ def test_many_clients_keep_being_served_while_one_stalls(guarded):
         thread.join()
     assert not failures, failures
     assert _status_and_json(_until_closed(stalled))[0] == 408
+
+
+def test_control_api_admits_by_the_peer_not_by_x_forwarded_for(tmp_path, monkeypatch):
+    """With uvicorn's trust in forwarded headers widened (FORWARDED_ALLOW_IPS=*), what a
+    client writes in X-Forwarded-For still does not decide who it is: the control API
+    judges the TCP peer (here loopback, so admitted whatever the header claims)."""
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")
+    write_model(tmp_path / "repository", "echo", vector_config(), ECHO)
+    server = start_server(tmp_path / "repository", tmp_path)
+    try:
+        claims = {"X-Forwarded-For": "203.0.113.9, 127.0.0.1"}
+        index = httpx.post(f"{server.url}/v2/repository/index", headers=claims, timeout=10)
+        assert index.status_code == 200, index.text
+        logging = httpx.get(f"{server.url}/v2/logging", headers=claims, timeout=10)
+        assert logging.status_code == 200, logging.text
+    finally:
+        assert server.stop() == 0, server.log()
