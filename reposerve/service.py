@@ -80,7 +80,7 @@ class InferenceService:
             for name in wave:
                 del steps[name]
         self._started = True
-        return [entry for entry in self.repository.index() if entry.state == "UNAVAILABLE"]
+        return self.repository.failed()
 
     def leave(self) -> None:
         """Report not ready from now on, still serving: the start of a shutdown."""

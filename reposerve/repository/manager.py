@@ -359,6 +359,20 @@ class Repository:
     def loaded(self) -> list[ModelVersion]:
         return [version for name in sorted(self._models) for version in self.versions(name)]
 
+    def failed(self) -> list[IndexEntry]:
+        """The index rows of the models whose load failed: not those unloaded on purpose,
+        nor ensembles that stopped because a step model was unloaded."""
+        return [
+            entry
+            for entry in self.index()
+            if entry.state == ModelState.UNAVAILABLE.value
+            and not any(
+                v.unloaded or v.lost_a_step
+                for v in self._models[entry.name].versions.values()
+                if str(v.version) == entry.version
+            )
+        ]
+
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model on disk or known, with each version's state."""
         entries: list[IndexEntry] = []

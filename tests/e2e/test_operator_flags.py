@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, Server, start_server
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -192,5 +192,54 @@ def test_model_load_thread_count_bounds_parallel_loads(tmp_path, threads):
             assert events == ["start", "end", "start", "end"]
         else:
             assert events == ["start", "start", "end", "end"]
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+WAITS_FOR_GO = """
+    import time
+    from pathlib import Path
+
+
+    class Model:
+        def load(self, context):
+            go = Path({go!r})
+            deadline = time.monotonic() + 60
+            while not go.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+        def execute(self, inputs):
+            return {{"OUTPUT": inputs["INPUT"] + 1}}
+"""
+
+
+def test_an_unload_during_start_up_is_no_failed_load(tmp_path):
+    """--exit-on-error (on): a model unloaded on purpose while another still loads at
+    start-up is not a load failure, and the server stays up."""
+    root = tmp_path / "repository"
+    go = tmp_path / "go"
+    write_model(root, "fast", vector_config(size=1), PLUS_ONE)
+    write_model(root, "slow", vector_config(size=1), WAITS_FOR_GO.format(go=str(go)))
+    server = Server(root, log_path=tmp_path / "log")
+    try:
+        deadline = time.monotonic() + 60
+
+        def state(name: str) -> str:
+            try:
+                entries = httpx.post(f"{server.url}/v2/repository/index", timeout=5).json()
+            except httpx.TransportError:
+                return ""
+            return next((e.get("state", "") for e in entries if e["name"] == name), "")
+
+        while state("fast") != "READY":
+            assert server.process.poll() is None and time.monotonic() < deadline, server.log()
+            time.sleep(0.05)
+        assert state("slow") != "READY"  # still loading
+        unload = httpx.post(f"{server.url}/v2/repository/models/fast/unload", timeout=30)
+        assert unload.status_code == 200, unload.text
+        go.write_text("")
+        server.wait_ready()
+        assert server.process.poll() is None
+        assert state("slow") == "READY" and state("fast") == "UNAVAILABLE"
     finally:
         assert server.stop() == 0, server.log()
