@@ -80,12 +80,21 @@ SLOW = """
             return {"OUTPUT": inputs["INPUT"] * 2}
 """
 
-ASYNC_SLEEP = """
+# Each execute waits until 16 are running at once (for 60 s at most, then fails): only an
+# instance that runs executes together answers 16 requests.
+ASYNC_GATHER = """
     import asyncio
 
     class Model:
+        def load(self, context):
+            self.running = 0
+            self.all_in = asyncio.Event()
+
         async def execute(self, inputs):
-            await asyncio.sleep(0.2)
+            self.running += 1
+            if self.running >= 16:
+                self.all_in.set()
+            await asyncio.wait_for(self.all_in.wait(), 60)
             return {"OUTPUT": inputs["INPUT"] * 2}
 """
 
@@ -239,13 +248,20 @@ STAGING_PROBE = """
 """
 
 # Takes 3 s to unload, as a process tearing down a large CUDA context does.
+# Its unload says it began (TEARDOWN) and lasts until a file GO appears (60 s at most).
 SLOW_TEARDOWN = """
     import time
 
     class Model:
+        def load(self, context):
+            self.folder = context.version_path
+
         def execute(self, inputs):
             return {"OUTPUT": inputs["INPUT"]}
 
         def unload(self):
-            time.sleep(3)
+            (self.folder / "TEARDOWN").touch()
+            deadline = time.monotonic() + 60
+            while not (self.folder / "GO").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
 """

@@ -130,8 +130,13 @@ class ModelVersion:
 
     @property
     def ready(self) -> bool:
-        """READY with at least one live instance (not while every one is restarting)."""
-        return self.state is ModelState.READY and self.scheduler.serving
+        """READY with at least one live instance (not while every one is restarting, nor
+        while the only one is being killed: it takes no more work)."""
+        return (
+            self.state is ModelState.READY
+            and self.scheduler.serving
+            and (not self.instances or any(instance.live for instance in self.instances))
+        )
 
     async def check_ready(self) -> bool:
         """``ready``, asked as a client asks: also each live instance's model must agree
