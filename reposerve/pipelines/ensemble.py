@@ -48,11 +48,12 @@ def step_version(step: EnsembleStep) -> str | None:
     return None if step.version < 0 else str(step.version)
 
 
-def check_steps(label: str, config: ModelConfig, resolve: Resolve) -> None:
-    """The step models as loaded against the ensemble: each is ready, answers once, has
-    the inputs and outputs the maps name, and every tensor's datatype and shape agree
-    from the step that writes it to the steps that read it. Raises ConfigError naming the
-    step and tensor."""
+def check_steps(name: str, label: str, config: ModelConfig, resolve: Resolve) -> None:
+    """The step models as loaded against the ensemble ``name``: no ensemble reaches
+    itself through them, each is ready, answers once, has the inputs and outputs the maps
+    name, and every tensor's datatype and shape agree from the step that writes it to the
+    steps that read it. Raises ConfigError naming the cycle, or the step and tensor."""
+    check_acyclic(name, label, config, resolve)
     declared: dict[str, TensorConfig] = {tensor.name: tensor for tensor in config.input}
     batched = config.max_batch_size > 0
     models = {}
@@ -90,6 +91,35 @@ def check_steps(label: str, config: ModelConfig, resolve: Resolve) -> None:
                 raise ConfigError(f"{where}: input_map: its input '{spec.name}' is not mapped")
     for output in config.output:
         _agree(declared[output.name], output, f"{label}: output '{output.name}'")
+
+
+def check_acyclic(name: str, label: str, config: ModelConfig, resolve: Resolve) -> None:
+    """Refuse an ensemble that reaches an ensemble again through its steps (itself, or
+    another one that reaches itself): one request would call steps without end. Checked
+    with ``config`` standing for ``name`` (the config being loaded, not the one serving)
+    and the other ensembles as loaded now; Triton's words, with the whole path."""
+    cleared: set[str] = set()  # ensembles whose steps reach no cycle
+
+    def walk(path: tuple[str, ...], steps: list[EnsembleStep]) -> None:
+        for step in steps:
+            if step.model in path:
+                cycle = (*path[path.index(step.model) :], step.model)
+                raise ConfigError(
+                    f"{label}: circular dependency between ensembles: {' -> '.join(cycle)}. "
+                    "Hint: an ensemble cannot be a step of itself, directly or through "
+                    "another ensemble"
+                )
+            if step.model in cleared:
+                continue
+            try:
+                model = resolve(step.model, step_version(step))
+            except ReposerveError:  # not loaded: the step checks say so
+                continue
+            if model.config.step:
+                walk((*path, step.model), model.config.step)
+            cleared.add(step.model)
+
+    walk((name,), config.step)
 
 
 def _find(specs: list[TensorConfig], name: str, where: str, kind: str) -> TensorConfig:

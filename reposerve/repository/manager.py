@@ -133,7 +133,7 @@ class Repository:
                     continue
                 if version.state is ModelState.READY:
                     try:
-                        check_steps(version.label, version.config, self.get)
+                        check_steps(version.name, version.label, version.config, self.get)
                     except ConfigError as exc:
                         version.lost_step(f"its step model '{name}' changed: {exc.message}")
                 elif (

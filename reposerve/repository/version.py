@@ -142,14 +142,11 @@ class ModelVersion:
         """``ready``, asked as a client asks: also each live instance's model must agree
         when it has a check of its own (Triton's user-defined ``is_ready()``). Why not is
         logged in Triton's words, which its tests look for."""
-        if self.state is not ModelState.READY:
+        if not self.ready:
+            if self.state is ModelState.READY and self.instances:  # none of them is live
+                self._not_ready(f"Stub process '{self.instances[0].spec.name}' is not healthy.")
             return False
         live = [instance for instance in self.instances if instance.live]
-        if not live:
-            dead = next((i for i in self.instances if not i.live), None)
-            name = dead.spec.name if dead is not None else self.name
-            self._not_ready(f"Stub process '{name}' is not healthy.")
-            return False
         checks = [i.readiness.ask() for i in live if i.readiness is not None]
         for why in await asyncio.gather(*checks):
             if why is not None:
@@ -171,7 +168,7 @@ class ModelVersion:
         if self.backend == "ensemble":
             assert self._resolve is not None
             try:
-                check_steps(self.label, self.config, self._resolve)
+                check_steps(self.name, self.label, self.config, self._resolve)
             except ReposerveError as exc:
                 self._fail(exc.message)
                 return
