@@ -232,7 +232,9 @@ class EnsembleScheduler:
                     index, step = running.pop(call)
                     for model_output, tensor in call.result().items():
                         tensors[step.output_map[model_output]] = tensor
-            result = finish({spec.name: tensors[spec.name] for spec in self._config.output}, {})
+            outputs = {spec.name: tensors[spec.name] for spec in self._config.output}
+            self._check_shapes(outputs, request.batch_size)
+            result = finish(outputs, {})
         except BaseException as exc:
             for call in running:
                 call.cancel()
@@ -256,6 +258,22 @@ class EnsembleScheduler:
             queue_ns=0,
         )
         return result
+
+    def _check_shapes(self, outputs: dict[str, Tensor], batch_size: int) -> None:
+        """Each output has the shape the ensemble declares (its steps may declare a looser
+        one, e.g. -1, and the load cannot know): one that does not fails the request."""
+        batched = self._config.max_batch_size > 0
+        for spec in self._config.output:
+            produced = list(outputs[spec.name].shape)
+            declared = [-1, *spec.shape] if batched else list(spec.shape)
+            wanted = [batch_size, *spec.shape] if batched else declared
+            if len(produced) != len(wanted) or any(
+                want not in (-1, got) for want, got in zip(wanted, produced, strict=True)
+            ):
+                raise InstanceError(
+                    f"{self._label}: output '{spec.name}': its steps produced shape "
+                    f"{produced}, the ensemble declares {declared}"
+                )
 
     async def _call(
         self, index: int, step: EnsembleStep, tensors: dict[str, Tensor], request: InferRequest

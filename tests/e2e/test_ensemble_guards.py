@@ -133,3 +133,28 @@ def test_an_ensemble_loaded_onto_a_cycle_is_refused(pipeline_server, repository)
     assert _answers(base, "inner", 3) == [200] * 3
     assert refused.status_code == 400
     assert "circular dependency between ensembles: outer -> inner -> outer" in refused.text
+
+
+def test_an_output_shape_the_ensemble_does_not_declare_fails_the_request(repository, tmp_path):
+    """The step declares any length, the ensemble 4: the load cannot tell; the answer can."""
+    write_model(repository, "plus_one", PLAIN, PLUS_ONE)
+    write_model(repository, "shorter", PLAIN, SHORTER)
+    write_model(repository, "fits", _ensemble("plus_one", 4), None)
+    write_model(repository, "misfit", _ensemble("shorter", 4), None)
+    server = start_server(repository, tmp_path)
+    try:
+        sent = 4
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            replies = [client.post("/v2/models/misfit/infer", json=BODY) for _ in range(sent)]
+            fitting = client.post("/v2/models/fits/infer", json=BODY)
+        assert [reply.status_code for reply in replies] == [500] * sent
+        assert {reply.json()["error"] for reply in replies} == {
+            "model 'misfit' version 1: output 'y': its steps produced shape [1, 3], the "
+            "ensemble declares [-1, 4]"
+        }
+        assert fitting.status_code == 200
+        assert fitting.json()["outputs"][0]["data"] == [2, 3, 4, 5]
+        stats = httpx.get(f"{server.url}/v2/models/misfit/stats").json()["model_stats"][0]
+        assert stats["inference_stats"]["fail"]["count"] == sent
+    finally:
+        assert server.stop() == 0, server.log()
