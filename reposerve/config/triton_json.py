@@ -24,10 +24,12 @@ import re
 from typing import Any
 
 import msgspec
+from google.protobuf import json_format
 
 from reposerve.config.load import validate_model_config
 from reposerve.config.schema import ModelConfig
 from reposerve.config.triton import backend_parameters, from_triton
+from reposerve.config.triton_schema import model_config_class
 from reposerve.errors import ConfigError
 
 PREFIX = "reposerve."
@@ -51,10 +53,11 @@ def encode_value(value: Any) -> str:
 
 
 def decode_value(text: str) -> Any:
-    """The inverse of ``encode_value``; also reads Triton's ``"4"``/``"true"`` as typed."""
+    """The inverse of ``encode_value``; also reads Triton's ``"4"``/``"true"`` as typed.
+    Text that is not JSON, or nested too deeply to be a setting, stays text."""
     try:
         return _decoder.decode(text)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return text
 
 
@@ -121,14 +124,38 @@ def parse_triton_config(text: str, label: str, folder_name: str | None = None) -
     lowerCamelCase JSON names, 64-bit integers strings, as protobuf's JSON mapping allows.
     A field at its default value counts as absent (proto3: the two are the same message),
     so ``/config``'s full documents read back; a field set to anything reposerve has no
-    equivalent for is an error naming it."""
+    equivalent for is an error naming it. Every field is checked against Triton's schema
+    (protobuf's JSON mapping: types, ranges, enum names) before it is read, so a wrong type
+    anywhere is an error naming the field, never a crash."""
     try:
         document = _decoder.decode(text)
+        if not isinstance(document, dict):
+            raise ConfigError(f"{label}: expected a JSON object (Triton's ModelConfig)")
+        document = _without_defaults(_snake_keys(document))
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{label}: not valid JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ConfigError(f"{label}: expected a JSON object (Triton's ModelConfig)")
-    return config_from_triton(_without_defaults(_snake_keys(document)), label, folder_name)
+    except RecursionError:
+        raise ConfigError(f"{label}: nested too deeply to be a model configuration") from None
+    message = model_config_class()()
+    try:
+        json_format.ParseDict(document, message)
+    except json_format.ParseError as exc:
+        raise ConfigError(f"{label}: {_parse_error(str(exc))}") from None
+    typed = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return config_from_triton(typed, label, folder_name)
+
+
+_NO_FIELD = re.compile(r'has no field named "(?P<field>[^"]+)" at "(?P<at>[^"]*)"')
+
+
+def _parse_error(text: str) -> str:
+    """protobuf's JSON error, first line, in our words where it names an unknown field."""
+    unknown = _NO_FIELD.search(text)
+    if unknown:
+        where = unknown["at"].removeprefix("ModelConfig").lstrip(".")
+        path = f"{where}.{unknown['field']}" if where else unknown["field"]
+        return f"{path}: not supported by reposerve"
+    return text.splitlines()[0] if text else "not a Triton ModelConfig"
 
 
 def config_from_triton(
@@ -147,7 +174,9 @@ def config_from_triton(
 
 
 # Fields whose value is a map: their keys are names (tensors, parameters), never renamed.
-_MAPS = frozenset({"parameters", "inputs", "cc_model_filenames", "metric_tags"})
+_MAPS = frozenset(
+    {"parameters", "inputs", "cc_model_filenames", "metric_tags", "input_map", "output_map"}
+)
 _CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
 
 

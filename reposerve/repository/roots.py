@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reposerve.errors import ConfigError
-from reposerve.repository.scan import MODEL_NAME, check_model_folder, model_names
+from reposerve.repository.scan import check_model_folder, is_model_name, model_names
 
 
 def all_model_names(roots: Sequence[Path]) -> list[str]:
@@ -22,7 +22,7 @@ def all_model_names(roots: Sequence[Path]) -> list[str]:
 def check_exists(roots: Sequence[Path], name: str) -> list[Path]:
     """The repositories holding a folder ``name``; ConfigError when it is not a model
     name or no repository has it."""
-    if not MODEL_NAME.match(name) or len(roots) == 1:
+    if not is_model_name(name) or len(roots) == 1:
         check_model_folder(roots[0], name)  # its error says why
         return [roots[0]]
     holding = [root for root in roots if (root / name).is_dir()]

@@ -15,6 +15,11 @@ from reposerve.config.labels import read_labels
 from reposerve.errors import ConfigError
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
+NAME_MAX = 255  # a model name is a folder's name: the file system's limit on one
+
+
+def is_model_name(name: str) -> bool:
+    return len(name) <= NAME_MAX and MODEL_NAME.match(name) is not None
 BACKEND_FILES: dict[str, tuple[str, ...]] = {
     "python": ("model.py",),
     "onnxruntime": ("model.onnx",),
@@ -46,12 +51,17 @@ class ConfigOverride(msgspec.Struct, frozen=True):
 def model_names(root: Path) -> list[str]:
     """Folders of ``root`` that name models, sorted."""
     return sorted(
-        entry.name for entry in root.iterdir() if entry.is_dir() and MODEL_NAME.match(entry.name)
+        entry.name for entry in root.iterdir() if entry.is_dir() and is_model_name(entry.name)
     )
 
 
 def check_model_name(name: str) -> None:
     """ConfigError unless ``name`` can name a model (Triton's words in it: tests look)."""
+    if len(name) > NAME_MAX:
+        raise ConfigError(
+            f"failed to load '{name[:64]}...': not a valid model name: {len(name)} characters, "
+            f"at most {NAME_MAX} (it names a folder)"
+        )
     if not MODEL_NAME.match(name):
         raise ConfigError(
             f"failed to load '{name}': not a valid model name (letters, digits, _ . -): "
