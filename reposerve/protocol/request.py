@@ -156,7 +156,9 @@ def _read_inputs(
             known = ", ".join(specs) or "none"
             raise ProtocolError(f"model '{model}': unknown input '{item.name}' (inputs: {known})")
         if item.name in inputs:
-            raise ProtocolError(f"{where}: given more than once")
+            raise ProtocolError(
+                f"{where}: given more than once (input '{item.name}' already exists in request)"
+            )
         _check_signature(item, spec, config.max_batch_size, where)
         inputs[item.name] = read(item, where)
     return inputs
@@ -267,6 +269,20 @@ def _flatten(data: Any, where: str) -> list:
 
 # What kinds of JSON values each datatype family accepts (numpy dtype.kind of np.array(data)).
 _ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+# Triton's words for a JSON value of the wrong kind, by the kind the datatype wants (its
+# clients' tests look for them).
+_TRITON_TYPE_ERRORS = {
+    "b": "attempt to access JSON non-boolean as boolean",
+    "i": "attempt to access JSON non-signed-integer as signed-integer",
+    "u": "attempt to access JSON non-unsigned-integer as unsigned-integer",
+    "f": "attempt to access JSON non-number as double",
+    "O": "attempt to access JSON non-string as string",
+}
+
+
+def json_type_error(datatype: str) -> str:
+    """Triton's words for a JSON value that is not of ``datatype``'s kind."""
+    return _TRITON_TYPE_ERRORS[NUMPY_DTYPES[datatype].kind]
 
 
 def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
@@ -275,8 +291,7 @@ def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
         _check_count(len(flat), count, item, where)
         if not all(isinstance(element, str) for element in flat):
             raise ProtocolError(
-                f"{where}: BYTES data in JSON must be strings (attempt to access JSON "
-                "non-string as string)"
+                f"{where}: BYTES data in JSON must be strings ({json_type_error('BYTES')})"
             )
         return pack_bytes(element.encode() for element in flat)
     if item.datatype == "BF16":
@@ -299,7 +314,10 @@ def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
     _check_count(values.size, count, item, where)
     dtype = NUMPY_DTYPES[item.datatype]
     if count and values.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
-        raise ProtocolError(f"{where}: data holds values that are not {item.datatype}")
+        raise ProtocolError(
+            f"{where}: data holds values that are not {item.datatype} "
+            f"({json_type_error(item.datatype)})"
+        )
     if dtype.kind in "iu" and count:
         limits = np.iinfo(dtype)
         if values.min() < limits.min or values.max() > limits.max:

@@ -244,6 +244,114 @@ def test_generate_keys_are_inputs_or_parameters_and_shapes_fill_innermost_dynami
         decode_generate(b'{"text": "hi", "grid": [1, 2, 3, 4, 5]}', config, "m")
 
 
+TYPED_CONFIG = parse_model_config(
+    """
+    max_batch_size = 0
+    [[input]]
+    name = "PROMPT"
+    datatype = "BYTES"
+    shape = [1, 1]
+    [[input]]
+    name = "STREAM"
+    datatype = "BOOL"
+    shape = [1, 1]
+    [[input]]
+    name = "COUNT"
+    datatype = "UINT32"
+    shape = [1]
+    optional = true
+    [[output]]
+    name = "TEXT"
+    datatype = "BYTES"
+    shape = [-1]
+    """,
+    "m/config.toml",
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            b'{"PROMPT": "a", "STREAM": false, "PROMPT": "b"}',
+            "input 'PROMPT' is given more than once in the generate request (input 'PROMPT' "
+            "already exists in request)",
+        ),
+        # the first key repeated, in document order
+        (b'{"PROMPT": "a", "STREAM": false, "STREAM": true, "PROMPT": "b"}', "input 'STREAM'"),
+        # an input given at the top and again in parameters is one input given twice
+        (b'{"PROMPT": "a", "STREAM": true, "parameters": {"PROMPT": "b"}}', "input 'PROMPT'"),
+        # a key spelt with an escape is the same key
+        (b'{"PROMPT": "a", "STREAM": true, "\\u0050ROMPT": "b"}', "input 'PROMPT'"),
+        (
+            b'{"PROMPT": "a", "STREAM": true, "parameters": {"x": 1}, "x": 2}',
+            "parameter 'x' already exists in request",
+        ),
+        (
+            b'{"PROMPT": "a", "STREAM": true, "parameters": {"x": 1}, "parameters": {"y": 2}}',
+            "keyword 'parameters' is given more than once",
+        ),
+    ],
+)
+def test_a_generate_key_given_twice_is_refused_not_dropped(body, message):
+    with pytest.raises(ProtocolError) as raised:
+        decode_generate(body, TYPED_CONFIG, "m")
+    assert message in str(raised.value)
+
+
+def test_generate_keys_are_counted_only_where_they_are_keys():
+    # A key's name inside a string (escaped quotes and all) or as a value is no key.
+    request = decode_generate(
+        b'{"PROMPT": ["\\"PROMPT\\": 1, \\\\"], "STREAM": [true], "note": "STREAM",'
+        b' "parameters": {"x": 1, "y": "x"}}',
+        TYPED_CONFIG,
+        "m",
+    )
+    assert request.parameters == {"note": "STREAM", "x": 1, "y": "x"}
+    assert bytes(request.inputs["PROMPT"].raw)[4:] == b'"PROMPT": 1, \\'
+    # Nor are the keys of an object deeper than the request's own or its parameters'.
+    with pytest.raises(ProtocolError, match="parameter 'PARAMS' has invalid type"):
+        decode_generate(
+            b'{"PROMPT": "a", "STREAM": true, "PARAMS": {"PROMPT": 1, "PROMPT": 2}}',
+            TYPED_CONFIG,
+            "m",
+        )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"PROMPT": 123, "STREAM": false}', "attempt to access JSON non-string as string"),
+        (b'{"PROMPT": "a", "STREAM": "false"}', "attempt to access JSON non-boolean as boolean"),
+        # the first input in document order is the one named
+        (b'{"PROMPT": true, "STREAM": 123}', "attempt to access JSON non-string as string"),
+        (b'{"STREAM": 123, "PROMPT": true}', "attempt to access JSON non-boolean as boolean"),
+        (
+            b'{"PROMPT": {"USER": "a"}, "STREAM": true}',
+            "input 'PROMPT': a generate request gives a scalar or a flat array (attempt to "
+            "access JSON non-string as string)",
+        ),
+        (
+            b'{"PROMPT": "a", "STREAM": true, "COUNT": 1.5}',
+            "attempt to access JSON non-unsigned-integer as unsigned-integer",
+        ),
+        (
+            b'{"PROMPT": "a", "STREAM": true, "parameters": {"nested": {"twice": 1}}}',
+            "Converting keyword: 'parameters': parameter 'nested' has invalid type.",
+        ),
+        (
+            b'{"PROMPT": "a", "STREAM": true, "PARAMS": {"P": 0}}',
+            "'PARAMS' is not an input of the model, and as a parameter it must be a string, "
+            "number or bool (parameter 'PARAMS' has invalid type.)",
+        ),
+    ],
+)
+def test_generate_values_of_the_wrong_kind_are_refused_in_tritons_words(body, message):
+    with pytest.raises(ProtocolError) as raised:
+        decode_generate(body, TYPED_CONFIG, "m")
+    assert message in str(raised.value)
+
+
 def test_generate_responses_are_flat_and_one_element_is_a_bare_value():
     one = np.array([1.5], np.float32)
     many = np.arange(4, dtype=np.float32).reshape(2, 2)

@@ -135,3 +135,38 @@ def test_json_refuses_what_it_cannot_carry(value):
         encode_response("m", "1", None, [("Y", tensor, False)])
     body, length = encode_response("m", "1", None, [("Y", tensor, True)])
     assert np.frombuffer(body[length:], np.float32)[1] == value or np.isnan(value)
+
+
+def _one_input(datatype: str):
+    return parse_model_config(
+        f'[[input]]\nname = "V"\ndatatype = "{datatype}"\nshape = [1]\n'
+        '[[output]]\nname = "W"\ndatatype = "FP32"\nshape = [1]\n',
+        "m/config.toml",
+    )
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "words"),
+    [
+        ("BOOL", ["true"], "attempt to access JSON non-boolean as boolean"),
+        ("INT8", [1.5], "attempt to access JSON non-signed-integer as signed-integer"),
+        ("UINT16", [True], "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+        ("FP64", ["1"], "attempt to access JSON non-number as double"),
+        ("BYTES", [1], "attempt to access JSON non-string as string"),
+    ],
+)
+def test_json_data_of_the_wrong_kind_is_refused_in_tritons_words(datatype, data, words):
+    body = msgspec.json.encode(
+        {"inputs": [{"name": "V", "shape": [1], "datatype": datatype, "data": data}]}
+    )
+    with pytest.raises(ProtocolError) as raised:
+        decode_request(body, None, _one_input(datatype), "m")
+    assert "input 'V'" in str(raised.value) and f"({words})" in str(raised.value)
+
+
+def test_an_input_given_twice_is_refused_in_tritons_words():
+    body = msgspec.json.encode(
+        {"inputs": [{"name": "V", "shape": [1], "datatype": "FP32", "data": [1]}] * 2}
+    )
+    with pytest.raises(ProtocolError, match="input 'V' already exists in request"):
+        decode_request(body, None, _one_input("FP32"), "m")
