@@ -35,6 +35,10 @@ from reposerve.utilization import Usage
 T = TypeVar("T")
 
 
+# Request bodies at least this large are decoded in a worker thread, so that walking one
+# (its BYTES elements, its JSON numbers) never stalls the event loop that serves everyone.
+DECODE_IN_THREAD = 1 << 20
+
 class _IndexRequest(msgspec.Struct):
     ready: bool = False
 
@@ -179,7 +183,12 @@ class InferenceService:
     ) -> tuple[bytes, int | None]:
         """Run one V2 request; returns the response body and its JSON header length."""
         model = self.repository.get(name, version)
-        request = decode_request(body, header_length, model.config, name)
+        if len(body) < DECODE_IN_THREAD:
+            request = decode_request(body, header_length, model.config, name)
+        else:  # millions of small BYTES elements take seconds to walk: not on the loop
+            request = await asyncio.to_thread(
+                decode_request, body, header_length, model.config, name
+            )
 
         def encode(
             outputs: list[tuple[str, Tensor, bool]], parameters: dict[str, Any]
@@ -347,7 +356,8 @@ class InferenceService:
         override = None
         if request.config is not None:
             label = f"failed to load '{name}': parameters.config"  # Triton's words first
-            config = parse_triton_config(request.config, label, name)
+            # Off the loop too: a config of many MB takes its time to check.
+            config = await asyncio.to_thread(parse_triton_config, request.config, label, name)
             paths = file_options(config.parameters)
             if paths and not self.allow_file_override:  # they make the server write there
                 raise ProtocolError(

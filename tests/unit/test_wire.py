@@ -106,6 +106,14 @@ def test_split_batch_cuts_bytes_tensors_per_request(requests):
         assert unpack_bytes(piece.raw, width) == items
 
 
+def test_a_batch_of_one_request_is_its_own_piece_without_a_walk():
+    """A BYTES output is cut by walking its elements; a batch holding one request needs no
+    cut (a walk of millions of elements on the event loop stalls every client)."""
+    tensor = Tensor("BYTES", (3, 2_000_000), memoryview(b"not walked"))
+    assert split_batch(tensor, [3]) == [tensor]
+    assert split_batch(tensor, [3])[0] is tensor
+
+
 @given(st.binary(max_size=200), st.none() | st.integers(0, 300))
 def test_decoder_rejects_garbage_with_protocol_errors_only(body, header_length):
     try:
