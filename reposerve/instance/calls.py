@@ -19,6 +19,7 @@ instance running other batches as it always does.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import os
 import threading
@@ -47,6 +48,10 @@ from reposerve.instance.messages import (
 _DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name != "BF16"}
 
 Reply = CallResult | CallResponse | CallFailure
+
+# The call depth of the batch whose execute runs here (Execute.call_depth), set by the
+# worker around it: its calls are one deeper, so the front can end a runaway recursion.
+CALL_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("call_depth", default=0)
 
 
 class CallChannel(Protocol):
@@ -194,6 +199,7 @@ class Caller:
                 parameters,
                 timeout_us,
                 decoupled,
+                CALL_DEPTH.get() + 1,
             )
         )
         return call_id

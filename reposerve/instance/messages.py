@@ -59,6 +59,9 @@ class Execute(msgspec.Struct, tag=True, array_like=True):
     # The client requests the batch holds, in order; empty: one request holding it all
     # (warmup). Only backends that answer per request read them (RequestAwareBackend).
     requests: list[RequestSlice] = []
+    # How deep in model calls its requests are (0: clients'); its models' calls go one
+    # deeper (Call.depth).
+    call_depth: int = 0
 
 
 class Resume(msgspec.Struct, tag=True, array_like=True):
@@ -187,6 +190,7 @@ class Call(msgspec.Struct, tag=True, array_like=True):
     # A call to a decoupled model, taking its responses one by one: each comes as a
     # CallResponse (the next only after CallNext), the stream ends with a CallResult.
     decoupled: bool = False
+    depth: int = 1  # model calls from the client's request down to this one, itself included
 
 
 class ModelControl(msgspec.Struct, tag=True, array_like=True):

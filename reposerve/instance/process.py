@@ -229,6 +229,7 @@ class InstanceProcess:
         on_start: OnStart | None = None,
         requests: Sequence[RequestSlice] = (),
         on_response: OnResponse | None = None,
+        call_depth: int = 0,
     ) -> int:
         """Assemble a batch into a free slot and send it; ``on_done`` gets the outcome.
         ``on_start`` is called when it begins to run: now, or once the batch ahead of it
@@ -274,6 +275,7 @@ class InstanceProcess:
                     slot.size,
                     refs,
                     list(requests),
+                    call_depth,
                 )
             )
         )

@@ -29,7 +29,7 @@ from reposerve.backends import Backend, ModelContext, create_backend, pb_metrics
 from reposerve.backends.base import BackendError
 from reposerve.config import ModelConfig, complete_config
 from reposerve.errors import ReposerveError
-from reposerve.instance.calls import Caller
+from reposerve.instance.calls import CALL_DEPTH, Caller
 from reposerve.instance.channel import Channel
 from reposerve.instance.messages import (
     AddSlot,
@@ -66,6 +66,7 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
     def serve(message: ToInstance) -> None:
         if isinstance(message, Execute):
             started = time.perf_counter_ns()
+            depth = CALL_DEPTH.set(message.call_depth)  # nested batches set theirs over it
             try:
                 slot, inputs = runner.prepare(message)
                 outputs = runner.execute(message, slot, inputs)
@@ -75,6 +76,8 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
                     reply = runner.finish(message, slot, outputs, started)
             except Exception as exc:
                 reply = runner.failure(message, exc)
+            finally:
+                CALL_DEPTH.reset(depth)
             _answer(channel, reply)
         else:
             runner.add_slot(message, channel.take_fd())
@@ -110,6 +113,7 @@ def _run_async(
 
     async def execute(message: Execute) -> None:
         started = time.perf_counter_ns()
+        CALL_DEPTH.set(message.call_depth)  # in this batch's task's own context
         try:
             slot, inputs = runner.prepare(message)
             if runner.decoupled:

@@ -27,6 +27,11 @@ from reposerve.protocol.request import decode_parts
 from reposerve.scheduler.stream import ResponseStream
 from reposerve.tensor import Tensor
 
+# Model calls nested in one client's request, at most: a model that calls itself without
+# end fails here at once, its whole chain answered, rather than at the execution timeout
+# (a sync instance runs up to 64 batches nested while its models wait on calls).
+MAX_CALL_DEPTH = 32
+
 _parameters_decoder = msgspec.json.Decoder(dict[str, Any])
 _parameters_encoder = msgspec.json.Encoder()
 
@@ -50,6 +55,11 @@ async def serve_call(
     model (``call.decoupled``) sends each response through ``link`` and ends with an
     empty CallResult (a CANCELLED CallFailure when the caller cancelled it)."""
     try:
+        if call.depth > MAX_CALL_DEPTH:
+            raise ProtocolError(
+                f"model calls nest {call.depth} deep, beyond the limit of {MAX_CALL_DEPTH}. "
+                "Hint: a model that calls itself needs a case that ends the recursion"
+            )
         model = resolve(call.model, None if call.version < 0 else str(call.version))
         if model.config.decoupled and not call.decoupled:
             raise ProtocolError(
@@ -72,7 +82,7 @@ async def serve_call(
         request = decode_parts(header, raws, model.config, call.model)
         start = align(max((ref.offset + ref.nbytes for ref in call.inputs), default=0))
         if model.config.decoupled:
-            await _stream(model, request, call.call_id, slot, start, link)
+            await _stream(model, request, call, slot, start, link)
             return CallResult(call.call_id, slot.size, [], stream_end=True)
 
         def write(
@@ -80,7 +90,7 @@ async def serve_call(
         ) -> tuple[list[TensorRef], str]:
             return _write(slot, start, outputs), _parameters_text(parameters)
 
-        refs, answered = await model.scheduler.submit(request, write)
+        refs, answered = await model.scheduler.submit(request, write, call_depth=call.depth)
         return CallResult(call.call_id, slot.size, refs, answered)
     except ReposerveError as exc:
         message = f"{caller}: calling model '{call.model}': {exc.message}"
@@ -88,7 +98,7 @@ async def serve_call(
 
 
 async def _stream(
-    model: Any, request: Any, call_id: int, slot: Slot, start: int, link: CallLink
+    model: Any, request: Any, call: Call, slot: Slot, start: int, link: CallLink
 ) -> None:
     """A decoupled model's responses to a call, one at a time through the call slot: each
     is kept (copied) as it comes, and written once the caller took the one before."""
@@ -99,14 +109,14 @@ async def _stream(
 
     stream: ResponseStream = ResponseStream()
     link.attach(stream)
-    future = model.scheduler.submit(request, keep, stream)
+    future = model.scheduler.submit(request, keep, stream, call_depth=call.depth)
     future.add_done_callback(
         lambda done: stream.end(None if done.cancelled() else done.exception())
     )
     try:
         async for outputs, parameters in stream:
             refs = _write(slot, start, outputs)
-            await link.send(CallResponse(call_id, slot.size, refs, parameters))
+            await link.send(CallResponse(call.call_id, slot.size, refs, parameters))
         if stream.cancelled:
             raise SchedulerError("the request was cancelled", ErrorKind.CANCELLED)
     finally:

@@ -26,7 +26,9 @@ from reposerve.tensor import Tensor
 
 
 class StepScheduler(Protocol):
-    def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future: ...
+    def submit(
+        self, request: InferRequest, finish: Finish, *, call_depth: int = 0
+    ) -> asyncio.Future: ...
 
 
 class StepModel(Protocol):
@@ -171,12 +173,13 @@ class EnsembleScheduler:
             return False
         return True
 
-    def submit(self, request: InferRequest, finish: Finish) -> asyncio.Future:
+    def submit(self, request: InferRequest, finish: Finish, call_depth: int = 0) -> asyncio.Future:
+        """``call_depth``: the model calls that made the request; its steps' are as deep."""
         if self._closed:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
         future = asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(self._run(request, finish))
+        task = asyncio.ensure_future(self._run(request, finish, call_depth))
         self._running[future] = task
         self._idle.clear()
         task.add_done_callback(lambda done: self._settle(future, done))
@@ -213,7 +216,7 @@ class EnsembleScheduler:
         if not self._running:
             self._idle.set()
 
-    async def _run(self, request: InferRequest, finish: Finish) -> Any:
+    async def _run(self, request: InferRequest, finish: Finish, call_depth: int) -> Any:
         started = time.perf_counter_ns()
         tensors: dict[str, Tensor] = dict(request.inputs)
         waiting = list(enumerate(self._config.step))
@@ -223,7 +226,9 @@ class EnsembleScheduler:
                 for index, step in list(waiting):
                     if all(tensor in tensors for tensor in step.input_map.values()):
                         waiting.remove((index, step))
-                        call = asyncio.ensure_future(self._call(index, step, tensors, request))
+                        call = asyncio.ensure_future(
+                            self._call(index, step, tensors, request, call_depth)
+                        )
                         running[call] = (index, step)
                 if not running:  # the load-time checks make this unreachable; never hang
                     raise InstanceError(f"{self._label}: steps wait for tensors none writes")
@@ -276,7 +281,12 @@ class EnsembleScheduler:
                 )
 
     async def _call(
-        self, index: int, step: EnsembleStep, tensors: dict[str, Tensor], request: InferRequest
+        self,
+        index: int,
+        step: EnsembleStep,
+        tensors: dict[str, Tensor],
+        request: InferRequest,
+        call_depth: int,
     ) -> dict[str, Tensor]:
         """One step: its inputs from the ensemble's tensors, through its model's scheduler;
         the outputs the ensemble keeps, copied out of the instance's shared memory."""
@@ -303,6 +313,6 @@ class EnsembleScheduler:
                     if name in wanted
                 }
 
-            return await model.scheduler.submit(step_request, keep)
+            return await model.scheduler.submit(step_request, keep, call_depth=call_depth)
         except ReposerveError as exc:
             raise type(exc)(f"{where}: {exc.message}", exc.kind) from exc

@@ -119,7 +119,8 @@ class ModelVersion:
             prepare=self._warm,
             on_call=self._on_call,
         )
-        self._calls: set[asyncio.Task] = set()  # model calls its instances made, under way
+        # Model calls its instances made, under way, by the caller's pid.
+        self._calls: dict[asyncio.Task, int | None] = {}
         # The calls its instances make, by (caller pid, call id), while they are served.
         self._links: dict[tuple[int | None, int], _CallLink] = {}
         self._warmups: list[list[BatchTensor]] = []  # built once the config is complete
@@ -293,6 +294,9 @@ class ModelVersion:
         for key, link in list(self._links.items()):
             if key[0] == instance.pid:  # nobody takes its calls' responses any more
                 link.gone(InstanceError(f"{self.label}: the caller {instance.ended}"))
+        for task, pid in list(self._calls.items()):
+            if pid == instance.pid:  # orphans: their requests go, and the calls' slots
+                task.cancel()
         if self.state is ModelState.READY:
             if self._restart_on_request and not instance.batch_fault:
                 self._down.append(instance)
@@ -324,15 +328,15 @@ class ModelVersion:
                 link.cancel()
             return
         if isinstance(call, ModelControl):
-            task = asyncio.ensure_future(self._serve_control(instance, call))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+            self._track(instance, asyncio.ensure_future(self._serve_control(instance, call)))
             return
         if isinstance(self.scheduler, Scheduler):  # the waiting instance has room now
             self.scheduler.capacity_changed()
-        task = asyncio.ensure_future(self._serve_call(instance, call))
-        self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
+        self._track(instance, asyncio.ensure_future(self._serve_call(instance, call)))
+
+    def _track(self, instance: InstanceProcess, task: asyncio.Task) -> None:
+        self._calls[task] = instance.pid
+        task.add_done_callback(lambda done: self._calls.pop(done, None))
 
     async def _serve_call(self, instance: InstanceProcess, call: Call) -> None:
         assert self._resolve is not None  # the repository gives every version one

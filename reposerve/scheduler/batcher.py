@@ -111,11 +111,16 @@ class Scheduler:
         return bool(self._instances)
 
     def submit(
-        self, request: InferRequest, finish: Finish, stream: ResponseStream | None = None
+        self,
+        request: InferRequest,
+        finish: Finish,
+        stream: ResponseStream | None = None,
+        call_depth: int = 0,
     ) -> asyncio.Future:
         """Queue ``request``; the future resolves to ``finish``'s result or an error. For
         a decoupled model, each response goes through ``finish`` into ``stream`` instead
-        and the future resolves to None after the last; cancelling the stream cancels it."""
+        and the future resolves to None after the last; cancelling the stream cancels it.
+        ``call_depth``: the model calls that made it (0: a client's)."""
         if self._closed:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
@@ -136,7 +141,7 @@ class Scheduler:
             )
         key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
         future = asyncio.get_running_loop().create_future()
-        item = Queued(request, finish, future, key, self._clock.now(), stream)
+        item = Queued(request, finish, future, key, self._clock.now(), stream, call_depth)
         future.add_done_callback(partial(self._tell_cancelled, item))
         if stream is not None:
             stream.on_cancel = partial(self._abandon, item)
@@ -312,6 +317,9 @@ class Scheduler:
         requests = [_slice(item.request) for item in items] if instance.per_request else ()
         # Streamed requests are a decoupled model's (the service sends no other kind).
         on_response = partial(self._responded, batch) if items[0].stream is not None else None
+        # Only batches that calls made carry a depth (its models' calls go one deeper).
+        depth = max(item.call_depth for item in items)
+        deeper = {"call_depth": depth} if depth else {}
         try:
             batch.handle = instance.run(
                 inputs,
@@ -319,6 +327,7 @@ class Scheduler:
                 partial(self._started, batch),
                 requests,
                 on_response,
+                **deeper,
             )
         except OSError as exc:
             self._complete(

@@ -41,8 +41,10 @@ class Executor(Protocol):
         on_start: OnStart | None = None,
         requests: Sequence[RequestSlice] = (),
         on_response: OnResponse | None = None,
+        call_depth: int = 0,
     ) -> int:
-        """Start a batch; returns its id for ``cancel``."""
+        """Start a batch; returns its id for ``cancel``. ``call_depth``: how deep in
+        model calls its requests are (the deepest's)."""
         ...
 
     def cancel(self, batch_id: int) -> None:
@@ -57,7 +59,7 @@ class Executor(Protocol):
 class Queued:
     __slots__ = (
         "request", "finish", "future", "key", "enqueued_ns", "timer", "sequence", "stream",
-        "batch",
+        "batch", "call_depth",
     )  # fmt: skip
 
     def __init__(
@@ -68,8 +70,10 @@ class Queued:
         key: tuple,
         now: int,
         stream: ResponseStream | None,
+        call_depth: int = 0,
     ) -> None:
         self.request = request
+        self.call_depth = call_depth  # 0: a client's request; n: made by n nested calls
         self.finish = finish
         self.future = future
         self.key = key
