@@ -39,6 +39,7 @@ T = TypeVar("T")
 # (its BYTES elements, its JSON numbers) never stalls the event loop that serves everyone.
 DECODE_IN_THREAD = 1 << 20
 
+
 class _IndexRequest(msgspec.Struct):
     ready: bool = False
 

@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from reposerve.access import Policy, RestrictedError
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.grpc import schema
+from reposerve.grpc.decoding import Undecodable, deserializer, status_message
 from reposerve.grpc.infer import parameter_value, request_parts, response_encoder
 from reposerve.grpc.stream import serve_stream
 from reposerve.service import InferenceService
@@ -154,6 +155,10 @@ class Handlers:
         return response(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
 
 
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    await context.abort(code, status_message(message))
+
+
 def _client_host(context: grpc.aio.ServicerContext) -> str | None:
     """The peer's address from ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5``; None otherwise."""
     kind, _, rest = context.peer().partition(":")
@@ -171,9 +176,9 @@ async def _admit(policy: Policy, category: str, context: grpc.aio.ServicerContex
     try:
         policy.check_call(category, metadata.get, _client_host(context), _RESTRICTED_FLAG)
     except RestrictedError as exc:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
+        await _abort(context, grpc.StatusCode.UNAVAILABLE, exc.message)
     except ReposerveError as exc:
-        await context.abort(STATUS[exc.kind], exc.message)
+        await _abort(context, STATUS[exc.kind], exc.message)
 
 
 def _unary(
@@ -189,23 +194,25 @@ def _unary(
         try:
             if checked:
                 await _admit(policy, category, context)
+            if isinstance(request, Undecodable):
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.error)
             return await call(request)
         except ReposerveError as exc:
-            await context.abort(STATUS[exc.kind], exc.message)
+            await _abort(context, STATUS[exc.kind], exc.message)
         except (json_format.ParseError, msgspec.DecodeError) as exc:
             log.exception("could not encode the %s response", method)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+            await _abort(context, grpc.StatusCode.INTERNAL, f"internal error: {exc}")
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # the client gets a status, the log the traceback
             log.exception("unhandled error on %s", method)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+            await _abort(
+                context, grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
             )
 
     return grpc.unary_unary_rpc_method_handler(
         handle,
-        request_deserializer=request_class.FromString,
+        request_deserializer=deserializer(request_class),
         response_serializer=lambda message: message.SerializeToString(),
     )
 
@@ -223,11 +230,11 @@ def _streaming(service: InferenceService, policy: Policy) -> grpc.RpcMethodHandl
         try:
             await serve_stream(service, requests, context.write, end_on_error)
         except ReposerveError as exc:  # only with end_on_error: the call ends with it
-            await context.abort(STATUS[exc.kind], exc.message)
+            await _abort(context, STATUS[exc.kind], exc.message)
 
     return grpc.stream_stream_rpc_method_handler(
         handle,
-        request_deserializer=schema.message_class(f"{schema.PACKAGE}.{request}").FromString,
+        request_deserializer=deserializer(schema.message_class(f"{schema.PACKAGE}.{request}")),
         response_serializer=lambda message: message.SerializeToString(),
     )
 

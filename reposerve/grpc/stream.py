@@ -21,8 +21,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from reposerve.errors import ReposerveError
+from reposerve.errors import ProtocolError, ReposerveError
 from reposerve.grpc import schema
+from reposerve.grpc.decoding import Undecodable
 from reposerve.grpc.infer import (
     FINAL,
     request_parts,
@@ -58,6 +59,8 @@ async def serve_stream(
 
     async def answer(request: Any) -> None:
         try:
+            if isinstance(request, Undecodable):  # the client's error: it costs this one
+                raise ProtocolError(request.error)
             empty_final = wants_empty_final(request)
             header, raws = request_parts(request)
             responses = service.stream_parts(
@@ -77,6 +80,8 @@ async def serve_stream(
         except ReposerveError as exc:
             if end_on_error:
                 outbox.end(exc)
+            elif isinstance(request, Undecodable):  # no request to name
+                await send(stream_class(error_message=exc.message))
             else:
                 await send(stream_ending(stream_class, request, exc.message))
         except Exception as exc:  # the client gets its request's error, the log the rest

@@ -20,6 +20,8 @@ NAME_MAX = 255  # a model name is a folder's name: the file system's limit on on
 
 def is_model_name(name: str) -> bool:
     return len(name) <= NAME_MAX and MODEL_NAME.match(name) is not None
+
+
 BACKEND_FILES: dict[str, tuple[str, ...]] = {
     "python": ("model.py",),
     "onnxruntime": ("model.onnx",),
