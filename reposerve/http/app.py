@@ -19,9 +19,9 @@ from starlette.types import Receive, Scope, Send
 
 from reposerve.errors import ReposerveError
 from reposerve.http.access import AccessPolicy
-from reposerve.http.errors import error_body, error_response, retry_after_on_503
+from reposerve.http.errors import HttpError, error_body, error_response, retry_after_on_503
 from reposerve.http.generate import GenerateEndpoint
-from reposerve.http.infer import InferEndpoint
+from reposerve.http.infer import InferEndpoint, body_deadline
 from reposerve.protocol.documents import encode
 from reposerve.service import InferenceService
 
@@ -100,6 +100,9 @@ def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
             return await handler(request)
         except ReposerveError as exc:
             return error_response(exc)
+        except HttpError as exc:  # the body stalled (408)
+            headers = {name.decode(): value.decode() for name, value in exc.headers}
+            return Response(error_body(exc.message), exc.status, headers, JSON)
         except ClientDisconnect:
             # The client left, or the connection guard timed its body out and answered.
             return Response(status_code=400)
@@ -110,17 +113,15 @@ def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
     return endpoint
 
 
-def routes(
-    handlers: Handlers, policy: AccessPolicy, max_body: int, body_timeout: float | None = None
-) -> list[Route]:
+def routes(handlers: Handlers, policy: AccessPolicy, max_body: int) -> list[Route]:
     """The whole HTTP surface (DESIGN.md §3): inference, then (path, handler, API, methods)."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
     service = handlers.service
     endpoints = {
-        "infer": InferEndpoint(service, policy, max_body, body_timeout),
-        "generate": GenerateEndpoint(service, policy, max_body, body_timeout, stream=False),
-        "generate_stream": GenerateEndpoint(service, policy, max_body, body_timeout, stream=True),
+        "infer": InferEndpoint(service, policy, max_body),
+        "generate": GenerateEndpoint(service, policy, max_body, stream=False),
+        "generate_stream": GenerateEndpoint(service, policy, max_body, stream=True),
     }
     # Inference first: it carries the load (see App).
     inference = [
@@ -156,9 +157,14 @@ class App:
     """The ASGI app: inference routes are tried first and called directly; everything else
     goes through Starlette (middleware, router). Inference handles its own errors, so the
     middleware would only add cost to the one path that carries the load. Every 503 gets
-    Retry-After: the infer endpoint adds it itself, the rest here."""
+    Retry-After: the infer endpoint adds it itself, the rest here. ``body_timeout``: how
+    long any request body may stall before a 408, where the server keeps no such deadline
+    itself (None on uvicorn, see ``connections``)."""
 
-    def __init__(self, table: list[Route], lifespan: Lifespan | None) -> None:
+    def __init__(
+        self, table: list[Route], lifespan: Lifespan | None, body_timeout: float | None = None
+    ) -> None:
+        self._body_timeout = body_timeout
         self._inference = [route for route in table if isinstance(route.endpoint, InferEndpoint)]
         self._starlette = Starlette(
             routes=table,
@@ -167,6 +173,8 @@ class App:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._body_timeout is not None and scope["type"] == "http":
+            receive = body_deadline(receive, self._body_timeout)
         if scope["type"] == "http" and scope["method"] == "POST":
             for route in self._inference:
                 match, child = route.matches(scope)
@@ -199,5 +207,5 @@ def create_app(
     lifespan: Lifespan | None = None,
     body_timeout: float | None = None,
 ) -> App:
-    """``body_timeout``: see InferEndpoint (None where the server keeps it)."""
-    return App(routes(Handlers(service), policy, max_body, body_timeout), lifespan)
+    """``body_timeout``: see App (None where the server keeps it)."""
+    return App(routes(Handlers(service), policy, max_body), lifespan, body_timeout)

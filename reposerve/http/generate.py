@@ -44,10 +44,9 @@ class GenerateEndpoint(InferEndpoint):
         service: InferenceService,
         policy: AccessPolicy,
         max_body: int,
-        body_timeout: float | None,
         stream: bool,
     ) -> None:
-        super().__init__(service, policy, max_body, body_timeout)
+        super().__init__(service, policy, max_body)
         self._stream = stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -37,20 +37,10 @@ _COMPRESS_IN_THREAD = 256 * 1024
 
 
 class InferEndpoint:
-    """``body_timeout``: seconds a request body may stall between chunks before a 408;
-    None where the server enforces it below the app (uvicorn, see ``connections``)."""
-
-    def __init__(
-        self,
-        service: InferenceService,
-        policy: AccessPolicy,
-        max_body: int,
-        body_timeout: float | None = None,
-    ) -> None:
+    def __init__(self, service: InferenceService, policy: AccessPolicy, max_body: int) -> None:
         self._service = service
         self._policy = policy
         self._max_body = max_body
-        self._body_timeout = body_timeout
         self._checked = policy.guards(INFERENCE_API)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -97,7 +87,7 @@ class InferEndpoint:
         if declared is not None and declared > self._max_body:
             raise _too_large(declared, self._max_body)
         inflater = None if encoding is None else _inflater(encoding, self._max_body)
-        body = await _read_body(receive, self._max_body, self._body_timeout, inflater)
+        body = await _read_body(receive, self._max_body, inflater)
         return body, header_length, accept
 
 
@@ -152,28 +142,37 @@ def _inflater(encoding: bytes, limit: int) -> Inflater | None:
     return None if coding is None else Inflater(coding, limit)
 
 
-async def _receive(receive: Receive, timeout: float | None) -> dict:
-    if timeout is None:
-        return await receive()
-    try:
-        async with asyncio.timeout(timeout):
+def body_deadline(receive: Receive, timeout: float) -> Receive:
+    """``receive`` with each wait for the request body bounded by ``timeout``, the first
+    included (a head that announces a body may be all a client sends): an HttpError 408
+    past it. Once the body is whole, waits (for a disconnect) are unbounded again. For a
+    server that keeps no such deadline itself (Hypercorn; uvicorn's is in
+    ``connections``)."""
+    whole = False
+
+    async def bounded() -> dict:
+        nonlocal whole
+        if whole:
             return await receive()
-    except TimeoutError:
-        raise HttpError(
-            408,
-            f"request body stalled: nothing arrived for {timeout:g} s (--http-body-timeout-secs)",
-            ((b"connection", b"close"),),
-        ) from None
+        try:
+            async with asyncio.timeout(timeout):
+                message = await receive()
+        except TimeoutError:
+            raise HttpError(
+                408,
+                f"request body stalled: nothing arrived for {timeout:g} s "
+                "(--http-body-timeout-secs)",
+                ((b"connection", b"close"),),
+            ) from None
+        whole = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    return bounded
 
 
-async def _read_body(
-    receive: Receive, limit: int, idle: float | None, inflater: Inflater | None
-) -> bytes | bytearray:
+async def _read_body(receive: Receive, limit: int, inflater: Inflater | None) -> bytes | bytearray:
     """The whole body (inflated as it arrives when ``inflater`` is given), refused past
-    ``limit`` bytes, compressed or inflated, before more of it is held.
-
-    ``idle`` bounds each wait after the first chunk (the first is the one that came with
-    the request head, or is already on its way)."""
+    ``limit`` bytes, compressed or inflated, before more of it is held."""
     chunks: list[bytes] = []
     size = 0
     message = await receive()
@@ -195,7 +194,7 @@ async def _read_body(
             if inflater is not None:
                 return inflater.finish()
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        message = await _receive(receive, idle)
+        message = await receive()
 
 
 def _too_large(size: int, limit: int) -> ProtocolError:

@@ -462,6 +462,26 @@ def test_stalled_body_is_timed_out(request, server_kind):
     _assert_serving(server.url)
 
 
+@pytest.mark.parametrize("server_kind", ["uvicorn", "hypercorn"])
+@pytest.mark.parametrize("path", ["/v2/models/plus_one/infer", "/v2/repository/index"])
+def test_a_head_announcing_a_body_that_never_comes_is_timed_out(request, server_kind, path):
+    """Content-Length given, not one body byte sent: a 408 at the body timeout, on the
+    inference path and on the others, whichever server runs the app."""
+    server = request.getfixturevalue("guarded" if server_kind == "uvicorn" else "hypercorn")
+    sock = _connect(server)
+    sock.sendall(
+        b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n" % path.encode()
+    )
+    _assert_serving(server.url)
+    status, error = _status_and_json(_until_closed(sock))
+    assert status == 408
+    assert error == {
+        "error": "request body stalled: nothing arrived for 1 s (--http-body-timeout-secs)"
+    }
+    _assert_serving(server.url)
+
+
 def test_slow_but_steady_body_is_served(guarded):
     """The body timeout is a silence between reads, not a deadline for the whole body."""
     body = msgspec.json.encode(GOOD)
