@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from reposerve.backends.onnx_options import file_options
+from reposerve.config.onnx_options import file_options
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, ReposerveError, RepositoryError
 from reposerve.instance.messages import CallFailure, CallResult, ModelControl

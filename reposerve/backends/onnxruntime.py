@@ -3,7 +3,9 @@
 CPU instances use the CPU provider only (asking onnxruntime-gpu for CUDA on a machine
 without a driver logs an error before falling back). GPU instances use CUDA, or TensorRT
 first when ``[parameters]`` asks (see ``onnx_options``), with the provider options the
-config gives; if a provider cannot start, the load fails saying what is missing.
+config gives (checked when the config was read, ``reposerve.config.onnx_options``, as is
+``precision``: fp32 or fp16 here); if a provider cannot start, the load fails saying what
+is missing.
 ``precision = "fp16"`` converts the graph with the converter onnxruntime ships, keeping
 fp32 inputs and outputs, once per model version content: the first instance to start
 writes it to the cache (``file_cache``), the others load that file.
@@ -22,13 +24,12 @@ from reposerve.backends.base import Arrays, BackendError, ModelContext, Signatur
 from reposerve.backends.file_cache import build_once, cache_root, content_digest, exclusive
 from reposerve.backends.onnx_options import (
     CPU_PROVIDER,
-    OnnxParameters,
     Provider,
     engine_cache_path,
     gpu_providers,
-    onnx_parameters,
 )
 from reposerve.config import TensorConfig
+from reposerve.config.onnx_options import OnnxParameters, onnx_parameters
 from reposerve.errors import InvalidInput
 
 log = logging.getLogger("reposerve.backends")
@@ -68,14 +69,11 @@ class OnnxRuntimeBackend:
             raise BackendError(
                 "the onnxruntime backend needs the onnx extra: pip install 'reposerve[onnx]'"
             ) from exc
-        parameters = onnx_parameters(context.model_name, context.config.parameters)
+        # Checked when the config was read (reposerve.config.parameters), precision too.
+        label = f"{context.model_name}/config.toml"
+        parameters = onnx_parameters(context.config.parameters, label)
         path = context.model_file(MODEL_FILE)
         precision = context.config.optimization.precision
-        if precision == "bf16":
-            raise BackendError(
-                f"{context.model_name}: precision bf16 is not supported by the onnxruntime "
-                "backend; use fp16 or fp32"
-            )
         options = ort.SessionOptions()
         options.intra_op_num_threads = context.threads
         options.inter_op_num_threads = 1

@@ -7,8 +7,9 @@ not, so it must declare them.
 
 Loading, in the instance process:
 
-1. ``[parameters]`` options are checked (``TorchOptions``): ``allow_tf32``,
-   ``cudnn_benchmark``, ``torch_compile``; a wrong one fails the load naming its key.
+1. ``[parameters]`` options (``reposerve.config.torch_options``): ``allow_tf32``,
+   ``cudnn_benchmark``, ``torch_compile``, checked when the config was read. Checked here,
+   needing torch or the file: torch.compile's names, and no ``torch_compile`` on TorchScript.
 2. fp32 math is IEEE: TF32 matmuls and cuDNN convolutions only with ``allow_tf32 = true``.
 3. A ``.pt2`` program is moved with torch.export's ``move_to_device_pass`` before
    ``.module()``: it also rewrites devices baked into the graph, which ``Module.to`` cannot.
@@ -34,12 +35,12 @@ import warnings
 from contextlib import AbstractContextManager
 from typing import Any
 
-import msgspec
 import numpy as np
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from reposerve.backends.base import Arrays, BackendError, ModelContext, Outputs, Signature
-from reposerve.config import TensorConfig, convert_table
+from reposerve.config import TensorConfig
+from reposerve.config.torch_options import CompileOptions, torch_options
 from reposerve.datatypes import NUMPY_DTYPES
 from reposerve.errors import ConfigError
 
@@ -70,34 +71,6 @@ AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # Exponent bits: converting a float to one with at least as many only rounds, never
 # overflows, so such outputs are converted on the device without a range check.
 _EXPONENT_BITS = {torch.float16: 5, torch.bfloat16: 8, torch.float32: 8, torch.float64: 11}
-
-
-class CompileOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``[parameters] torch_compile = { ... }``: torch.compile's own arguments."""
-
-    mode: str = "default"  # "reduce-overhead", "max-autotune", ...
-    dynamic: bool | UnsetType = UNSET  # unset: torch recompiles dynamic once shapes vary
-    backend: str = "inductor"
-
-
-class TorchOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The torch backend's keys in ``[parameters]``."""
-
-    allow_tf32: bool = False
-    cudnn_benchmark: bool = False
-    torch_compile: bool | CompileOptions = False
-
-
-def _options(parameters: dict[str, Any], label: str) -> TorchOptions:
-    """This backend's keys of ``[parameters]`` (the others belong to other layers)."""
-    raw = {key: parameters[key] for key in TorchOptions.__struct_fields__ if key in parameters}
-    table = raw.get("torch_compile")
-    if isinstance(table, dict):
-        # Converted on its own so that an unknown key there lists the allowed ones too.
-        raw["torch_compile"] = convert_table(
-            table, CompileOptions, label, "parameters.torch_compile"
-        )
-    return convert_table(raw, TorchOptions, label, "parameters")
 
 
 class TorchOutput:
@@ -137,7 +110,7 @@ class TorchBackend:
     def __init__(self, context: ModelContext) -> None:
         config = context.config
         label = f"{context.model_name}/config.toml"
-        options = _options(config.parameters, label)
+        options = torch_options(config.parameters, label)  # checked when read
         torch.set_num_threads(context.threads)
         self._device = torch.device(context.device)
         if self._device.type == "cuda" and not torch.cuda.is_available():

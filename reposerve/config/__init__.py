@@ -2,12 +2,7 @@
 with file/key/reason errors."""
 
 from reposerve.config.complete import complete_config
-from reposerve.config.load import (
-    convert_table,
-    find_config,
-    load_model_config,
-    parse_model_config,
-)
+from reposerve.config.load import find_config, load_model_config, parse_model_config
 from reposerve.config.schema import (
     DynamicBatching,
     InstanceGroup,
@@ -17,6 +12,7 @@ from reposerve.config.schema import (
     VersionPolicy,
     Warmup,
 )
+from reposerve.config.tables import convert_table
 
 __all__ = [
     "DynamicBatching",

@@ -28,6 +28,7 @@ import msgspec
 from reposerve.backends import Backend, ModelContext, create_backend, pb_metrics, pb_utils
 from reposerve.backends.base import BackendError
 from reposerve.config import ModelConfig, complete_config
+from reposerve.config.parameters import server_parameters
 from reposerve.errors import ReposerveError
 from reposerve.instance.calls import CALL_DEPTH, Caller
 from reposerve.instance.channel import Channel
@@ -48,8 +49,6 @@ from reposerve.instance.messages import (
 )
 from reposerve.instance.runner import BatchRunner
 
-# How many batches one async instance may hold at once unless [parameters] says otherwise.
-DEFAULT_ASYNC_INFLIGHT = 256
 EXIT_POISONED = 70  # the process ended itself after a CUDA error poisoned its context
 _PR_SET_PDEATHSIG = 1
 
@@ -218,23 +217,6 @@ def _transaction_policy(config: ModelConfig, backend: Backend, model: str) -> Mo
     return msgspec.structs.replace(config, decoupled=True) if decoupled else config
 
 
-def _max_inflight(config: ModelConfig) -> int:
-    value = config.parameters.get("max_inflight_batches", DEFAULT_ASYNC_INFLIGHT)
-    if type(value) is not int or value < 1:
-        raise ValueError(f"parameters.max_inflight_batches: expected int >= 1, got {value!r}")
-    return value
-
-
-def _staging(config: ModelConfig) -> int:
-    """Batches a sync instance accepts beyond the one it runs: with one staged in shared
-    memory, it starts the next the moment it answers instead of waiting a round trip
-    through the front (and a GPU does not idle while the front assembles the batch)."""
-    value = config.parameters.get("stage_next_batch", True)
-    if type(value) is not bool:
-        raise ValueError(f"parameters.stage_next_batch: expected true or false, got {value!r}")
-    return int(value)
-
-
 def _die_with_parent() -> None:
     """Ask the kernel to kill us if the front dies, so no instance outlives it."""
     try:
@@ -283,9 +265,14 @@ def main(argv: list[str]) -> int:
                 "in a TritonPythonModel's auto_complete_config"
             )
         config = _transaction_policy(config, backend, load.model)
-        inflight = _max_inflight(config) if backend.is_async else 1
-        # A decoupled batch may run for long: nothing waits staged behind it.
-        staging = 0 if backend.is_async or config.decoupled else _staging(config)
+        # Checked when the config was read (reposerve.config.parameters).
+        options = server_parameters(config.parameters, f"{load.model}/config.toml")
+        inflight = options.max_inflight_batches if backend.is_async else 1
+        # Staging: a sync instance accepts one batch beyond the one it runs, so it starts
+        # the next the moment it answers instead of waiting a round trip through the front
+        # (and a GPU does not idle while the front assembles the batch). A decoupled batch
+        # may run for long: nothing waits staged behind it.
+        staging = int(options.stage_next_batch and not (backend.is_async or config.decoupled))
     except ReposerveError as exc:
         channel.send(LoadFailed(exc.message))
         return 1

@@ -15,6 +15,7 @@ import msgspec
 
 from reposerve.config import InstanceGroup, ModelConfig
 from reposerve.config.instances import instance_name
+from reposerve.config.parameters import server_parameters
 from reposerve.errors import ConfigError
 from reposerve.instance.spec import GpuDevice, InstanceSpec
 from reposerve.repository.gpus import Gpus
@@ -39,7 +40,8 @@ def plan_instances(
     ]
     config = msgspec.structs.replace(config, instance_group=groups)
     config_json = msgspec.json.encode(config)
-    override = _thread_override(config)
+    # Checked when the config was read (reposerve.config.parameters).
+    override = server_parameters(config.parameters, name).intra_op_threads
     unpinned_cpu = sum(group.count for group in groups if group.kind in _HOST and not group.cpus)
     specs: list[InstanceSpec] = []
     for group in groups:
@@ -133,11 +135,3 @@ def _ranges(cores: list[int]) -> str:
         else:
             spans.append([core, core])
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-
-
-def _thread_override(config: ModelConfig) -> int | None:
-    """``[parameters] intra_op_threads``: every instance's thread count, when given."""
-    override = config.parameters.get("intra_op_threads")
-    if override is not None and (type(override) is not int or override < 1):
-        raise ConfigError(f"parameters.intra_op_threads: expected int >= 1, got {override!r}")
-    return override

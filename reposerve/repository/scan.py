@@ -12,6 +12,7 @@ import msgspec
 
 from reposerve.config import ModelConfig, find_config, load_model_config
 from reposerve.config.labels import read_labels
+from reposerve.config.parameters import check_backend
 from reposerve.errors import ConfigError
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
@@ -101,6 +102,9 @@ def read_model(root: Path, name: str, override: ConfigOverride | None = None) ->
         VersionSource(number, path / str(number), _backend(config, path / str(number), name))
         for number in chosen
     ]
+    if config.backend is None:  # the backend's rules once the model files name it
+        for backend in sorted({version.backend for version in versions}):
+            check_backend(config, backend, label)
     labels = read_labels(path, config, label)
     return ModelSource(name, path, config, versions, labels)
 

@@ -156,8 +156,9 @@ def test_torchscript_must_declare_its_tensors(server):
 
 
 def test_onnx_bf16_is_refused_clearly(server):
-    assert "precision bf16 is not supported by the onnxruntime backend" in _reason(
-        server, "onnx_bf16"
+    assert _reason(server, "onnx_bf16") == (
+        "onnx_bf16/config.toml: optimization.precision: bf16 is not supported by the "
+        "onnxruntime backend. Hint: use fp16 or fp32"
     )
 
 

@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reposerve.backends.onnx_options import (
-    CudaOptions,
-    engine_cache_path,
-    gpu_providers,
-    onnx_parameters,
-)
+from reposerve.backends.onnx_options import engine_cache_path, gpu_providers
+from reposerve.config.onnx_options import CudaOptions, onnx_parameters
 from reposerve.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -22,12 +18,12 @@ ENGINES = Path("/cache/onnxruntime/m/1/0123456789abcdef/tensorrt-ort1.0")
 
 def _providers(toml: str = "", precision: str = "fp32", gpu: int = 0):
     parameters = tomllib.loads(toml).get("parameters", {})
-    return gpu_providers(onnx_parameters("m", parameters), precision, gpu, ENGINES)
+    return gpu_providers(onnx_parameters(parameters, "m/config.toml"), precision, gpu, ENGINES)
 
 
 def _error(toml: str) -> str:
     with pytest.raises(ConfigError) as caught:
-        onnx_parameters("m", tomllib.loads(toml)["parameters"])
+        onnx_parameters(tomllib.loads(toml)["parameters"], "m/config.toml")
     return caught.value.message
 
 
@@ -206,5 +202,7 @@ def test_profiles_are_checked_together(profiles, message):
 
 
 def test_other_parameters_are_left_to_their_owners():
-    parameters = onnx_parameters("m", {"intra_op_threads": 4, "max_inflight_batches": 2})
+    parameters = onnx_parameters(
+        {"intra_op_threads": 4, "max_inflight_batches": 2}, "m/config.toml"
+    )
     assert parameters.tensorrt is None
