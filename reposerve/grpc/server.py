@@ -9,6 +9,7 @@ returns. Handlers are registered generically with the run-time message classes o
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,7 @@ from google.protobuf import json_format
 from reposerve.access import Policy, RestrictedError
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.grpc import schema
-from reposerve.grpc.decoding import Undecodable, deserializer, status_message
+from reposerve.grpc.decoding import Reclaimer, Undecodable, deserializer, status_message
 from reposerve.grpc.infer import parameter_value, request_parts, response_encoder
 from reposerve.grpc.stream import serve_stream
 from reposerve.service import InferenceService
@@ -169,16 +170,20 @@ def _client_host(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
-async def _admit(policy: Policy, category: str, context: grpc.aio.ServicerContext) -> None:
-    """Abort the call unless ``policy`` lets it in: a restricted protocol without its key
-    is UNAVAILABLE (Triton's answer), a refusal of reposerve's its error's status."""
+Refusal = tuple[grpc.StatusCode, str]
+
+
+def _refusal(policy: Policy, category: str, context: grpc.aio.ServicerContext) -> Refusal | None:
+    """Why ``policy`` keeps the call out, if it does: a restricted protocol without its
+    key is UNAVAILABLE (Triton's answer), a refusal of reposerve's its error's status."""
     metadata = dict(context.invocation_metadata() or ())
     try:
         policy.check_call(category, metadata.get, _client_host(context), _RESTRICTED_FLAG)
     except RestrictedError as exc:
-        await _abort(context, grpc.StatusCode.UNAVAILABLE, exc.message)
+        return grpc.StatusCode.UNAVAILABLE, exc.message
     except ReposerveError as exc:
-        await _abort(context, STATUS[exc.kind], exc.message)
+        return STATUS[exc.kind], exc.message
+    return None
 
 
 def _unary(
@@ -186,45 +191,50 @@ def _unary(
     call: Callable[[Any], Awaitable[Any]],
     request_class: Any,
     policy: Policy,
+    reclaimer: Reclaimer | None = None,
 ) -> grpc.RpcMethodHandler:
     category = _CATEGORIES.get(method)
     checked = category is not None and policy.guards(category)
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            if checked:
-                await _admit(policy, category, context)
-            if isinstance(request, Undecodable):
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.error)
-            return await call(request)
-        except ReposerveError as exc:
-            await _abort(context, STATUS[exc.kind], exc.message)
-        except (json_format.ParseError, msgspec.DecodeError) as exc:
-            log.exception("could not encode the %s response", method)
-            await _abort(context, grpc.StatusCode.INTERNAL, f"internal error: {exc}")
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:  # the client gets a status, the log the traceback
-            log.exception("unhandled error on %s", method)
-            await _abort(
-                context, grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
-            )
+        refusal = _refusal(policy, category, context) if checked else None
+        if refusal is None and isinstance(request, Undecodable):
+            refusal = grpc.StatusCode.INVALID_ARGUMENT, request.error
+        if refusal is None:
+            try:
+                return await call(request)
+            except ReposerveError as exc:
+                refusal = STATUS[exc.kind], exc.message
+            except (json_format.ParseError, msgspec.DecodeError) as exc:
+                log.exception("could not encode the %s response", method)
+                refusal = grpc.StatusCode.INTERNAL, f"internal error: {exc}"
+            except Exception as exc:  # the client gets a status, the log the traceback
+                log.exception("unhandled error on %s", method)
+                refusal = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+        # Aborted here, with the request let go and no exception behind the abort: gRPC
+        # keeps the abort's exception (and so its frames) as long as its record of the
+        # call, and a large request must not live on in them.
+        del request
+        await _abort(context, *refusal)
 
     return grpc.unary_unary_rpc_method_handler(
         handle,
-        request_deserializer=deserializer(request_class),
+        request_deserializer=deserializer(request_class, reclaimer),
         response_serializer=lambda message: message.SerializeToString(),
     )
 
 
-def _streaming(service: InferenceService, policy: Policy) -> grpc.RpcMethodHandler:
+def _streaming(
+    service: InferenceService, policy: Policy, reclaimer: Reclaimer | None
+) -> grpc.RpcMethodHandler:
     method, request, _ = schema.STREAM_METHOD
     category = _CATEGORIES[method]
     checked = policy.guards(category)
 
     async def handle(requests: Any, context: grpc.aio.ServicerContext) -> None:
-        if checked:
-            await _admit(policy, category, context)
+        refusal = _refusal(policy, category, context) if checked else None
+        if refusal is not None:
+            await _abort(context, *refusal)
         metadata = dict(context.invocation_metadata() or ())
         end_on_error = metadata.get(GRPC_ERROR_KEY) == "true"
         try:
@@ -234,12 +244,16 @@ def _streaming(service: InferenceService, policy: Policy) -> grpc.RpcMethodHandl
 
     return grpc.stream_stream_rpc_method_handler(
         handle,
-        request_deserializer=deserializer(schema.message_class(f"{schema.PACKAGE}.{request}")),
+        request_deserializer=deserializer(
+            schema.message_class(f"{schema.PACKAGE}.{request}"), reclaimer
+        ),
         response_serializer=lambda message: message.SerializeToString(),
     )
 
 
-def generic_handlers(service: InferenceService, policy: Policy) -> list[grpc.GenericRpcHandler]:
+def generic_handlers(
+    service: InferenceService, policy: Policy, reclaimer: Reclaimer | None = None
+) -> list[grpc.GenericRpcHandler]:
     handlers = Handlers(service)
     inference = {
         method: _unary(
@@ -247,10 +261,11 @@ def generic_handlers(service: InferenceService, policy: Policy) -> list[grpc.Gen
             getattr(handlers, method),
             schema.message_class(f"{schema.PACKAGE}.{request}"),
             policy,
+            reclaimer,
         )
         for method, request, _ in schema.METHODS
     }
-    inference[schema.STREAM_METHOD[0]] = _streaming(service, policy)
+    inference[schema.STREAM_METHOD[0]] = _streaming(service, policy, reclaimer)
     health = {
         "Check": _unary(
             "Check",
@@ -295,7 +310,8 @@ class GrpcFront:
             ],
             noun="protocol",
         )
-        server.add_generic_rpc_handlers(generic_handlers(self._service, policy))
+        reclaimer = Reclaimer(asyncio.get_running_loop())
+        server.add_generic_rpc_handlers(generic_handlers(self._service, policy, reclaimer))
         try:
             if settings.grpc_use_ssl:
                 port = server.add_secure_port(self.address, _credentials(settings))
