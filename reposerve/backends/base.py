@@ -61,6 +61,18 @@ class ModelCaller(Protocol):
         """A call to a decoupled model: each response's outputs and parameters."""
         ...
 
+    async def stream(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None = None,
+        parameters: str = "{}",
+        timeout_us: int = 0,
+    ) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+        """``stream_sync`` from an async execute: returns once the first response has
+        come, without blocking the instance's other batches."""
+        ...
+
     def control(self, action: str, model: str, version: str = "", body: bytes = b"") -> str:
         """Load, unload or ask after a model ("load" | "unload" | "ready"), as the control
         API would: the answer's parameters (``{"ready": ...}``), or ModelCallError."""

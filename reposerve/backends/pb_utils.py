@@ -313,11 +313,13 @@ class InferenceRequest:
         return self._response(*answer)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
-        """``exec`` for an ``async def execute``; with ``decoupled`` the iterator's
-        responses are waited for as it is iterated."""
+        """``exec`` for an ``async def execute``; with ``decoupled`` the iterator comes
+        once the first response has (the instance runs other batches meanwhile); the
+        responses after it are waited for as it is iterated."""
         caller = self._bls_caller()
         if decoupled:
-            return self._responses(caller)
+            stream = await caller.stream(self._model_name, self._arrays(), *self._call_options())
+            return ResponseIterator(stream, self._response)
         try:
             answer = await caller.call(self._model_name, self._arrays(), *self._call_options())
         except ReposerveError as exc:

@@ -35,7 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import sys
 import threading
+import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from functools import partial
@@ -195,14 +197,17 @@ class TritonPythonBackend:
         def cancelled(index: int) -> bool:
             return responses.is_cancelled() or flagged(index)
 
-        triton_requests = self._split(inputs, requests, responses.put, cancelled)
         answers = _Answers(self._instance, requests, self._answer)
+        triton_requests = self._split(inputs, requests, answers.counting(responses.put), cancelled)
 
         def run() -> None:
             try:
                 answers.check_return(self._execute(triton_requests))
             except Exception as exc:  # raised where the worker takes the responses
-                responses.put(exc)
+                if responses.is_cancelled() or answers.all_sent:
+                    answers.log_unheard(exc)
+                else:
+                    responses.put(exc)
 
         threading.Thread(target=run, name="reposerve-decoupled-execute", daemon=True).start()
         try:
@@ -223,10 +228,10 @@ class TritonPythonBackend:
             if not cancelled:
                 loop.call_soon_threadsafe(sent.put_nowait, item)
 
-        triton_requests = self._split(
-            inputs, requests, put, lambda index: cancelled or flagged(index)
-        )
         answers = _Answers(self._instance, requests, self._answer)
+        triton_requests = self._split(
+            inputs, requests, answers.counting(put), lambda index: cancelled or flagged(index)
+        )
         task = asyncio.ensure_future(self._execute(triton_requests))
 
         def returned(done: asyncio.Future) -> None:
@@ -235,7 +240,10 @@ class TritonPythonBackend:
             try:
                 answers.check_return(done.result())
             except Exception as exc:
-                put(exc)
+                if cancelled or answers.all_sent:
+                    answers.log_unheard(exc)
+                else:
+                    put(exc)
 
         task.add_done_callback(returned)
         try:
@@ -448,6 +456,34 @@ class _Answers:
         self._requests = requests
         self._answer = answer
         self.open = len(requests)
+        self._finished: set[int] = set()  # the requests whose FINAL flag has been sent
+
+    def counting(self, put: Callable[[object], None]) -> Callable[[object], None]:
+        """``put`` for the senders, noting each FINAL flag as it is sent (before it is
+        taken), so that an error raised after the last one is known to reach nobody."""
+
+        def send(item: object) -> None:
+            index, _, final = item  # type: ignore[misc]
+            if final:
+                self._finished.add(index)
+            put(item)
+
+        return send
+
+    @property
+    def all_sent(self) -> bool:
+        """Every request has been sent its FINAL flag."""
+        return len(self._finished) == len(self._requests)
+
+    def log_unheard(self, exc: Exception) -> None:
+        """An error from execute that no request is left to carry (every one has had its
+        FINAL flag, or its client has gone): into the server's log, as Triton logs it."""
+        print(
+            f"model instance '{self._instance}': execute raised after its requests were "
+            "answered; no client sees this error:",
+            file=sys.stderr,
+        )
+        traceback.print_exception(exc, file=sys.stderr)
 
     def check_return(self, returned: object) -> None:
         if returned is not None:

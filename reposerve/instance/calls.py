@@ -23,7 +23,7 @@ import contextvars
 import itertools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -64,6 +64,10 @@ class CallChannel(Protocol):
     def wait_call(self, call_id: int) -> Reply | None:
         """Block until that call's answer (serving what else arrives); None: the front
         has gone."""
+        ...
+
+    def when_answered(self, call_id: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) once that call has an answer waiting."""
         ...
 
 
@@ -262,6 +266,41 @@ class Caller:
         call_id = self._send(model, inputs, version, nested, parameters, timeout_us, True)
         return CallStream(call_id, self._responses(call_id, model), self._channel)
 
+    async def stream(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        version: int | None = None,
+        parameters: str = "{}",
+        timeout_us: int = 0,
+    ) -> CallStream:
+        """``stream_sync`` awaited on an async instance's loop (Triton's
+        ``await async_exec(decoupled=True)``): returns once the first answer has come,
+        the loop running other batches meanwhile, so that calls of concurrent executes
+        overlap. Taking the answers after the first blocks, as Triton's iterator does."""
+        if self._loop is None:  # a sync instance: nothing else runs while it waits
+            return self.stream_sync(model, inputs, version, parameters, timeout_us)
+        loop = self._loop
+        call_id = self._send(model, inputs, version, False, parameters, timeout_us, True)
+        answered = loop.create_future()
+
+        def wake() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        self._channel.when_answered(call_id, lambda: loop.call_soon_threadsafe(wake))
+        try:
+            await answered
+        except asyncio.CancelledError:
+            # Its caller has gone: cancel the callee, and take the answers it still sends
+            # on a thread, so the slot is freed without the loop waiting for them.
+            self._channel.send(CallCancel(call_id))
+            threading.Thread(
+                target=self._drain, args=(call_id,), name="reposerve-call-drain", daemon=True
+            ).start()
+            raise
+        return CallStream(call_id, self._responses(call_id, model), self._channel)
+
     def _responses(self, call_id: int, model: str) -> Iterator[tuple[dict[str, np.ndarray], str]]:
         slot = self._slots[call_id]
         ended = False
@@ -270,26 +309,28 @@ class Caller:
                 reply = self._channel.wait_call(call_id)
                 if not isinstance(reply, CallResponse):
                     ended = True
-                    answer = self._take(call_id, model, reply)  # the end, or its error
-                    if isinstance(reply, CallResult) and reply.stream_end:
-                        yield {}, "{}"  # the final response: no outputs
-                    else:
-                        yield answer
+                    # The end: the last response (no outputs: an empty final one), another
+                    # model's one answer, or the call's error.
+                    yield self._take(call_id, model, reply)
                     return
                 outputs = _read(slot, reply)
                 self._channel.send(CallNext(call_id))
                 yield outputs, reply.parameters
         finally:
-            while not ended:  # drain what the callee still sends
-                reply = self._channel.wait_call(call_id)
-                if isinstance(reply, CallResponse):
-                    self._channel.send(CallNext(call_id))
-                else:
-                    ended = True
-                    self._slots.pop(call_id, None)
-                    self._free.append(slot)
-                    if reply is not None:
-                        self._release(call_id)
+            if not ended:
+                self._drain(call_id)
+
+    def _drain(self, call_id: int) -> None:
+        """Take what a stream's callee still sends, to its end; then its slot is free."""
+        while True:
+            reply = self._channel.wait_call(call_id)
+            if isinstance(reply, CallResponse):
+                self._channel.send(CallNext(call_id))
+                continue
+            self._free.append(self._slots.pop(call_id))
+            if reply is not None:
+                self._release(call_id)
+            return
 
     def _check_process(self) -> None:
         """A forked child of the instance would share its socket with the instance and

@@ -5,7 +5,8 @@ Reads block, and any thread may be the one reading: the main thread between batc
 while a sync model waits (for a decoupled batch's Resume, or a model call's answer), or
 a thread of the model's own that waits for its model call's answer while the main
 thread is busy. Whoever reads sorts what it read: a call's answer goes to the thread
-that waits for it (``expect``), everything else waits its turn in order for the main
+that waits for it (``expect``; an async instance's loop is told it may take it without
+blocking, ``when_answered``), everything else waits its turn in order for the main
 thread (``receive``); an Execute or AddSlot that comes while the main thread waits on a
 model call is served at once (``serve``), nested. A ReadyQuery goes to the thread that
 answers the model's readiness (``wait_query``), whatever the main thread is doing.
@@ -48,6 +49,7 @@ class Channel:
         self._inbox: deque[ToInstance] = deque()  # for the main thread, in order
         self._replies: dict[int, deque[Reply]] = {}  # to expected calls, in order
         self._expected: set[int] = set()  # calls whose caller waits in wait_call
+        self._watchers: dict[int, Callable[[], None]] = {}  # see when_answered
         self._queries: deque[ReadyQuery] = deque()  # for the readiness thread
         self._changed = threading.Condition()
         self._reading = False  # a thread is in recv (the others wait for what it reads)
@@ -83,6 +85,16 @@ class Channel:
         """Model call ``call_id`` is about to be sent and its caller will ``wait_call``."""
         with self._changed:
             self._expected.add(call_id)
+
+    def when_answered(self, call_id: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once expected call ``call_id`` has an answer waiting for
+        ``wait_call`` (now, if it has; also once the front has gone), from the thread that
+        read it: how an async instance's loop awaits one without blocking."""
+        with self._changed:
+            if self._replies.get(call_id) or self._closed:
+                callback()
+            else:
+                self._watchers[call_id] = callback
 
     def wait_call(self, call_id: int) -> Reply | None:
         """Block until expected model call ``call_id``'s next answer (its one answer, or a
@@ -137,6 +149,9 @@ class Channel:
                     self._reading = False
                 if not data:
                     self._closed = True
+                    watchers, self._watchers = self._watchers, {}
+                    for callback in watchers.values():
+                        callback()
                 self._fds.extend(fds)
                 for message in self._reader.feed(data):
                     self._sort(message)
@@ -147,6 +162,9 @@ class Channel:
             if not isinstance(message, CallResponse):  # the call's last answer
                 self._expected.discard(message.call_id)
             self._replies.setdefault(message.call_id, deque()).append(message)
+            watcher = self._watchers.pop(message.call_id, None)
+            if watcher is not None:
+                watcher()
         elif isinstance(message, ReadyQuery):
             self._queries.append(message)
         else:

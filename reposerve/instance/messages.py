@@ -90,15 +90,14 @@ class ReadyQuery(msgspec.Struct, tag=True, array_like=True):
 
 class CallResult(msgspec.Struct, tag=True, array_like=True):
     """A model call's answer: the outputs in its call slot, after the inputs, and the
-    response's parameters (a JSON object's text)."""
+    response's parameters (a JSON object's text). A decoupled callee's stream ends with
+    one holding its last response, the one it marked final; or none (no outputs: Triton's
+    empty final response) when the final flag came alone."""
 
     call_id: int
     slot_size: int
     outputs: list[TensorRef]
     parameters: str = "{}"
-    # The end of a decoupled callee's responses (Triton's empty final response), not an
-    # answer of its own.
-    stream_end: bool = False
 
 
 class CallResponse(msgspec.Struct, tag=True, array_like=True):

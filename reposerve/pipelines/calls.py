@@ -52,8 +52,8 @@ async def serve_call(
     call: Call, slot: Slot, resolve: Resolve, caller: str, link: CallLink
 ) -> CallResult | CallFailure:
     """``caller`` (the calling model's label) names it in errors. A call to a decoupled
-    model (``call.decoupled``) sends each response through ``link`` and ends with an
-    empty CallResult (a CANCELLED CallFailure when the caller cancelled it)."""
+    model (``call.decoupled``) sends each response through ``link`` but the last, which
+    the CallResult carries (a CANCELLED CallFailure when the caller cancelled it)."""
     try:
         if call.depth > MAX_CALL_DEPTH:
             raise ProtocolError(
@@ -82,8 +82,8 @@ async def serve_call(
         request = decode_parts(header, raws, model.config, call.model)
         start = align(max((ref.offset + ref.nbytes for ref in call.inputs), default=0))
         if model.config.decoupled:
-            await _stream(model, request, call, slot, start, link)
-            return CallResult(call.call_id, slot.size, [], stream_end=True)
+            refs, answered = await _stream(model, request, call, slot, start, link)
+            return CallResult(call.call_id, slot.size, refs, answered)
 
         def write(
             outputs: dict[str, Tensor], parameters: dict[str, Any]
@@ -99,9 +99,12 @@ async def serve_call(
 
 async def _stream(
     model: Any, request: Any, call: Call, slot: Slot, start: int, link: CallLink
-) -> None:
+) -> tuple[list[TensorRef], str]:
     """A decoupled model's responses to a call, one at a time through the call slot: each
-    is kept (copied) as it comes, and written once the caller took the one before."""
+    is kept (copied) as it comes, and written once the caller took the one before. The
+    one the model marked final is the end's (the CallResult's outputs and parameters);
+    none (no outputs) when the model ended with a flag alone (Triton's empty final
+    response)."""
 
     def keep(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> tuple[dict, str]:
         owned = {name: Tensor(t.datatype, t.shape, bytes(t.raw)) for name, t in outputs.items()}
@@ -113,14 +116,19 @@ async def _stream(
     future.add_done_callback(
         lambda done: stream.end(None if done.cancelled() else done.exception())
     )
+    last: tuple[list[TensorRef], str] = ([], "{}")
     try:
         async for outputs, parameters in stream:
             refs = _write(slot, start, outputs)
+            if stream.took_final:  # the stream ends here: it goes with the end
+                last = (refs, parameters)
+                continue
             await link.send(CallResponse(call.call_id, slot.size, refs, parameters))
         if stream.cancelled:
             raise SchedulerError("the request was cancelled", ErrorKind.CANCELLED)
     finally:
         stream.cancel()
+    return last
 
 
 def _write(slot: Slot, start: int, outputs: dict[str, Tensor]) -> list[TensorRef]:

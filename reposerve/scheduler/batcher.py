@@ -370,7 +370,7 @@ class Scheduler:
                 continue
             try:
                 if outputs or not response.final:
-                    stream.put(item.finish(outputs, parameters))
+                    stream.put(item.finish(outputs, parameters), response.final)
             except ReposerveError as exc:
                 self._fail(item, exc, FailureReason.BACKEND)
                 continue

@@ -24,19 +24,23 @@ STREAM_BUFFER = 4
 class ResponseStream(Generic[T]):
     def __init__(self, limit: int = STREAM_BUFFER) -> None:
         self._limit = limit
-        self._responses: deque[T] = deque()
+        self._responses: deque[tuple[T, bool]] = deque()  # each with whether it is the last
         self._ended = False
         self._error: BaseException | None = None
         self._reader: asyncio.Future[None] | None = None
         self._on_room: list[Callable[[], None]] = []
         self.cancelled = False
         self.on_cancel: Callable[[], None] | None = None  # the scheduler's, once queued
+        # The response last taken was marked final by the model (a decoupled model's last
+        # response may carry outputs, or be a flag alone that puts nothing here).
+        self.took_final = False
 
     # -- the scheduler's side ------------------------------------------------------------
 
-    def put(self, response: T) -> None:
+    def put(self, response: T, final: bool = False) -> None:
+        """``final``: the model marked it its request's last response."""
         if not self.cancelled and not self._ended:
-            self._responses.append(response)
+            self._responses.append((response, final))
             self._wake()
 
     @property
@@ -90,7 +94,7 @@ class ResponseStream(Generic[T]):
                 raise StopAsyncIteration
             self._reader = asyncio.get_running_loop().create_future()
             await self._reader
-        response = self._responses.popleft()
+        response, self.took_final = self._responses.popleft()
         self._room()
         return response
 

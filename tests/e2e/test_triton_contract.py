@@ -995,3 +995,179 @@ def test_model_log_lines_follow_the_servers_log_settings(tmp_path):
             assert log.count(line) == 1, line  # not after the settings turned them off
     finally:
         assert server.stop() == 0, server.log()
+
+
+# A decoupled model that sends its last response with the FINAL flag (Triton's
+# async_execute_decouple does so), none alone when it has nothing to send.
+FINAL_WITH_LAST = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            for request in requests:
+                sender = request.get_response_sender()
+                count = int(pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()[0][0])
+                if count == 0:
+                    sender.send(flags=final)
+                for index in range(count):
+                    response = pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("TWICE", np.full((1, 2), index, np.float32))],
+                        parameters={"index": index},
+                    )
+                    sender.send(response, flags=final if index == count - 1 else 0)
+            return None
+"""
+
+# An async decoupled model whose requests each wait until GATHERED of them run at once
+# (or give up after a while): they answer "together" only if their callers' calls overlap.
+GATHERED = 3
+GATHERS = """
+    import asyncio
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.arrived = 0
+            self.everyone = None
+
+        async def execute(self, requests):
+            if self.everyone is None:
+                self.everyone = asyncio.Event()
+            self.arrived += 1
+            if self.arrived == {gathered}:
+                self.everyone.set()
+            try:
+                await asyncio.wait_for(self.everyone.wait(), 10)
+                word = b"together"
+            except asyncio.TimeoutError:
+                word = b"alone"
+            for request in requests:
+                text = pb_utils.Tensor("TEXT", np.array([[word]], dtype=np.object_))
+                request.get_response_sender().send(
+                    pb_utils.InferenceResponse([text]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+            return None
+"""
+
+# Each request calls the gathering model with async_exec(decoupled=True).
+GATHERS_CALLER = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+                call = pb_utils.InferenceRequest(
+                    model_name="gathers", inputs=[x], requested_output_names=["TEXT"]
+                )
+                words = [
+                    response.output_tensors()[0].as_numpy()[0][0]
+                    for response in await call.async_exec(decoupled=True)
+                    if response.output_tensors()  # (not an empty final response)
+                ]
+                text = np.array([[b",".join(words)]], dtype=np.object_)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)]))
+            return responses
+"""
+
+# Decoupled: answers every request with FINAL, then raises (Triton's async_execute test).
+RAISES_AFTER_FINAL = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        {prefix}def execute(self, requests):
+            for request in requests:
+                out = pb_utils.Tensor("TWICE", np.zeros((1, 2), np.float32))
+                request.get_response_sender().send(
+                    pb_utils.InferenceResponse([out]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+            raise ValueError("{word} raised after the final response")
+"""
+
+
+@pytest.fixture(scope="module")
+def decoupled_calls(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    decoupled = SENDERS_PBTXT + "model_transaction_policy { decoupled: true }"
+    _model(root, "final_with_last", FINAL_WITH_LAST, decoupled)
+    for prefix, call, name in (
+        ("", "call.exec(decoupled=True)", "bls_final_with_last"),
+        ("async ", "await call.async_exec(decoupled=True)", "bls_final_with_last_async"),
+    ):
+        code = BLS_STREAM.format(prefix=prefix, call=call, callee="final_with_last")
+        _model(root, name, code, CONTRACT_PBTXT)
+    text_pbtxt = """
+        backend: "python"
+        max_batch_size: 4
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+        output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+    """
+    _model(
+        root,
+        "gathers",
+        GATHERS.format(gathered=GATHERED),
+        text_pbtxt + "model_transaction_policy { decoupled: true }",
+    )
+    _model(root, "gathers_caller", GATHERS_CALLER, text_pbtxt)
+    for prefix, word in (("", "sync"), ("async ", "async")):
+        code = RAISES_AFTER_FINAL.format(prefix=prefix, word=word)
+        _model(root, f"raises_after_final_{word}", code, decoupled)
+    server = start_server(root, tmp_path_factory.mktemp("log"))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("model", ["bls_final_with_last", "bls_final_with_last_async"])
+def test_a_bls_streams_last_response_is_the_one_sent_with_the_final_flag(decoupled_calls, model):
+    # Triton: the iterator ends with the response that carried FINAL; an empty one comes
+    # only when the flag is sent alone.
+    client = httpclient.InferenceServerClient(decoupled_calls.address)
+    for count, expected in ((3, [[0.0, 0], [1.0, 1], [2.0, 2]]), (1, [[0.0, 0]]), (0, ["final"])):
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 2), count, np.float32))
+        text = client.infer(model, [tensor]).as_numpy("TEXT")[0][0]
+        assert json.loads(text) == expected
+
+
+def test_async_bls_calls_of_concurrent_executes_overlap(decoupled_calls):
+    # await async_exec(decoupled=True) lets the instance run its other executes while the
+    # callee works, so every caller's call reaches the callee at once.
+    client = httpclient.InferenceServerClient(decoupled_calls.address, concurrency=GATHERED)
+    pending = []
+    for _ in range(GATHERED):
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+        pending.append(client.async_infer("gathers_caller", [tensor]))
+    words = [request.get_result().as_numpy("TEXT")[0][0] for request in pending]
+    client.close()
+    assert words == [b"together"] * GATHERED
+
+
+@pytest.mark.parametrize("word", ["sync", "async"])
+def test_an_exception_after_the_final_response_reaches_the_server_log(decoupled_calls, word):
+    model = f"raises_after_final_{word}"
+    message = f"ValueError: {word} raised after the final response"
+    assert message not in decoupled_calls.log()
+    answers: list = []
+    tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+    with grpcclient.InferenceServerClient(decoupled_calls.grpc_address) as client:
+        client.start_stream(callback=lambda result, error: answers.append((result, error)))
+        client.async_stream_infer(model, [tensor])
+        _wait_for(lambda: message in decoupled_calls.log())
+        client.stop_stream()
+    # The client had its one response; the error, raised after it, went to the log only.
+    assert len(answers) == 1 and answers[0][1] is None
