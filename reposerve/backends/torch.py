@@ -183,6 +183,12 @@ class TorchBackend:
             ) from exc
         self._pinned[key] = view
 
+    def release_host_buffer(self, buffer: mmap.mmap) -> None:
+        """Unpin a mapping before its slot goes (the pool shrank)."""
+        key = (np.frombuffer(buffer, np.uint8).ctypes.data, len(buffer))
+        if self._pinned.pop(key, None) is not None:
+            torch.cuda.cudart().cudaHostUnregister(key[0])
+
     def execute(self, inputs: Arrays) -> Outputs:
         with torch.inference_mode():
             arguments = [self._to_device(inputs[name], bf16) for name, bf16 in self._inputs]

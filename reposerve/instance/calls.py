@@ -38,6 +38,7 @@ from reposerve.instance.messages import (
     CallNext,
     CallResponse,
     CallResult,
+    CallSlotClosed,
     CallTaken,
     FromInstance,
     ModelControl,
@@ -45,6 +46,7 @@ from reposerve.instance.messages import (
 )
 
 # numpy dtype -> V2 datatype (BF16 has none: its uint16 bit patterns call as UINT16).
+KEEP_CALL_SLOTS = 2  # call slots kept once no call is under way
 _DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name != "BF16"}
 
 Reply = CallResult | CallResponse | CallFailure
@@ -93,7 +95,7 @@ class Caller:
         if answer is None or answer.done():  # its caller was cancelled: nobody takes it
             slot = self._slots.pop(reply.call_id, None)
             if slot is not None:
-                self._free.append(slot)
+                self._pool(slot)
                 self._release(reply.call_id)
             return
         answer.set_result(reply)
@@ -247,7 +249,7 @@ class Caller:
                 raise ModelCallError(reply.message, reply.kind)
             return _read(slot, reply), reply.parameters
         finally:
-            self._free.append(slot)
+            self._pool(slot)
 
     def stream_sync(
         self,
@@ -327,10 +329,23 @@ class Caller:
             if isinstance(reply, CallResponse):
                 self._channel.send(CallNext(call_id))
                 continue
-            self._free.append(self._slots.pop(call_id))
+            self._pool(self._slots.pop(call_id))
             if reply is not None:
                 self._release(call_id)
             return
+
+    def _pool(self, slot: Slot) -> None:
+        """``slot`` is free again. With no call under way the pool shrinks to
+        KEEP_CALL_SLOTS: a burst of calls (a deep recursion, many at once) grew it, and
+        each slot holds descriptors here and in the front, which is told first."""
+        self._free.append(slot)
+        while not self._slots and len(self._free) > KEEP_CALL_SLOTS:
+            try:
+                extra = self._free.pop(0)
+            except IndexError:  # another thread took it meanwhile
+                return
+            self._channel.send(CallSlotClosed(extra.fd))
+            extra.close()
 
     def _check_process(self) -> None:
         """A forked child of the instance would share its socket with the instance and

@@ -25,6 +25,7 @@ from reposerve.instance.messages import (
     CallResponse,
     CallResult,
     Cancel,
+    DropSlot,
     Execute,
     FrameReader,
     FromInstance,
@@ -113,7 +114,7 @@ class Channel:
             if nested is None:
                 return None
             for message in self._inbox:
-                if isinstance(message, Execute | AddSlot):
+                if isinstance(message, Execute | AddSlot | DropSlot):
                     self._inbox.remove(message)
                     return message
             return None

@@ -51,6 +51,12 @@ class AddSlot(msgspec.Struct, tag=True, array_like=True):
     size: int
 
 
+class DropSlot(msgspec.Struct, tag=True, array_like=True):
+    """The front shrinks the slot pool of an idle process: forget this free slot."""
+
+    slot: int
+
+
 class Execute(msgspec.Struct, tag=True, array_like=True):
     batch_id: int
     slot: int
@@ -217,6 +223,13 @@ class CallCancel(msgspec.Struct, tag=True, array_like=True):
     call_id: int
 
 
+class CallSlotClosed(msgspec.Struct, tag=True, array_like=True):
+    """The instance shrank its pool of call slots: the front lets go of this one (the
+    memfd it opened as ``fd`` of the process)."""
+
+    fd: int
+
+
 class CallTaken(msgspec.Struct, tag=True, array_like=True):
     """The caller has its answer and runs on: the instance no longer waits on that call
     (a sync instance may still wait beneath batches it ran while waiting, until this)."""
@@ -235,6 +248,7 @@ class Failure(msgspec.Struct, tag=True, array_like=True):
 ToInstance = (
     Load
     | AddSlot
+    | DropSlot
     | Execute
     | Resume
     | Cancel
@@ -256,6 +270,7 @@ FromInstance = (
     | CallNext
     | CallCancel
     | CallTaken
+    | CallSlotClosed
     | MetricState
     | MetricFamilyGone
     | ModelLog

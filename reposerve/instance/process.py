@@ -37,8 +37,10 @@ from reposerve.instance.messages import (
     CallNext,
     CallResponse,
     CallResult,
+    CallSlotClosed,
     CallTaken,
     Cancel,
+    DropSlot,
     Execute,
     Failure,
     FrameReader,
@@ -77,6 +79,10 @@ log = logging.getLogger("reposerve.instance")
 _PACKAGE_ROOT = str(Path(reposerve.__file__).resolve().parent.parent)
 NESTED_LIMIT = 64  # batches an instance runs while its models wait on calls, at most
 REAP_TIMEOUT_S = 5.0  # a killed process is gone within this, even with a large CUDA context
+# Slots kept once the process has been idle for SLOT_IDLE_S: a burst of concurrency grows
+# the pool (two descriptors a slot on each side), and the pool shrinks back after it.
+KEEP_SLOTS = 2
+SLOT_IDLE_S = 2.0
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -131,8 +137,9 @@ class InstanceProcess:
         self._process: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
         self._transport: asyncio.Transport | None = None
-        self._slots: list[Slot] = []
+        self._slots: dict[int, Slot] = {}  # by index, as the frames name them
         self._free_slots: list[int] = []
+        self._trim: asyncio.TimerHandle | None = None  # shrinks the pool once idle
         self._in_flight: dict[int, _Running] = {}
         self._next_batch_id = 0
         self._watchdog: asyncio.TimerHandle | None = None  # keeps the execution timeout
@@ -400,7 +407,7 @@ class InstanceProcess:
             self._process.kill()  # reaped by _report_exit on a thread, never on the loop
         if self._transport is not None:
             self._transport.abort()
-        for slot in [*self._slots, *self._call_slots.values()]:
+        for slot in [*self._slots.values(), *self._call_slots.values()]:
             slot.close()
         self._slots.clear()
         self._free_slots.clear()
@@ -415,9 +422,9 @@ class InstanceProcess:
             return None
 
     def _add_slot(self) -> int:
-        index = len(self._slots)
+        index = next(i for i in range(len(self._slots) + 1) if i not in self._slots)
         slot = Slot.create(f"reposerve-{self.spec.model}-{self.spec.index}-{index}")
-        self._slots.append(slot)
+        self._slots[index] = slot
         assert self._sock is not None and self._transport is not None
         # Sent on the raw socket so the fd rides as ancillary data with the frame's first
         # byte; a short write leaves the rest to the transport, which keeps the order.
@@ -426,6 +433,23 @@ class InstanceProcess:
         if sent < len(frame):
             self._transport.write(frame[sent:])
         return index
+
+    def _slot_freed(self, index: int) -> None:
+        self._free_slots.append(index)
+        if not self._in_flight and len(self._slots) > KEEP_SLOTS and self._trim is None:
+            self._trim = asyncio.get_running_loop().call_later(SLOT_IDLE_S, self._trim_slots)
+
+    def _trim_slots(self) -> None:
+        """Idle for a while: free slots beyond KEEP_SLOTS go, here and in the process
+        (DropSlot), the newest first. Busy again meanwhile: kept, until the next idle."""
+        self._trim = None
+        if self._in_flight or self.state is not InstanceState.READY:
+            return
+        self._free_slots.sort()
+        while len(self._slots) > KEEP_SLOTS and len(self._free_slots) > 0:
+            index = self._free_slots.pop()
+            self._slots.pop(index).close()
+            self._send(DropSlot(index))
 
     def _answered(self, batch_id: int, next_starts: bool = True) -> _Running | None:
         """Take an answered batch off the books; a staged one behind it starts now."""
@@ -467,11 +491,15 @@ class InstanceProcess:
                 try:
                     running.on_done(outcome)
                 finally:
-                    self._free_slots.append(slot_index)
+                    self._slot_freed(slot_index)
             case Response():
                 self._on_response(message)
             case CallTaken():
                 self._nested_calls.discard(message.call_id)
+            case CallSlotClosed(fd=fd):  # the process shrank its call slots
+                slot = self._call_slots.pop(fd, None)
+                if slot is not None:
+                    slot.close()
             case MetricState() | MetricFamilyGone():
                 self.custom_metrics.apply(message)
             case ModelLog():  # through the server's logging, and its settings
@@ -496,7 +524,7 @@ class InstanceProcess:
                     self.batch_fault = True
                     if self.state is InstanceState.READY:
                         self.state = InstanceState.STOPPING
-                self._free_slots.append(running.slot)
+                self._slot_freed(running.slot)
                 cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
                 running.on_done(BatchFailure(message.message, cause, message.verbatim))
             case Ready():

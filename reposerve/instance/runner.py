@@ -25,6 +25,7 @@ from reposerve.instance.faults import Aftermath, aftermath, free_device_memory
 from reposerve.instance.messages import (
     AddSlot,
     Answer,
+    DropSlot,
     Execute,
     Failure,
     Response,
@@ -60,6 +61,18 @@ class BatchRunner:
         slot = Slot(fd, message.size)
         self.slots[message.slot] = slot
         self._pin(slot)
+
+    def drop_slot(self, message: DropSlot) -> None:
+        """The front shrank the pool: let go of a free slot (and its pin, if any)."""
+        slot = self.slots.pop(message.slot, None)
+        if slot is None:
+            return
+        if id(slot.buffer) in self._registered:
+            self._registered.discard(id(slot.buffer))
+            release = getattr(self.backend, "release_host_buffer", None)
+            if release is not None:
+                release(slot.buffer)
+        slot.close()
 
     def prepare(self, message: Execute) -> tuple[Slot, dict[str, np.ndarray]]:
         slot = self.slots[message.slot]

@@ -37,6 +37,7 @@ from reposerve.instance.messages import (
     CallFailure,
     CallResult,
     Cancel,
+    DropSlot,
     Execute,
     Failure,
     Load,
@@ -78,13 +79,15 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
             finally:
                 CALL_DEPTH.reset(depth)
             _answer(channel, reply)
+        elif isinstance(message, DropSlot):
+            runner.drop_slot(message)
         else:
             runner.add_slot(message, channel.take_fd())
 
     channel.serve = serve
     while True:
         message = channel.receive()
-        if isinstance(message, Execute | AddSlot):
+        if isinstance(message, Execute | AddSlot | DropSlot):
             serve(message)
         elif not isinstance(message, Resume | Cancel | CallResult | CallFailure):
             return  # (those are of a batch, or a call, already ended)
@@ -163,6 +166,9 @@ def _run_async(
                 # The fd must be taken on this thread, in frame order.
                 fd = channel.take_fd()
                 loop.call_soon_threadsafe(runner.add_slot, message, fd)
+                continue
+            if isinstance(message, DropSlot):  # after the AddSlots before it, in order
+                loop.call_soon_threadsafe(runner.drop_slot, message)
                 continue
             loop.call_soon_threadsafe(deliver, message)
             if not isinstance(message, Execute | Resume | Cancel | CallResult | CallFailure):

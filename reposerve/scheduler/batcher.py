@@ -427,6 +427,9 @@ class Scheduler:
             self._failed(batch, outcome)
         else:
             self._succeeded(batch, outcome)
+        for item in batch.items:  # over: no cycle keeps the batch (and what it holds) alive
+            if item.batch is batch:
+                item.batch = None
         self._check_idle()
         if self._queued or self._reruns:
             self._wake()
