@@ -2,24 +2,31 @@
 
     python -m tools.soak [--duration 60] [--concurrency 8] [--fault-every 3]
 
-Four models. ``adder`` answers x + 1 and refuses an item starting with POISON as bad
+Seven models. ``adder`` answers x + 1 and refuses an item starting with POISON as bad
 input (``reposerve.InvalidInput``); ``hangs`` hangs for good on an item starting with 13,
 and its execution timeout (1 s) kills and replaces the instance; ``stuck`` hangs with no
-timeout and is used only at the end; ``counter`` is decoupled and streams 0..COUNT-1.
+timeout and is used only at the end; ``counter`` is decoupled and streams 0..COUNT-1;
+``chain`` is an ensemble of one ``adder`` step; ``recurse`` calls itself without end;
+``sink`` takes bytes of any length and answers the first.
 
 Clients send good requests (each checked against its exact answer), poisoned ones (a 400
 for that request alone, while the rest of its batch is served), hanging ones (a 500
-naming the timeout), malformed ones (a 4xx) and streams over generate_stream (every
+naming the timeout), malformed ones (a 4xx), requests through ``chain``, requests to
+``recurse`` (a 500 at the depth limit, at once) and streams over generate_stream (every
 response in order, or a fault's error as the last event; some clients leave after two
-responses, which cancels the rest), while a fault loop in turn SIGKILLs an
-instance, reloads ``adder`` from disk, and unloads and loads ``hangs`` again. Then the
-clients stop: every request must have had its answer and the pending gauge must read 0.
-Last, requests are left queued behind a hung ``stuck`` and the server gets SIGTERM: each
-must get a JSON error, and the server must exit 0 within its --exit-timeout-secs.
+responses, which cancels the rest). One client sends large gRPC messages (8-32 MiB) to
+``sink`` and to a model that does not exist. Meanwhile a fault loop in turn SIGKILLs an
+instance, reloads ``adder`` from disk, unloads and loads ``hangs`` again, tries to make
+``chain`` call itself (a load override that must be refused as a cycle) and sends a
+malformed load override (a 400 naming the field). Then the clients stop: every request
+must have had its answer and the pending gauge must read 0. Last, requests are left
+queued behind a hung ``stuck`` and the server gets SIGTERM: each must get a JSON error,
+and the server must exit 0 within its --exit-timeout-secs.
 
 It passes when nothing was lost (every request has its result, or an error its fault
-explains), pending is 0, the front's memory stayed flat after warm-up, and no instance
-outlived the server. Exit status 0 on a pass, 1 otherwise.
+explains), pending is 0, the front's memory and open descriptors are where they were
+after warm-up once the load has stopped, and no instance outlived the server. Exit
+status 0 on a pass, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 
+from reposerve.grpc import schema
 from tools.bench import servers
 
 POISON = 999.0
@@ -105,7 +114,74 @@ CONFIGS = {
         shape = [1]
     """,
 }
-CODE = {"adder": ADDER, "hangs": HANGS, "stuck": HANGS, "counter": COUNTER}
+RECURSE = """
+    class Model:
+        async def execute(self, inputs):
+            return await self.context.infer("recurse", {"INPUT": inputs["INPUT"]})
+
+        def load(self, context):
+            self.context = context
+"""
+SINK = """
+    class Model:
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"][:1]}
+"""
+CHAIN = (
+    'backend = "ensemble"\n'
+    + TENSORS
+    + '[[step]]\nmodel = "adder"\ninput_map = { INPUT = "INPUT" }\n'
+    + 'output_map = { OUTPUT = "OUTPUT" }\n'
+)
+CONFIGS |= {
+    "chain": CHAIN,
+    "recurse": TENSORS,
+    "sink": """
+        max_batch_size = 0
+        [[input]]
+        name = "INPUT"
+        datatype = "UINT8"
+        shape = [-1]
+        [[output]]
+        name = "OUTPUT"
+        datatype = "UINT8"
+        shape = [1]
+    """,
+}
+CODE = {
+    "adder": ADDER,
+    "hangs": HANGS,
+    "stuck": HANGS,
+    "counter": COUNTER,
+    "recurse": RECURSE,
+    "sink": SINK,
+}
+# chain's config with a second step that calls chain itself: a cycle, refused at load.
+CYCLE = {
+    "name": "chain",
+    "platform": "ensemble",
+    "max_batch_size": 8,
+    "input": [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": [16]}],
+    "output": [{"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [16]}],
+    "ensemble_scheduling": {
+        "step": [
+            {"model_name": "adder", "model_version": -1, "input_map": {"INPUT": "INPUT"},
+             "output_map": {"OUTPUT": "mid"}},
+            {"model_name": "chain", "model_version": -1, "input_map": {"INPUT": "mid"},
+             "output_map": {"OUTPUT": "OUTPUT"}},
+        ]
+    },
+}  # fmt: skip
+# Load overrides of adder that are wrong in their shape, each a 400 naming the field.
+MALFORMED_OVERRIDES = [
+    {"input": {"name": "INPUT"}},
+    {"instance_group": [{"count": "two"}]},
+    {"dynamic_batching": 5},
+    {"version_policy": "latest"},
+    {"max_batch_size": 1.5},
+    {"input": [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": [[16]]}]},
+]
+LARGE_GRPC = (8 << 20, 32 << 20)  # bytes: the large gRPC messages' sizes, at random
 BAD_BODIES = [
     b"{",
     b'{"inputs": [{"name": "INPUT", "shape": [1, 16], "datatype": "FP32", "data": [1]}]}',
@@ -115,6 +191,10 @@ BAD_BODIES = [
     b'{"inputs": "x"}',
 ]
 MEMORY_GROWTH_MIB = 20.0  # allowed growth of the front after the first quarter of the run
+DESCRIPTOR_GROWTH = 16  # allowed growth of the front's open descriptors, likewise
+QUIET_S = 3.0  # after the load: the front reclaims what large messages left behind
+WARM_UP_S = 10.0  # the front is warm after a quarter of the run, and not before this
+SAMPLE_S = 0.5
 EXIT_TIMEOUT_S = 3.0
 # Errors a fault explains, and the fault: an instance killed or restarting, a version
 # reloaded or unloaded under the request, or the request's instance killed for a hung one.
@@ -161,6 +241,8 @@ def _judge(tally: Outcomes, kind: str, response: httpx.Response, expected: np.nd
         wanted = status == 400 and "poison value" in text
     elif kind == "hanging":
         wanted = status == 500 and TIMED_OUT in text
+    elif kind == "recursive":
+        wanted = status == 500 and "beyond the limit of" in text
     else:
         wanted = status == 200
         if wanted:
@@ -181,20 +263,22 @@ async def _stream(http: httpx.AsyncClient, tally: Outcomes, count: int, leave: b
     """One generate_stream call to ``counter``: in full, or (``leave``) left after two."""
     tally.sent += 1
     events: list[dict] = []
+    line = ""
     try:
         async with http.stream(
             "POST", "/v2/models/counter/generate_stream", json={"COUNT": count}
         ) as reply:
             if reply.status_code != 200:
-                events.append(json.loads(await reply.aread()))
+                line = (await reply.aread()).decode(errors="replace")
+                events.append(json.loads(line))
             else:
                 async for line in reply.aiter_lines():
-                    if line:
+                    if line.startswith("data: "):
                         events.append(json.loads(line[len("data: ") :]))
                     if leave and len(events) == 2:
                         break
     except (httpx.HTTPError, ValueError) as exc:
-        tally.problem(f"LOST: stream got no answer ({type(exc).__name__})")
+        tally.problem(f"LOST: stream got no answer ({type(exc).__name__}: {line[:80]!r})")
         return
     tally.answered += 1
     error = events[-1].get("error", "") if events else "no response at all"
@@ -230,6 +314,10 @@ async def _client(base: str, running: asyncio.Event, tally: Outcomes, seed: int)
             elif roll < 0.28:
                 kind, model = "hanging", "hangs"
                 values[0, 0] = HANG
+            elif roll < 0.30:
+                kind, model = "recursive", "recurse"
+            elif roll < 0.36:
+                kind, model = "good", "chain"
             elif roll < 0.45:
                 kind, model, expected = "good", "hangs", values
             else:
@@ -246,6 +334,63 @@ async def _client(base: str, running: asyncio.Event, tally: Outcomes, seed: int)
             _judge(tally, kind, response, expected)
 
 
+def _large_message(model: str, size: int) -> bytes:
+    request = schema.message_class("inference.ModelInferRequest")(model_name=model)
+    request.inputs.add(name="INPUT", datatype="UINT8", shape=[size])
+    request.raw_input_contents.append(b"\x07" * size)
+    return request.SerializeToString()
+
+
+async def _large_grpc(port: int, running: asyncio.Event, tally: Outcomes, seed: int) -> None:
+    """Large ModelInfer messages, answered (``sink``) or refused (no such model)."""
+    rng = random.Random(seed)
+    options = [("grpc.max_send_message_length", 2**31 - 1)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        call = channel.unary_unary(f"/{schema.SERVICE}/ModelInfer")
+        # The largest first: sink's slot grows to its size during the warm-up.
+        size = LARGE_GRPC[1]
+        while running.is_set():
+            model = "sink" if size == LARGE_GRPC[1] else rng.choice(("sink", "no_such_model"))
+            data = _large_message(model, size)
+            size = rng.randint(*LARGE_GRPC)
+            tally.sent += 1
+            try:
+                answer = await call(data, timeout=60)
+            except grpc.aio.AioRpcError as error:
+                tally.answered += 1
+                if model != "sink" and error.code() == grpc.StatusCode.NOT_FOUND:
+                    tally.ok("large gRPC message refused: no such model")
+                elif any(reason in (error.details() or "") for reason in EXPLAINED):
+                    tally.ok("large gRPC message failed by a fault")
+                else:
+                    tally.problem(f"large gRPC message: {error.code()} {error.details()[:120]}")
+                continue
+            tally.answered += 1
+            response = schema.message_class("inference.ModelInferResponse").FromString(answer)
+            if model == "sink" and response.raw_output_contents[0] == b"\x07":
+                tally.ok("large gRPC message answered as it should")
+            else:
+                tally.problem("large gRPC message answered WRONG")
+            await asyncio.sleep(0.2)
+
+
+async def _refused_override(http: httpx.AsyncClient, tally: Outcomes, fault: int) -> None:
+    """A load override that must be refused (a cycle, a malformed config), harming nothing."""
+    if fault == 3:
+        model, config, why, label = "chain", CYCLE, "circular dependency", "cycle"
+    else:
+        fields = random.choice(MALFORMED_OVERRIDES)
+        model, config, why, label = "adder", {"name": "adder", **fields}, "", "malformed"
+    body = {"parameters": {"config": json.dumps(config)}}
+    response = await http.post(f"/v2/repository/models/{model}/load", json=body)
+    if response.status_code == 400 and why in response.text and "Traceback" not in response.text:
+        tally.ok(f"fault: {label} override refused")
+    else:
+        tally.problem(
+            f"fault: {label} override answered {response.status_code} {response.text[:120]}"
+        )
+
+
 async def _faults(
     server: servers.Launched, root: Path, running: asyncio.Event, every: float, tally: Outcomes
 ) -> None:
@@ -256,13 +401,16 @@ async def _faults(
             await asyncio.sleep(every)
             if not running.is_set():
                 return
-            fault = step % 3
+            fault = step % 5
             step += 1
             if fault == 0:
                 pids = servers.children_of(server.process.pid)
                 if pids:
                     os.kill(random.choice(pids), signal.SIGKILL)
                     tally.ok("fault: instance killed")
+                continue
+            if fault >= 3:
+                await _refused_override(http, tally, fault)
                 continue
             if fault == 1:
                 (root / "adder" / "1" / "model.py").write_text(textwrap.dedent(ADDER))
@@ -277,10 +425,17 @@ async def _faults(
                     tally.problem(f"fault: {action} {model} failed: {response.text[:120]}")
 
 
-async def _memory(server: servers.Launched, running: asyncio.Event, samples: list[float]) -> None:
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def _memory(
+    server: servers.Launched, running: asyncio.Event, samples: list[tuple[float, int]]
+) -> None:
+    pid = server.process.pid
     while running.is_set():
-        samples.append(servers.pss_mib(server.process.pid))
-        await asyncio.sleep(0.5)
+        samples.append((servers.pss_mib(pid), _descriptors(pid)))
+        await asyncio.sleep(SAMPLE_S)
 
 
 async def _pending(http: httpx.AsyncClient) -> dict[str, float]:
@@ -337,19 +492,21 @@ def _write_repository(root: Path) -> None:
     for name, config in CONFIGS.items():
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.toml").write_text(textwrap.dedent(config))
-        (root / name / "1" / "model.py").write_text(textwrap.dedent(CODE[name]))
+        if name in CODE:  # an ensemble has no code
+            (root / name / "1" / "model.py").write_text(textwrap.dedent(CODE[name]))
 
 
 async def soak(duration: float, concurrency: int, fault_every: float) -> bool:
     tally = Outcomes()
-    memory: list[float] = []
+    memory: list[tuple[float, int]] = []
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder) / "repository"
         _write_repository(root)
-        metrics_port = servers.free_port()
+        metrics_port, grpc_port = servers.free_port(), servers.free_port()
         server = servers.reposerve(
             root,
             *("--allow-metrics", "true", "--metrics-port", str(metrics_port)),
+            *("--grpc-port", str(grpc_port)),
             *("--exit-timeout-secs", str(EXIT_TIMEOUT_S)),
             log_path=Path(folder) / "server.log",
         )
@@ -361,6 +518,7 @@ async def soak(duration: float, concurrency: int, fault_every: float) -> bool:
         try:
             load = asyncio.gather(
                 *(_client(base, running, tally, seed) for seed in range(concurrency)),
+                _large_grpc(grpc_port, running, tally, concurrency),
                 _faults(server, root, running, fault_every, tally),
                 _memory(server, running, memory),
             )
@@ -368,6 +526,8 @@ async def soak(duration: float, concurrency: int, fault_every: float) -> bool:
             instances |= set(servers.children_of(server.process.pid))
             running.clear()
             await load  # each client ends with an answer to its last request
+            await asyncio.sleep(QUIET_S)
+            settled = (servers.pss_mib(server.process.pid), _descriptors(server.process.pid))
             pending = await _pending(metrics)
             print(f"pending after the load: {pending}")
             if any(pending.values()):
@@ -380,17 +540,26 @@ async def soak(duration: float, concurrency: int, fault_every: float) -> bool:
     orphans = [pid for pid in instances if Path(f"/proc/{pid}").exists()]
     for outcome, count in sorted(tally.seen.items()):
         print(f"{count:8d}  {outcome}")
-    settled = memory[len(memory) // 4 :] or memory or [0.0]
-    growth = settled[-1] - settled[0]
+    # The lowest a few seconds past the warm-up: large messages come and go under load.
+    warm_at = min(int(max(duration / 4, WARM_UP_S) / SAMPLE_S), max(len(memory) - 1, 0))
+    window = memory[warm_at : warm_at + 10] or [settled]
+    warm = (min(sample[0] for sample in window), min(sample[1] for sample in window))
+    growth = settled[0] - warm[0]
+    more_descriptors = settled[1] - warm[1]
+    peak = max(sample[0] for sample in memory) if memory else settled[0]
     lost = tally.sent - tally.answered
     print(f"requests: {tally.sent} sent, {tally.answered} answered, {lost} lost")
-    print(f"front memory (PSS): {settled[0]:.1f} -> {settled[-1]:.1f} MiB; orphans: {len(orphans)}")
+    print(
+        f"front memory (PSS): {warm[0]:.1f} -> {settled[0]:.1f} MiB after warm-up (peak "
+        f"{peak:.1f}); descriptors: {warm[1]} -> {settled[1]}; orphans: {len(orphans)}"
+    )
     answered_well = tally.seen["good request answered as it should"]
     passed = (
         not tally.problems
         and not lost
         and answered_well > 0
         and growth < MEMORY_GROWTH_MIB
+        and more_descriptors <= DESCRIPTOR_GROWTH
         and not orphans
     )
     print("soak: PASS" if passed else "soak: FAIL")

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 def test_short_soak_passes():
     result = subprocess.run(
-        [sys.executable, "-m", "tools.soak", "--duration", "8", "--fault-every", "1"],
+        [sys.executable, "-m", "tools.soak", "--duration", "12", "--fault-every", "1"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
