@@ -43,6 +43,7 @@ from reposerve.instance.outcomes import (
 )
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
+from reposerve.scheduler.ordering import Delivery
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
 from reposerve.scheduler.stream import ResponseStream
 from reposerve.scheduler.work import Batch, Executor, Finish, Queued
@@ -72,7 +73,7 @@ class Scheduler:
         self._default_level = (batching.default_priority_level or self._levels) if batching else 1
         self._max_queue = batching.max_queue_size if batching else 0
         self._default_timeout_us = batching.default_timeout_microseconds if batching else 0
-        self._ordered = bool(batching and batching.preserve_ordering)
+        self._delivery = Delivery(bool(batching and batching.preserve_ordering))
         self._isolate = config.execution.isolate_failures
         self._queues: list[deque[Queued]] = [deque() for _ in range(self._levels)]
         self._queued = 0
@@ -89,10 +90,6 @@ class Scheduler:
         self._aborted: ReposerveError | None = None
         self._idle = asyncio.Event()
         self._idle.set()
-        # preserve_ordering: request sequence numbers, and finished requests held back
-        self._dispatched = 0
-        self._delivered = 0
-        self._held: dict[int, tuple[asyncio.Future, Any, BaseException | None]] = {}
         # Set by the owner when dead instances wait for a request to be replaced
         # (--instance-restart on-request): called on each arrival, it starts those
         # replacements and says why this request fails when no instance is live. Requests
@@ -289,9 +286,8 @@ class Scheduler:
                     self._record_cancel(item)
                     continue
                 # Ordering is of the one answer of each request; streams end as they end.
-                if self._ordered and item.stream is None:
-                    item.sequence = self._dispatched
-                    self._dispatched += 1
+                if self._delivery.ordered and item.stream is None:
+                    item.sequence = self._delivery.next_sequence()
                 taken.append(item)
         return taken
 
@@ -557,13 +553,7 @@ class Scheduler:
 
     def _settle(self, item: Queued, result: Any, error: BaseException | None) -> None:
         """Hand ``item`` its outcome, in dispatch order under preserve_ordering."""
-        if item.sequence < 0:  # unordered, or never dispatched
-            _deliver(item.future, result, error)
-            return
-        self._held[item.sequence] = (item.future, result, error)
-        while self._delivered in self._held:
-            _deliver(*self._held.pop(self._delivered))
-            self._delivered += 1
+        self._delivery.settle(item.sequence, item.future, result, error)
 
     def _discard(self, item: Queued) -> None:
         """Drop a request whose caller gave up before it was scheduled."""
@@ -593,15 +583,6 @@ def _request_error(failure: RequestFailure) -> ReposerveError:
     if failure.kind is ErrorKind.INVALID_ARGUMENT:
         return InvalidInput(message)
     return InstanceError(message, failure.kind)
-
-
-def _deliver(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)
 
 
 _parameters_encoder = msgspec.json.Encoder()
