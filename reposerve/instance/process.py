@@ -9,28 +9,23 @@ interrupted any other way, and the replacement serves the requests still queued.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import msgspec
 
-import reposerve
 from reposerve.backends.base import MetricFamilyGone, MetricState, ModelLog, RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.custom_metrics import CustomMetrics
 from reposerve.instance.messages import (
-    AddSlot,
     Call,
     CallCancel,
     CallFailure,
@@ -40,7 +35,6 @@ from reposerve.instance.messages import (
     CallSlotClosed,
     CallTaken,
     Cancel,
-    DropSlot,
     Execute,
     Failure,
     FrameReader,
@@ -72,18 +66,14 @@ from reposerve.instance.outcomes import (
     views,
 )
 from reposerve.instance.readiness import ReadinessCheck
+from reposerve.instance.slot_pool import SlotPool
+from reposerve.instance.spawn import spawn
 from reposerve.instance.spec import InstanceSpec
 
 log = logging.getLogger("reposerve.instance")
 
-_PACKAGE_ROOT = str(Path(reposerve.__file__).resolve().parent.parent)
 NESTED_LIMIT = 64  # batches an instance runs while its models wait on calls, at most
 REAP_TIMEOUT_S = 5.0  # a killed process is gone within this, even with a large CUDA context
-# Slots kept once the process has been idle for SLOT_IDLE_S: a burst of concurrency grows
-# the pool (two descriptors a slot on each side), and the pool shrinks back after it.
-KEEP_SLOTS = 2
-SLOT_IDLE_S = 2.0
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 class _Running(msgspec.Struct):
@@ -137,9 +127,9 @@ class InstanceProcess:
         self._process: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
         self._transport: asyncio.Transport | None = None
-        self._slots: dict[int, Slot] = {}  # by index, as the frames name them
-        self._free_slots: list[int] = []
-        self._trim: asyncio.TimerHandle | None = None  # shrinks the pool once idle
+        self._slots = SlotPool(
+            f"{spec.model}-{spec.index}", self._send_with_fd, self._send, self._idle
+        )
         self._in_flight: dict[int, _Running] = {}
         self._next_batch_id = 0
         self._watchdog: asyncio.TimerHandle | None = None  # keeps the execution timeout
@@ -168,7 +158,7 @@ class InstanceProcess:
         limit = self._running_limit + (self.staging if staged else 0)
         if self.state is not InstanceState.READY or len(self._in_flight) >= limit:
             return False
-        if self._free_slots:
+        if self._slots.has_free:
             return True
         # A new slot's fd goes out beside the socket's byte stream; only while nothing is
         # queued in the transport does it keep its place among the frames.
@@ -182,22 +172,7 @@ class InstanceProcess:
         """Spawn the process and wait until its backend has loaded."""
         loop = asyncio.get_running_loop()
         parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-        for variable in _THREAD_VARIABLES:
-            env[variable] = str(self.spec.threads)
-        if self.spec.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.spec.gpu.uuid
-        elif self.spec.kind == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "reposerve.instance.worker", str(child_sock.fileno())],
-            pass_fds=[child_sock.fileno()],
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
-        if self.spec.cpus:
-            _pin(self._process.pid, self.spec.cpus)
+        self._process = spawn(self.spec, child_sock.fileno())
         child_sock.close()
         self._sock = parent_sock
         spec = self.spec
@@ -219,7 +194,7 @@ class InstanceProcess:
         self._transport, _ = await loop.connect_accepted_socket(
             lambda: _Channel(self), sock=parent_sock
         )
-        self._free_slots.append(self._add_slot())
+        self._slots.grow()
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except TimeoutError:
@@ -246,7 +221,7 @@ class InstanceProcess:
         Returns the batch's id (what ``cancel`` takes)."""
         if self._transport is None or self.state is not InstanceState.READY:
             raise OSError(f"{self.spec.label} is {self.state.value}")
-        slot_index = self._free_slots.pop() if self._free_slots else self._add_slot()
+        slot_index = self._slots.take()
         slot = self._slots[slot_index]
         refs: list[TensorRef] = []
         # The slot opens with one cancel flag per request (see cancel_request), zeroed.
@@ -407,10 +382,9 @@ class InstanceProcess:
             self._process.kill()  # reaped by _report_exit on a thread, never on the loop
         if self._transport is not None:
             self._transport.abort()
-        for slot in [*self._slots.values(), *self._call_slots.values()]:
+        self._slots.close()
+        for slot in self._call_slots.values():
             slot.close()
-        self._slots.clear()
-        self._free_slots.clear()
         self._call_slots.clear()
 
     def _exit_code(self, timeout: float = 5.0) -> int | None:
@@ -421,35 +395,16 @@ class InstanceProcess:
         except subprocess.TimeoutExpired:
             return None
 
-    def _add_slot(self) -> int:
-        index = next(i for i in range(len(self._slots) + 1) if i not in self._slots)
-        slot = Slot.create(f"reposerve-{self.spec.model}-{self.spec.index}-{index}")
-        self._slots[index] = slot
+    def _send_with_fd(self, frame: bytes, fd: int) -> None:
         assert self._sock is not None and self._transport is not None
         # Sent on the raw socket so the fd rides as ancillary data with the frame's first
         # byte; a short write leaves the rest to the transport, which keeps the order.
-        frame = encode_frame(AddSlot(index, slot.size))
-        sent = socket.send_fds(self._sock, [frame], [slot.fd])
+        sent = socket.send_fds(self._sock, [frame], [fd])
         if sent < len(frame):
             self._transport.write(frame[sent:])
-        return index
 
-    def _slot_freed(self, index: int) -> None:
-        self._free_slots.append(index)
-        if not self._in_flight and len(self._slots) > KEEP_SLOTS and self._trim is None:
-            self._trim = asyncio.get_running_loop().call_later(SLOT_IDLE_S, self._trim_slots)
-
-    def _trim_slots(self) -> None:
-        """Idle for a while: free slots beyond KEEP_SLOTS go, here and in the process
-        (DropSlot), the newest first. Busy again meanwhile: kept, until the next idle."""
-        self._trim = None
-        if self._in_flight or self.state is not InstanceState.READY:
-            return
-        self._free_slots.sort()
-        while len(self._slots) > KEEP_SLOTS and len(self._free_slots) > 0:
-            index = self._free_slots.pop()
-            self._slots.pop(index).close()
-            self._send(DropSlot(index))
+    def _idle(self) -> bool:
+        return not self._in_flight and self.state is InstanceState.READY
 
     def _answered(self, batch_id: int, next_starts: bool = True) -> _Running | None:
         """Take an answered batch off the books; a staged one behind it starts now."""
@@ -491,7 +446,7 @@ class InstanceProcess:
                 try:
                     running.on_done(outcome)
                 finally:
-                    self._slot_freed(slot_index)
+                    self._slots.give_back(slot_index)
             case Response():
                 self._on_response(message)
             case CallTaken():
@@ -524,7 +479,7 @@ class InstanceProcess:
                     self.batch_fault = True
                     if self.state is InstanceState.READY:
                         self.state = InstanceState.STOPPING
-                self._slot_freed(running.slot)
+                self._slots.give_back(running.slot)
                 cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
                 running.on_done(BatchFailure(message.message, cause, message.verbatim))
             case Ready():
@@ -627,18 +582,3 @@ class _Channel(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._instance._on_closed()
-
-
-def _pin(pid: int, cpus: Sequence[int]) -> None:
-    """Pin every thread of process ``pid`` to ``cpus``, before its backend loads.
-
-    Popen returns once the child has exec'd, so the interpreter is only starting: the main
-    thread goes first, and the threads it starts from then on (BLAS pools, intra-op
-    threads) inherit its cores; the sweep catches any it started already.
-    """
-    # A process that died at once fails its load anyway: nothing to pin then.
-    with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-        os.sched_setaffinity(pid, cpus)
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-                os.sched_setaffinity(int(task), cpus)
