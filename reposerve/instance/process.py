@@ -382,6 +382,10 @@ class InstanceProcess:
             self._process.kill()  # reaped by _report_exit on a thread, never on the loop
         if self._transport is not None:
             self._transport.abort()
+        self._close_slots()
+
+    def _close_slots(self) -> None:
+        """Let go of the shared memory (views still held keep their mappings)."""
         self._slots.close()
         for slot in self._call_slots.values():
             slot.close()
@@ -532,6 +536,9 @@ class InstanceProcess:
         was = self.state
         self.state = InstanceState.EXITED
         self._closed.set()
+        # A process that died by itself: its slots go now, not with this object (which
+        # a replacement outlives), whatever is still failed or reported below.
+        self._close_slots()
         if self.readiness is not None:
             self.readiness.gone()
         # The socket closes a moment before the process can be reaped; wait for its exit

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 
 import httpx
@@ -102,5 +103,29 @@ def test_slot_pools_shrink_back_after_a_burst(tmp_path):
         grown = {name: _descriptors(pid) for name, pid in pids.items()}
         assert grown["front"] > before["front"] + 50  # the burst did grow the pools
         _settles(pids, before)
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_an_instance_that_dies_takes_its_slots_with_it(tmp_path):
+    """Killed three times and replaced each time: the front holds no descriptor of the
+    dead processes' slots (it does not wait for the old process objects to be collected)."""
+    root = tmp_path / "repository"
+    write_model(root, "streamer", STREAMER_CONFIG, STREAMER)
+    server = start_server(root, tmp_path)
+    try:
+        front = {"front": server.process.pid}
+        before = {"front": _descriptors(server.process.pid)}
+        for _ in range(3):
+            (dead,) = server.instance_pids()
+            os.kill(dead, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while (
+                server.instance_pids() in ([], [dead])
+                or httpx.get(f"{server.url}/v2/models/streamer/ready").status_code != 200
+            ):
+                assert time.monotonic() < deadline, "no replacement"
+                time.sleep(0.05)
+        _settles(front, before, slack=0)
     finally:
         assert server.stop() == 0, server.log()
