@@ -268,9 +268,9 @@ async def _stream(http: httpx.AsyncClient, tally: Outcomes, count: int, leave: b
         async with http.stream(
             "POST", "/v2/models/counter/generate_stream", json={"COUNT": count}
         ) as reply:
-            if reply.status_code != 200:
-                line = (await reply.aread()).decode(errors="replace")
-                events.append(json.loads(line))
+            if reply.status_code != 200:  # an error, as JSON or as one SSE event
+                line = (await reply.aread()).decode(errors="replace").strip()
+                events.append(json.loads(line.removeprefix("data: ")))
             else:
                 async for line in reply.aiter_lines():
                     if line.startswith("data: "):
