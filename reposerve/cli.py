@@ -106,6 +106,13 @@ def serve_parser() -> argparse.ArgumentParser:
         help="how many models load at once, at start-up and after (4)",
     )
     add("--http-host", default="0.0.0.0", metavar="H", help="address to listen on (0.0.0.0)")
+    add(
+        "--allow-http",
+        type=_boolean,
+        default=True,
+        metavar="BOOL",
+        help="serve the V2 HTTP/REST protocol (true); false serves gRPC (and metrics) alone",
+    )
     add("--http-port", type=int, default=8000, metavar="PORT", help="HTTP port (8000)")
     add("--metrics-port", type=int, default=8002, metavar="PORT", help="metrics port (8002)")
     add(
@@ -405,7 +412,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         model_load_thread_count=args.model_load_thread_count,
         instance_restart=args.instance_restart,
         http_host=args.http_host,
-        http_port=args.http_port,
+        http_port=args.http_port if args.allow_http else None,
         metrics_port=args.metrics_port if args.allow_metrics else None,
         metrics=MetricsOptions(
             address=args.metrics_address,
@@ -510,7 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     if settings.log_file and not os.access(folder, os.W_OK):
         print(f"reposerve: --log-file: cannot write in {folder}", file=sys.stderr)
         return 2
-    from reposerve.http.server import serve
+    if settings.http_port is None and settings.grpc_port is None:
+        print(
+            "reposerve: nothing to serve inference on: --allow-http and --allow-grpc are both "
+            "false; allow one",
+            file=sys.stderr,
+        )
+        return 2
+    from reposerve.server import serve
 
     return serve(settings)
 

@@ -22,7 +22,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # --model-repository, once or more: served as one (a name in two is an error)
     model_repositories: tuple[Path, ...] = (Path("model_repository"),)
     http_host: str = "0.0.0.0"
-    http_port: int = 8000
+    http_port: int | None = 8000  # None: no HTTP front (--allow-http false)
     metrics_port: int | None = 8002  # None: no metrics endpoint
     metrics: MetricsOptions = MetricsOptions()  # address, interval, --metrics-config
     model_control_mode: str = "explicit"  # "explicit" | "poll" | "none"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -34,6 +35,7 @@ class Server:
         scheme = "https" if "--ssl-certfile" in args else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self._args = args
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [
@@ -63,20 +65,38 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until the server says it is ready: over HTTP, or over gRPC where HTTP is off."""
+        http_off = any(
+            flag == "--allow-http" and value == "false"
+            for flag, value in zip(self._args, self._args[1:], strict=False)
+        )
+        ready = self._grpc_ready if http_off else self._http_ready
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"reposerve exited with {self.process.returncode}:\n{self.log()}"
                 )
-            try:
-                ready = httpx.get(f"{self.url}/v2/health/ready", timeout=1, verify=False)
-                if ready.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
+            if ready():
+                return
             time.sleep(0.05)
         raise TimeoutError(f"reposerve not ready after {timeout} s:\n{self.log()}")
+
+    def _http_ready(self) -> bool:
+        try:
+            answer = httpx.get(f"{self.url}/v2/health/ready", timeout=1, verify=False)
+        except httpx.TransportError:
+            return False
+        return answer.status_code == 200
+
+    def _grpc_ready(self) -> bool:
+        import tritonclient.grpc
+
+        with tritonclient.grpc.InferenceServerClient(self.grpc_address) as client:
+            try:
+                return client.is_server_ready(client_timeout=1)
+            except tritonclient.utils.InferenceServerException:
+                return False
 
     def instance_pids(self) -> list[int]:
         return children_of(self.process.pid)
@@ -94,6 +114,7 @@ class Server:
 
 
 def start_server(repository: Path, tmp_path: Path, *args: str) -> Server:
+    """A ready server; the caller stops it (``running_server`` does that for you)."""
     server = Server(
         repository, *args, log_path=tmp_path / f"reposerve-{os.getpid()}-{time.monotonic_ns()}.log"
     )
@@ -103,6 +124,18 @@ def start_server(repository: Path, tmp_path: Path, *args: str) -> Server:
         server.stop()
         raise
     return server
+
+
+@contextlib.contextmanager
+def running_server(repository: Path, tmp_path: Path, *args: str) -> Iterator[Server]:
+    """A ready server for the ``with`` block, stopped after it; a server that does not
+    exit cleanly (status 0) fails the test with its log."""
+    server = start_server(repository, tmp_path, *args)
+    try:
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, f"reposerve exited with {code}:\n{server.log()}"
 
 
 def self_signed_certificate(folder: Path) -> tuple[str, str]:

@@ -1,8 +1,8 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert) -> http -> grpc -> service -> repository -> pipelines -> scheduler -> instance
--> backends
-(the HTTP server's runner starts the gRPC front beside it), and every layer may use the
+cli (convert) -> server -> http -> grpc -> service -> repository -> pipelines -> scheduler
+-> instance -> backends
+(the server object starts the fronts: HTTP, gRPC and metrics), and every layer may use the
 leaves (protocol, config, errors, datatypes, tensor, statistics, settings, metrics,
 quantiles, utilization, access).
 """
@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "reposerve"
 ORDER = [
     "cli",
     "convert",
+    "server",
     "http",
     "grpc",
     "service",

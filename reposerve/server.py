@@ -1,0 +1,269 @@
+"""The server: one repository and its service, the start-up loading, the poll watcher and
+the one shutdown, with the fronts attached to it (HTTP, gRPC, metrics; each may be off).
+
+The models load in the background (readiness says when they are done) and the start-up
+table is printed. SIGINT/SIGTERM first makes the server report not ready while it goes on
+serving for ``--shutdown-grace-secs`` (load balancers take it out of rotation meanwhile; a
+second signal ends the wait), then starts the shutdown, with one budget
+(``--exit-timeout-secs``) for all of it: accepted requests may finish within it, then each
+one left gets its error, and every instance process is stopped; the fronts meanwhile stop
+accepting and close connections as their answers go out.
+
+The HTTP front, when on, owns the event loop (uvicorn or Hypercorn run it) and calls
+``open``/``close`` from its lifespan; without it the server runs the loop itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import uvloop
+
+from reposerve.http.metrics import MetricsServer
+from reposerve.http.server import SEND_MARGIN_S, serve_http
+from reposerve.logs import LogControl, LogSettings, redirect_output
+from reposerve.repository import Repository
+from reposerve.repository.watch import RepositoryWatcher, snapshot
+from reposerve.service import InferenceService
+from reposerve.settings import Settings
+
+if TYPE_CHECKING:
+    from reposerve.grpc.server import GrpcFront
+
+log = logging.getLogger("reposerve")
+
+
+class Server:
+    """The lifecycle of one server process.
+
+    ``begin_shutdown`` may be called by a signal, the HTTP lifespan's end, or a failed
+    start-up; the first call fixes the deadline and later calls share its task.
+    """
+
+    def __init__(self, settings: Settings, logs: LogControl | None = None) -> None:
+        self.settings = settings
+        repository = Repository(
+            [root.resolve() for root in settings.model_repositories],
+            load_timeout=settings.load_timeout_secs,
+            unload_timeout=settings.exit_timeout_secs,
+            auto_complete=settings.auto_complete,
+            load_threads=settings.model_load_thread_count,
+            latency_summaries=settings.metrics.summary_latencies,
+            restart_on_request=settings.instance_restart == "on-request",
+        )
+        self.service = InferenceService(
+            repository,
+            settings.model_control_mode,
+            strict_readiness=settings.strict_readiness,
+            allow_file_override=settings.allow_model_file_override,
+            logs=logs,
+            server_name=settings.server_name,
+        )
+        self.exit_code = 0
+        # Ends the loop's runner (the HTTP server, or ``run``): set by whichever runs it.
+        self.stop_serving: Callable[[], None] = lambda: None
+        self._loading: asyncio.Task | None = None
+        self._shutdown: asyncio.Task | None = None
+        self._graceless = asyncio.Event()  # a second signal: no more waiting
+        self._metrics: MetricsServer | None = None
+        self._grpc: GrpcFront | None = None
+
+    # -- the fronts beside HTTP, and the models ------------------------------------------
+
+    async def open(self) -> None:
+        """Start the metrics and gRPC fronts, then the loading of the models."""
+        settings = self.settings
+        if settings.metrics_port is not None:
+            self._metrics = MetricsServer(
+                self.service, settings.http_host, settings.metrics_port, settings.metrics
+            )
+            await self._metrics.start()
+        if settings.grpc_port is not None:
+            from reposerve.grpc.server import GrpcFront  # grpcio loads only when served
+
+            grpc_front = GrpcFront(self.service, settings)
+            await grpc_front.start()  # same event loop: no second process, no thread hop
+            self._grpc = grpc_front
+        if self._shutdown is None:  # a signal during start-up may have come first
+            self._loading = asyncio.get_running_loop().create_task(self._start())
+
+    async def close(self) -> None:
+        """The shutdown (started now if no signal started it), then the fronts' end."""
+        stopping = self.begin_shutdown()
+        if self._grpc is not None:
+            # Refuse new RPCs; running ones finish or get their error within the budget.
+            await self._grpc.stop(self.settings.exit_timeout_secs + SEND_MARGIN_S)
+        await stopping
+        if self._metrics is not None:
+            await self._metrics.close()
+
+    # -- leaving -------------------------------------------------------------------------
+
+    async def grace(self) -> None:
+        """Not ready, still serving, for the grace period (cut short by ``skip_grace``)."""
+        self.service.leave()
+        grace = self.settings.shutdown_grace_secs
+        if grace and not self._graceless.is_set():
+            log.info("leaving: not ready, serving for %g s more (--shutdown-grace-secs)", grace)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._graceless.wait(), grace)
+
+    def skip_grace(self) -> None:
+        self._graceless.set()
+
+    def begin_shutdown(self) -> asyncio.Task:
+        if self._shutdown is None:
+            deadline = time.monotonic() + self.settings.exit_timeout_secs
+            self._shutdown = asyncio.get_running_loop().create_task(self._stop(deadline))
+        return self._shutdown
+
+    async def leave(self, signalled: asyncio.Event) -> None:
+        """From the first signal: the grace (a second signal cuts it short), then the
+        shutdown's start."""
+        await signalled.wait()
+        signalled.clear()
+        grace = asyncio.ensure_future(self.grace())
+        second = asyncio.ensure_future(signalled.wait())
+        await asyncio.wait((grace, second), return_when=asyncio.FIRST_COMPLETED)
+        second.cancel()
+        self.skip_grace()
+        await grace
+        self.begin_shutdown()  # the models' budget starts after the grace
+
+    async def run(self) -> None:
+        """Serve without an HTTP front: the loop is this server's until a signal."""
+        signalled = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, signalled.set)
+        self.stop_serving = signalled.set
+        await self.open()
+        try:
+            await self.leave(signalled)
+        finally:
+            await self.close()
+
+    async def _stop(self, deadline: float) -> None:
+        log.info(
+            "stopping: requests may finish within %g s (--exit-timeout-secs)",
+            self.settings.exit_timeout_secs,
+        )
+        if self._loading is not None:
+            self._loading.cancel()
+            try:
+                await self._loading
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # whatever broke the loading or polling, the models still stop
+                log.exception("model loading or polling had failed")
+        await self.service.stop(deadline)
+        log.info("stopped: every model unloaded")
+
+    async def _start(self) -> None:
+        """Load the models, then (in poll mode) keep them in step with the disk."""
+        settings = self.settings
+        service = self.service
+        polling = settings.model_control_mode == "poll"
+        roots = service.repository.roots
+        baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
+        failed = await service.start(settings.load_models)
+        # A line a record: the text log escapes line breaks inside a message.
+        for line in ["models:", *startup_table(service).splitlines()]:
+            log.info("%s", line)
+        if failed and settings.exit_on_error:
+            names = ", ".join(entry.name for entry in failed)
+            log.error(
+                "exiting: %s failed to load (--exit-on-error true; pass --exit-on-error false "
+                "to serve the other models)",
+                names,
+            )
+            self.exit_code = 1
+            self.begin_shutdown()
+            self.stop_serving()
+            return
+        # Everything allocated so far lives as long as the server: keep the collector off
+        # it, which removes its pauses from request latency.
+        gc.collect()
+        gc.freeze()
+        log.info(
+            "ready: serving %s on %s",
+            ", ".join(map(str, settings.model_repositories)),
+            " and ".join(front_addresses(settings)),
+        )
+        if polling:
+            await RepositoryWatcher(service.repository, settings.repository_poll_secs).run(baseline)
+
+
+def front_addresses(settings: Settings) -> list[str]:
+    """Where the inference fronts listen, as URLs."""
+    addresses = []
+    if settings.http_port is not None:
+        scheme = "https" if settings.ssl_certfile else "http"
+        addresses.append(f"{scheme}://{settings.http_host}:{settings.http_port}")
+    if settings.grpc_port is not None:
+        scheme = "grpcs" if settings.grpc_use_ssl else "grpc"
+        addresses.append(
+            f"{scheme}://{settings.grpc_address or settings.http_host}:{settings.grpc_port}"
+        )
+    return addresses
+
+
+def start_logging(settings: Settings) -> LogControl:
+    """Route this process's output (and its instances') as the --log-* flags say."""
+    if settings.log_file:
+        redirect_output(settings.log_file)
+    return LogControl(
+        LogSettings(
+            log_file=settings.log_file,
+            log_info=settings.log_info,
+            log_warning=settings.log_warning,
+            log_error=settings.log_error,
+            log_verbose_level=settings.log_verbose,
+            log_format=settings.log_format,  # type: ignore[arg-type]  # checked by the CLI
+        ),
+        sys.stderr,
+    )
+
+
+def startup_table(service: InferenceService) -> str:
+    rows = [("MODEL", "VERSION", "BACKEND", "INSTANCES", "STATE")]
+    loaded = {(v.name, v.version): v for v in service.repository.loaded()}
+    for entry in service.repository.index():
+        version = loaded.get((entry.name, int(entry.version))) if entry.version else None
+        state = entry.state or "NOT LOADED"
+        if entry.reason and entry.state != "READY":
+            state = f"{state}: {entry.reason}"
+        rows.append(
+            (
+                entry.name,
+                entry.version or "-",
+                version.backend if version else "-",
+                str(len(version.instances)) if version else "-",
+                state,
+            )
+        )
+    widths = [max(len(row[column]) for row in rows[:]) for column in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        + "  "
+        + row[4]
+        for row in rows
+    )
+
+
+def serve(settings: Settings) -> int:
+    """Serve until a signal (exit status 0) or a failed start-up (1)."""
+    server = Server(settings, start_logging(settings))
+    if settings.http_port is None:
+        uvloop.run(server.run())
+    else:
+        serve_http(server, settings)
+    return server.exit_code
