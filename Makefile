@@ -1,14 +1,22 @@
-# Two entry points (see README): `make serve` and `make test`. Both install what they need.
+# Two entry points (see README): `make serve` and `make test`. Each installs what it needs:
+# serving needs reposerve with its backends; the test toolchain (perf_analyzer, Model
+# Analyzer's environment, the deployment checks' tools) comes with `make test` only.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+SERVING := $(VENV)/.serving
 STAMP := $(VENV)/.installed
 
 .PHONY: install serve test lint bench
 
-$(STAMP): pyproject.toml tools/install_perf_analyzer.sh tools/install_model_analyzer.sh tools/install_deploy_tools.sh
+$(SERVING): pyproject.toml
+	@echo "installing reposerve with onnxruntime and torch into $(VENV) (the first time only)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[onnx,torch,gpu]'
+	touch $(SERVING)
+
+$(STAMP): $(SERVING) pyproject.toml tools/install_perf_analyzer.sh tools/install_model_analyzer.sh tools/install_deploy_tools.sh
 	$(BIN)/python -m pip install -q -e '.[test,onnx,torch,gpu]'
 	bash tools/install_perf_analyzer.sh $(VENV)
 	bash tools/install_model_analyzer.sh $(PYTHON) .venv-analyzer
@@ -17,7 +25,7 @@ $(STAMP): pyproject.toml tools/install_perf_analyzer.sh tools/install_model_anal
 
 install: $(STAMP)
 
-serve: $(STAMP)
+serve: $(SERVING)
 	$(BIN)/python tools/export_examples.py --repository model_repository
 	$(BIN)/reposerve --model-repository model_repository
 
