@@ -10,7 +10,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from reposerve.repository.gpus import discover
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, running_server, start_server
 from tests.toy_models import vector_config, write_model
 
 model_files = pytest.importorskip("tests.model_files", reason="the torch extra is not installed")
@@ -189,8 +189,7 @@ def test_gpu_instances_run_on_the_gpu(repository, tmp_path):
     where = write_model(
         repository, "where", vector_config(size=1, output=("INT64", 1), extra=group), WHERE
     )
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         client = httpclient.InferenceServerClient(server.address)
         values = np.ones((2, 4), np.float32)
         for model in ("onnx_gpu", "pt2_gpu_fp16", "pt2_gpu_bf16"):
@@ -203,8 +202,6 @@ def test_gpu_instances_run_on_the_gpu(repository, tmp_path):
         loaded = [line.split() for line in (where / "1" / "LOADED").read_text().splitlines()]
         assert sorted(uuid for _, uuid in loaded) == sorted(d.uuid for d in devices) * 2
         assert len({pid for pid, _ in loaded}) == 2 * len(devices)
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 # Appends "pid CUDA_VISIBLE_DEVICES" to LOADED beside model.py; torch must see one device.
@@ -231,9 +228,6 @@ def test_python_models_are_untouched_by_auto_complete(repository, tmp_path):
         vector_config(size=4),
         "class Model:\n    def execute(self, i):\n        return {'OUTPUT': i['INPUT']}\n",
     )
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         config = httpx.get(f"{server.url}/v2/models/py/config").json()
         assert [t["name"] for t in config["input"]] == ["INPUT"]
-    finally:
-        assert server.stop() == 0, server.log()

@@ -4,7 +4,6 @@ that form under load, and instance groups placed and budgeted as configured."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import msgspec
@@ -115,16 +114,15 @@ def _batch_sizes(url: str, model: str) -> dict[int, int]:
 
 def test_slow_model_batches_under_load(server):
     batches = [np.full((1, 4), i, np.float32) for i in range(32)]
-    started = time.monotonic()
     results = asyncio.run(_send_all(server.url, "slow", batches))
-    batched_s = time.monotonic() - started
     for values, result in zip(batches, results, strict=True):
         np.testing.assert_array_equal(result, values * 2)
-    # 32 executes of 50 ms one after another would take 1.6 s.
-    assert batched_s < 0.8, batched_s
     sizes = _batch_sizes(server.url, "slow")
     assert max(sizes) > 1, sizes
     assert sum(size * count for size, count in sizes.items()) == 32
+    # 32 requests arriving together at a model that takes 50 ms: while one batch runs the
+    # rest queue up, so far fewer executions than requests.
+    assert sum(sizes.values()) <= 16, sizes
     # Without [dynamic_batching] every request runs alone.
     asyncio.run(_send_all(server.url, "slow_alone", batches[:8]))
     assert _batch_sizes(server.url, "slow_alone") == {1: 8}

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from reposerve.config.onnx_options import CudaOptions
-from tests.server import REPO_ROOT, SERVE_BROKEN, start_server
+from tests.server import REPO_ROOT, SERVE_BROKEN, running_server
 from tests.toy_models import ASYNC_GATHER, PLUS_ONE, vector_config, write_model
 
 model_files = pytest.importorskip("tests.model_files", reason="the torch extra is not installed")
@@ -127,8 +127,9 @@ def test_check_and_load_refuse_the_same_configs_in_the_same_words(repository, tm
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.splitlines() == [f"FAIL {expected[name]}" for name in sorted(RULES)]
-    server = start_server(repository, tmp_path, "--model-control-mode=explicit", *SERVE_BROKEN)
-    try:
+    with running_server(
+        repository, tmp_path, "--model-control-mode=explicit", *SERVE_BROKEN
+    ) as server:
         refused = {}
         for name in RULES:
             reply = httpx.post(f"{server.url}/v2/repository/models/{name}/load", timeout=120)
@@ -138,5 +139,3 @@ def test_check_and_load_refuse_the_same_configs_in_the_same_words(repository, tm
         # The index gives each the same reason.
         index = httpx.post(f"{server.url}/v2/repository/index").json()
         assert {entry["name"]: entry.get("reason") for entry in index} == expected
-    finally:
-        assert server.stop() == 0, server.log()

@@ -8,7 +8,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, running_server, start_server
 from tests.toy_models import write_model
 
 pytestmark = pytest.mark.e2e
@@ -223,8 +223,7 @@ def test_a_triton_folder_classifies_with_its_label_file(tmp_path):
     model_files.export_onnx(folder / "1" / "model.onnx")
     (folder / "config.pbtxt").write_text(TRITON_FOLDER)
     (folder / "y_labels.txt").write_text("red\ngreen\nblue\n")
-    server = start_server(folder.parent, tmp_path)
-    try:
+    with running_server(folder.parent, tmp_path) as server:
         values = np.random.default_rng(3).random((2, 4), dtype=np.float32)
         with triton.InferenceServerClient(server.address) as client:
             data = triton.InferInput("x", [2, 4], "FP32")
@@ -242,5 +241,3 @@ def test_a_triton_folder_classifies_with_its_label_file(tmp_path):
                 [float(w.split(":")[0]) for w in wanted_row],
                 atol=model_files.TOLERANCE["fp32"],
             )
-    finally:
-        assert server.stop() == 0, server.log()

@@ -10,7 +10,7 @@ import httpx
 import msgspec
 import pytest
 
-from tests.server import REPO_ROOT, self_signed_certificate, start_server
+from tests.server import REPO_ROOT, running_server, self_signed_certificate
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -61,8 +61,7 @@ def test_check_prints_one_line_per_model(repository):
 def test_load_model_flag_and_explicit_control(repository, tmp_path):
     write_model(repository, "a", vector_config(), PLUS_ONE)
     write_model(repository, "b", vector_config(), PLUS_ONE)
-    server = start_server(repository, tmp_path, "--load-model", "a")
-    try:
+    with running_server(repository, tmp_path, "--load-model", "a") as server:
         base = server.url
         assert httpx.get(f"{base}/v2/models/a/ready").status_code == 200
         assert httpx.get(f"{base}/v2/models/b/ready").status_code == 400
@@ -74,8 +73,6 @@ def test_load_model_flag_and_explicit_control(repository, tmp_path):
         assert httpx.get(f"{base}/v2/models/a/ready").status_code == 400
         ready = httpx.post(f"{base}/v2/repository/index", json={"ready": True}).json()
         assert ready == [{"name": "b", "version": "1", "state": "READY"}]
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_explicit_mode_loads_no_model_without_load_model(repository, tmp_path):
@@ -84,24 +81,20 @@ def test_explicit_mode_loads_no_model_without_load_model(repository, tmp_path):
     write_model(repository, "a", vector_config(), PLUS_ONE)
     (repository / "broken").mkdir()
     (repository / "broken" / "config.toml").write_text("max_batch_size = -1\n")
-    server = start_server(
+    with running_server(
         repository, tmp_path, "--model-control-mode=explicit", "--exit-on-error", "true"
-    )
-    try:
+    ) as server:
         index = httpx.post(f"{server.url}/v2/repository/index").json()
         assert index == [{"name": "a"}, {"name": "broken"}]
         assert httpx.post(f"{server.url}/v2/repository/models/a/load").status_code == 200
         assert httpx.get(f"{server.url}/v2/models/a/ready").status_code == 200
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_restricted_control_api_needs_its_header(repository, tmp_path):
     write_model(repository, "a", vector_config(), PLUS_ONE)
-    server = start_server(
+    with running_server(
         repository, tmp_path, "--http-restricted-api", "model-repository:admin-key=s3cret"
-    )
-    try:
+    ) as server:
         response = httpx.post(f"{server.url}/v2/repository/models/a/unload")
         assert response.status_code == 403
         assert response.json() == {"error": "This API is restricted, expecting header 'admin-key'"}
@@ -109,15 +102,12 @@ def test_restricted_control_api_needs_its_header(repository, tmp_path):
             f"{server.url}/v2/repository/models/a/unload", headers={"admin-key": "s3cret"}
         )
         assert response.status_code == 200
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 @pytest.mark.parametrize("http_server", ["uvicorn", "hypercorn"])
 def test_both_http_servers_serve(repository, tmp_path, http_server):
     write_model(repository, "a", vector_config(size=2), PLUS_ONE)
-    server = start_server(repository, tmp_path, "--http-server", http_server)
-    try:
+    with running_server(repository, tmp_path, "--http-server", http_server) as server:
         response = httpx.post(
             f"{server.url}/v2/models/a/infer",
             json={
@@ -125,15 +115,12 @@ def test_both_http_servers_serve(repository, tmp_path, http_server):
             },
         )
         assert response.json()["outputs"][0]["data"] == [2.0, 3.0]
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_http2_on_hypercorn(repository, tmp_path):
     pytest.importorskip("h2", reason="httpx needs h2 for HTTP/2")
     write_model(repository, "a", vector_config(size=2), PLUS_ONE)
-    server = start_server(repository, tmp_path, "--http2")
-    try:
+    with running_server(repository, tmp_path, "--http2") as server:
         with httpx.Client(http1=False, http2=True) as client:
             response = client.post(
                 f"{server.url}/v2/models/a/infer",
@@ -145,14 +132,11 @@ def test_http2_on_hypercorn(repository, tmp_path):
             )
         assert response.http_version == "HTTP/2"
         assert response.json()["outputs"][0]["data"] == [2.0, 3.0]
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_bodies_past_the_input_limit_are_refused(repository, tmp_path):
     write_model(repository, "a", vector_config(size=2), PLUS_ONE)
-    server = start_server(repository, tmp_path, "--http-max-input-size", "200")
-    try:
+    with running_server(repository, tmp_path, "--http-max-input-size", "200") as server:
         small = {"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
         assert httpx.post(f"{server.url}/v2/models/a/infer", json=small).status_code == 200
         big = {"inputs": [dict(small["inputs"][0], parameters={"pad": "x" * 300})]}
@@ -168,22 +152,17 @@ def test_bodies_past_the_input_limit_are_refused(repository, tmp_path):
         response = httpx.post(f"{server.url}/v2/models/a/infer", content=chunks())
         assert response.status_code == 400
         assert "exceeds the 200-byte limit" in response.json()["error"]
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_fixed_repository_and_json_logs(repository, tmp_path):
     write_model(repository, "a", vector_config(size=2), PLUS_ONE)
-    server = start_server(
+    with running_server(
         repository, tmp_path, "--model-control-mode", "none", "--log-format", "json"
-    )
-    try:
+    ) as server:
         response = httpx.post(f"{server.url}/v2/repository/models/a/unload")
         assert response.status_code == 400
         assert "not allowed with --model-control-mode none" in response.json()["error"]
         assert httpx.get(f"{server.url}/v2/models/a/ready").status_code == 200
-    finally:
-        assert server.stop() == 0, server.log()
     records = [msgspec.json.decode(line) for line in server.log().splitlines() if line]
     assert any(r["message"].startswith("ready: serving") for r in records)
     assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
@@ -193,10 +172,9 @@ def test_fixed_repository_and_json_logs(repository, tmp_path):
 def test_tls(repository, tmp_path, flags, version):
     cert, key = self_signed_certificate(tmp_path)
     write_model(repository, "a", vector_config(size=2), PLUS_ONE)
-    server = start_server(
+    with running_server(
         repository, tmp_path, *flags, "--ssl-certfile", cert, "--ssl-keyfile", key
-    )
-    try:
+    ) as server:
         assert server.url.startswith("https://")
         trusted = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(http2=True, verify=trusted) as client:
@@ -206,5 +184,3 @@ def test_tls(repository, tmp_path, flags, version):
             response = client.post(f"{server.url}/v2/models/a/infer", json=body)
         assert response.http_version == version
         assert response.json()["outputs"][0]["data"] == [2.0, 3.0]
-    finally:
-        assert server.stop() == 0, server.log()

@@ -21,7 +21,7 @@ from tests.manifests import kustomize_commands, render, with_shared_repository
 from tests.server import Server, start_server
 from tests.toy_models import vector_config, write_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.tool]
 
 PLUS = """
     class Model:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_faults import _body, _metric, _wait_for
-from tests.server import start_server
+from tests.server import running_server
 from tests.toy_models import STAGING_PROBE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -22,8 +22,7 @@ def test_the_next_batch_reaches_a_busy_instance_only_when_staging_is_on(
 ):
     config = vector_config(size=4, extra=f"[parameters]\nstage_next_batch = {stage}")
     folder = write_model(repository, "probe", config, STAGING_PROBE)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         url = f"{server.url}/v2/models/probe/infer"
         with ThreadPoolExecutor(2) as pool:
             running = pool.submit(httpx.post, url, json=_body(1), timeout=60)
@@ -40,5 +39,3 @@ def test_the_next_batch_reaches_a_busy_instance_only_when_staging_is_on(
         assert first.json()["outputs"][0]["data"] == [staged] * 4
         assert second.json()["outputs"][0]["data"] == [2.0, 1.0, 2.0, 3.0]
         assert _metric(server, "nv_inference_pending_request_count", "probe") == 0
-    finally:
-        assert server.stop() == 0, server.log()

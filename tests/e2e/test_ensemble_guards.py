@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, running_server, start_server
 from tests.toy_models import write_model
 
 pytestmark = pytest.mark.e2e
@@ -141,8 +141,7 @@ def test_an_output_shape_the_ensemble_does_not_declare_fails_the_request(reposit
     write_model(repository, "shorter", PLAIN, SHORTER)
     write_model(repository, "fits", _ensemble("plus_one", 4), None)
     write_model(repository, "misfit", _ensemble("shorter", 4), None)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         sent = 4
         with httpx.Client(base_url=server.url, timeout=30) as client:
             replies = [client.post("/v2/models/misfit/infer", json=BODY) for _ in range(sent)]
@@ -156,5 +155,3 @@ def test_an_output_shape_the_ensemble_does_not_declare_fails_the_request(reposit
         assert fitting.json()["outputs"][0]["data"] == [2, 3, 4, 5]
         stats = httpx.get(f"{server.url}/v2/models/misfit/stats").json()["model_stats"][0]
         assert stats["inference_stats"]["fail"]["count"] == sent
-    finally:
-        assert server.stop() == 0, server.log()

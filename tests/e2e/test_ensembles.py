@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, running_server, start_server
 from tests.toy_models import ensemble_head, write_model
 
 pytestmark = pytest.mark.e2e
@@ -251,14 +251,11 @@ def test_an_ensemble_that_does_not_fit_its_steps_fails_to_load_naming_them(
     )
     write_model(repository, "small", _vector("X", "Y").replace("= 16", "= 2"), PLUS_ONE)
     write_model(repository, "bad", ENSEMBLE_HEAD + steps, None)
-    server = start_server(repository, tmp_path, *SERVE_BROKEN)
-    try:
+    with running_server(repository, tmp_path, *SERVE_BROKEN) as server:
         index = {e["name"]: e for e in httpx.post(f"{server.url}/v2/repository/index").json()}
         assert index["bad"]["state"] == "UNAVAILABLE"
         assert reason in index["bad"]["reason"]
         assert index["diamond"]["state"] == "READY"
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_a_step_reloaded_into_a_misfit_takes_the_ensemble_out_saying_why(

@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
 from reposerve.grpc import schema
-from tests.server import self_signed_certificate, start_server
+from tests.server import running_server, self_signed_certificate, start_server
 from tests.toy_models import PICKY, PLUS_ONE, vector_config, write_model
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
@@ -236,10 +236,9 @@ def test_health_check_service(server):
 def test_restricted_protocol_needs_its_metadata_key(tmp_path):
     root = tmp_path / "repository"
     write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
-    server = start_server(
+    with running_server(
         root, tmp_path, "--grpc-restricted-protocol", "model-repository,statistics:admin-key=s3cret"
-    )
-    try:
+    ) as server:
         client = grpcclient.InferenceServerClient(server.grpc_address)
         status, message = _status(lambda: client.unload_model("plus_one"))
         assert status == "StatusCode.UNAVAILABLE"
@@ -256,21 +255,16 @@ def test_restricted_protocol_needs_its_metadata_key(tmp_path):
         client.unload_model("plus_one", headers={"triton-grpc-protocol-admin-key": "s3cret"})
         assert not client.is_model_ready("plus_one")
         client.close()
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_allow_grpc_false_serves_http_only(tmp_path):
     root = tmp_path / "repository"
     write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
-    server = start_server(root, tmp_path, "--allow-grpc", "false")
-    try:
+    with running_server(root, tmp_path, "--allow-grpc", "false") as server:
         client = grpcclient.InferenceServerClient(server.grpc_address)
         status, _ = _status(lambda: client.is_server_live(client_timeout=2))
         assert status == "StatusCode.UNAVAILABLE"  # nothing listens there
         client.close()
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def _plus_one_once(client) -> None:
@@ -283,8 +277,7 @@ def test_tls(tmp_path):
     root = tmp_path / "repository"
     write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
     flags = ("--grpc-use-ssl", "true", "--grpc-server-cert", cert, "--grpc-server-key", key)
-    server = start_server(root, tmp_path, *flags)
-    try:
+    with running_server(root, tmp_path, *flags) as server:
         secure = grpcclient.InferenceServerClient(
             server.grpc_address, ssl=True, root_certificates=cert
         )
@@ -294,8 +287,6 @@ def test_tls(tmp_path):
         status, _ = _status(lambda: plain.is_server_live(client_timeout=2))
         assert status == "StatusCode.UNAVAILABLE"  # a plaintext client cannot talk to it
         plain.close()
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_mutual_tls_needs_a_client_certificate(tmp_path):
@@ -303,10 +294,9 @@ def test_mutual_tls_needs_a_client_certificate(tmp_path):
     root = tmp_path / "repository"
     write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
     flags = ("--grpc-use-ssl-mutual", "true", "--grpc-root-cert", cert)
-    server = start_server(
+    with running_server(
         root, tmp_path, *flags, "--grpc-server-cert", cert, "--grpc-server-key", key
-    )
-    try:
+    ) as server:
         known = grpcclient.InferenceServerClient(
             server.grpc_address,
             ssl=True,
@@ -322,8 +312,6 @@ def test_mutual_tls_needs_a_client_certificate(tmp_path):
         status, _ = _status(lambda: anonymous.is_server_live(client_timeout=5))
         assert status == "StatusCode.UNAVAILABLE"  # the handshake fails without one
         anonymous.close()
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_a_taken_grpc_port_fails_the_start(tmp_path):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.server import Server, start_server
+from tests.server import Server, running_server, start_server
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -591,12 +591,9 @@ def test_control_api_admits_by_the_peer_not_by_x_forwarded_for(tmp_path, monkeyp
     judges the TCP peer (here loopback, so admitted whatever the header claims)."""
     monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")
     write_model(tmp_path / "repository", "echo", vector_config(), ECHO)
-    server = start_server(tmp_path / "repository", tmp_path)
-    try:
+    with running_server(tmp_path / "repository", tmp_path) as server:
         claims = {"X-Forwarded-For": "203.0.113.9, 127.0.0.1"}
         index = httpx.post(f"{server.url}/v2/repository/index", headers=claims, timeout=10)
         assert index.status_code == 200, index.text
         logging = httpx.get(f"{server.url}/v2/logging", headers=claims, timeout=10)
         assert logging.status_code == 200, logging.text
-    finally:
-        assert server.stop() == 0, server.log()

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, running_server, start_server
 from tests.toy_models import ASYNC_GATHER, CRASH, ERROR, PID, PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -124,8 +124,7 @@ def test_dead_instance_fails_only_its_batch(repository, tmp_path):
     write_model(
         repository, "crash", vector_config(size=1, extra="[[instance_group]]\ncount = 2"), CRASH
     )
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         client = httpclient.InferenceServerClient(server.address)
         with pytest.raises(InferenceServerException, match=r"exited with code 3 while running"):
             _infer(client, "crash", np.full((1, 1), 666, np.float32), "FP32")
@@ -135,8 +134,6 @@ def test_dead_instance_fails_only_its_batch(repository, tmp_path):
                 _infer(client, "crash", np.ones((1, 1), np.float32), "FP32"), [[1]]
             )
         client.close()
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def _memfd_count(pid: int) -> int:
@@ -190,8 +187,7 @@ def test_model_without_batch_dimension_returns_its_whole_output(client):
 
 def test_a_killed_instance_is_replaced(repository, tmp_path):
     write_model(repository, "crash", vector_config(size=1), CRASH)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         client = httpclient.InferenceServerClient(server.address)
         (first,) = server.instance_pids()
         os.kill(first, signal.SIGKILL)
@@ -219,5 +215,3 @@ def test_a_killed_instance_is_replaced(repository, tmp_path):
                 time.sleep(0.05)
         assert client.is_model_ready("crash")
         client.close()
-    finally:
-        assert server.stop() == 0, server.log()

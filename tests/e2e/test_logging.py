@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.server import start_server
+from tests.server import running_server
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -40,30 +40,29 @@ def _wait_for(read, text: str, timeout: float = 10.0) -> str:
 
 
 def test_log_settings_change_at_run_time(models, tmp_path):
-    server = start_server(models, tmp_path)
-    try:
-        with triton.InferenceServerClient(server.address) as client:
-            assert client.get_log_settings() == DEFAULTS
-            assert "logging" in client.get_server_metadata()["extensions"]
-            # Verbose off: a reload logs no verbose line.
-            client.load_model("plus_one")
-            assert "loading plus_one (versions [1])" not in server.log()
-            changed = client.update_log_settings({"log_verbose_level": 1})
-            assert changed == dict(DEFAULTS, log_verbose_level=1)
-            client.load_model("plus_one")
-            _wait_for(server.log, "DEBUG reposerve.repository: loading plus_one (versions [1])")
-            _wait_for(server.log, "DEBUG reposerve.http: POST /v2/repository/models/plus_one/load")
-            # Errors off: a failed load no longer logs its error.
-            client.update_log_settings({"log_error": False, "log_verbose_level": 0})
-            size = len(server.log())
-            with pytest.raises(InferenceServerException):
-                client.load_model("no_such_model")
-            client.update_log_settings({"log_info": True})  # logged: a marker after it
-            log = _wait_for(server.log, "log settings changed: log_info=True")
-            assert "no_such_model" not in log[size:]
-            assert client.get_log_settings() == dict(DEFAULTS, log_error=False)
-    finally:
-        assert server.stop() == 0, server.log()
+    with (
+        running_server(models, tmp_path) as server,
+        triton.InferenceServerClient(server.address) as client,
+    ):
+        assert client.get_log_settings() == DEFAULTS
+        assert "logging" in client.get_server_metadata()["extensions"]
+        # Verbose off: a reload logs no verbose line.
+        client.load_model("plus_one")
+        assert "loading plus_one (versions [1])" not in server.log()
+        changed = client.update_log_settings({"log_verbose_level": 1})
+        assert changed == dict(DEFAULTS, log_verbose_level=1)
+        client.load_model("plus_one")
+        _wait_for(server.log, "DEBUG reposerve.repository: loading plus_one (versions [1])")
+        _wait_for(server.log, "DEBUG reposerve.http: POST /v2/repository/models/plus_one/load")
+        # Errors off: a failed load no longer logs its error.
+        client.update_log_settings({"log_error": False, "log_verbose_level": 0})
+        size = len(server.log())
+        with pytest.raises(InferenceServerException):
+            client.load_model("no_such_model")
+        client.update_log_settings({"log_info": True})  # logged: a marker after it
+        log = _wait_for(server.log, "log settings changed: log_info=True")
+        assert "no_such_model" not in log[size:]
+        assert client.get_log_settings() == dict(DEFAULTS, log_error=False)
 
 
 @pytest.mark.parametrize(
@@ -86,25 +85,23 @@ def test_bad_log_settings_are_400(bundled_server, body, error):
 
 
 def test_logging_is_a_restricted_api(models, tmp_path):
-    server = start_server(models, tmp_path, "--http-restricted-api", "logging:admin-key=s3cret")
-    try:
+    with running_server(
+        models, tmp_path, "--http-restricted-api", "logging:admin-key=s3cret"
+    ) as server:
         refused = httpx.post(f"{server.url}/v2/logging", json={"log_verbose_level": 1})
         assert refused.status_code == 403
         assert refused.json() == {"error": "This API is restricted, expecting header 'admin-key'"}
         assert httpx.get(f"{server.url}/v2/logging").status_code == 403
         allowed = httpx.get(f"{server.url}/v2/logging", headers={"admin-key": "s3cret"})
         assert allowed.json() == DEFAULTS
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_log_flags_at_start_up(models, tmp_path):
     log_file = tmp_path / "server.log"
-    server = start_server(
+    with running_server(
         models, tmp_path, "--log-file", str(log_file), "--log-verbose", "1",
         "--log-format", "ISO8601", "--log-warning", "false",
-    )  # fmt: skip
-    try:
+    ) as server:  # fmt: skip
         log = _wait_for(log_file.read_text, "ready: serving")
         assert "DEBUG reposerve.repository: loading plus_one" in log
         # ISO8601: UTC with a Z, as Triton writes it.
@@ -115,5 +112,3 @@ def test_log_flags_at_start_up(models, tmp_path):
             DEFAULTS, log_file=str(log_file), log_verbose_level=1, log_format="ISO8601",
             log_warning=False,
         )  # fmt: skip
-    finally:
-        assert server.stop() == 0, server.log()

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reposerve.metrics import render
 from reposerve.utilization import GpuUsage, Usage, open_gpu_reader
-from tests.server import REPO_ROOT, start_server
+from tests.server import REPO_ROOT, running_server, start_server
 from tests.toy_models import ERROR, PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -152,8 +152,7 @@ def test_failures_by_reason_and_latency_summaries(repository, tmp_path):
 
 def test_cpu_gauges_are_sampled(repository, tmp_path):
     write_model(repository, "plus", vector_config(size=1), PLUS_ONE)
-    server = start_server(repository, tmp_path, "--metrics-interval-ms", "100")
-    try:
+    with running_server(repository, tmp_path, "--metrics-interval-ms", "100") as server:
         meminfo = Path("/proc/meminfo").read_text().split("\n", 1)[0]  # MemTotal: N kB
         deadline = time.monotonic() + 10
         while True:
@@ -166,24 +165,19 @@ def test_cpu_gauges_are_sampled(repository, tmp_path):
         total = scrape.value("nv_cpu_memory_total_bytes")
         assert total == int(meminfo.split()[1]) * 1024
         assert 0 < scrape.value("nv_cpu_memory_used_bytes") < total
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_metrics_address_and_cpu_metrics_off(repository, tmp_path):
     write_model(repository, "plus", vector_config(size=1), PLUS_ONE)
-    server = start_server(
+    with running_server(
         repository, tmp_path, "--metrics-address", "127.0.0.2", "--allow-cpu-metrics", "false"
-    )
-    try:
+    ) as server:
         with pytest.raises(httpx.ConnectError):  # not on --http-host's 127.0.0.1
             httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics")
         response = httpx.get(f"http://127.0.0.2:{server.metrics_port}/metrics")
         families = Exposition(response.text).families
         assert "nv_inference_count" in families
         assert not any(name.startswith("nv_cpu_") for name in families)
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_gpu_gauges_per_gpu(repository, tmp_path):
@@ -193,16 +187,13 @@ def test_gpu_gauges_per_gpu(repository, tmp_path):
     uuids = {gpu.uuid for gpu in reader.read()}
     reader.close()
     write_model(repository, "plus", vector_config(size=1), PLUS_ONE)
-    server = start_server(repository, tmp_path, "--metrics-interval-ms", "100")
-    try:
+    with running_server(repository, tmp_path, "--metrics-interval-ms", "100") as server:
         time.sleep(0.5)
         scrape = _scrape(server.metrics_port)
         for uuid in uuids:
             total = scrape.value("nv_gpu_memory_total_bytes", gpu_uuid=uuid)
             assert 0 < scrape.value("nv_gpu_memory_used_bytes", gpu_uuid=uuid) <= total
             assert 0 <= scrape.value("nv_gpu_utilization", gpu_uuid=uuid) <= 1
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def _query_names(dashboard: dict) -> set[str]:
@@ -223,16 +214,15 @@ def test_the_grafana_dashboard_reads_only_names_reposerve_exports(repository, tm
     assert {"nv_inference_request_failure", "nv_inference_request_summary_us"} <= wanted
     assert {"nv_cpu_utilization", "nv_gpu_utilization", "nv_gpu_power_usage"} <= wanted
     write_model(repository, "plus", vector_config(size=1), PLUS_ONE)
-    server = start_server(repository, tmp_path, "--metrics-config", "summary_latencies=true")
-    try:
+    with running_server(
+        repository, tmp_path, "--metrics-config", "summary_latencies=true"
+    ) as server:
         response = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics")
         exported = {
             sample.name.removesuffix("_total")
             for family in text_string_to_metric_families(response.text)
             for sample in family.samples
         }
-    finally:
-        assert server.stop() == 0, server.log()
     if not any(name.startswith("nv_gpu_") for name in exported):
         # No GPU here: the GPU gauges come from the same renderer, fed one GPU's sample.
         gpu = GpuUsage("GPU-0", 0.5, 1, 1, power_w=1.0, power_limit_w=2.0, energy_j=3.0)

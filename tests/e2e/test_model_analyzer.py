@@ -21,7 +21,7 @@ import pytest
 from tests.e2e.test_perf_analyzer import _environment, _runnable
 from tests.server import REPO_ROOT, start_server
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.tool]
 
 ANALYZER = Path(
     os.environ.get("REPOSERVE_MODEL_ANALYZER", REPO_ROOT / ".venv-analyzer/bin/model-analyzer")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_faults import _metric
-from tests.server import start_server
+from tests.server import running_server
 from tests.toy_models import write_model
 
 pytestmark = pytest.mark.e2e
@@ -63,8 +63,7 @@ def test_a_model_calling_itself_without_end_fails_at_once_and_leaves_nothing(
     repository, tmp_path, code
 ):
     write_model(repository, "forever", CONFIG, code)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         front = server.process.pid
         (instance,) = server.instance_pids()
         sent = 3
@@ -85,5 +84,3 @@ def test_a_model_calling_itself_without_end_fails_at_once_and_leaves_nothing(
         assert _metric(server, "nv_inference_pending_request_count", "forever") == 0
         assert server.instance_pids() == [instance]
         assert _call_memfds(front) == held  # flat: the pooled slots served them all
-    finally:
-        assert server.stop() == 0, server.log()

@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.test_ensembles import DOUBLE, PLUS_ONE, _stats, _vector
-from tests.server import start_server
+from tests.server import running_server, start_server
 from tests.toy_models import write_model
 
 pytestmark = pytest.mark.e2e
@@ -237,8 +237,7 @@ def test_a_caller_killed_mid_call_costs_the_callees_other_requests_nothing(repos
         _vector("X", "Y").split("[dynamic_batching]")[0] + "[execution]\ntimeout_seconds = 1\n",
         IMPATIENT,
     )
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         client = httpclient.InferenceServerClient(server.address, concurrency=2)
         x = np.ones((1, 4), np.float32)
         caller = _plain(client, "impatient", x)
@@ -252,8 +251,6 @@ def test_a_caller_killed_mid_call_costs_the_callees_other_requests_nothing(repos
             if line.startswith("reposerve_instance_restart_count") and "big_slow" in line
         ]  # fmt: skip
         assert restarts and float(restarts[0].split()[-1]) == 0, restarts  # the callee stayed up
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_the_front_refuses_a_call_that_names_a_plain_file(repository, tmp_path):
@@ -266,14 +263,11 @@ def test_the_front_refuses_a_call_that_names_a_plain_file(repository, tmp_path):
         _vector("X", "Y") + f'\n[parameters]\nvictim = "{victim}"\n',
         FORGER,
     )
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         client = httpclient.InferenceServerClient(server.address)
         x = np.ones((1, 4), np.float32)
         np.testing.assert_array_equal(_plain(client, "forger", x).get_result().as_numpy("Y"), x)
         assert victim.read_text() == "keep me"
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def _plain(client, model: str, x: np.ndarray):

@@ -7,7 +7,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, running_server
 from tests.toy_models import write_model
 
 model_files = pytest.importorskip("tests.model_files", reason="the torch extra is not installed")
@@ -51,8 +51,7 @@ def test_fp16_is_converted_once_per_version_and_kept(repository, tmp_path, monke
     monkeypatch.setenv("REPOSERVE_CACHE_DIR", str(cache))
     _fp16_model(repository)
     values = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         converted = list(cache.glob("onnxruntime/half/1/*/*.onnx"))
         assert [path.name for path in converted] == ["model.fp16-keep-io-types.onnx"]
         first = converted[0].stat()
@@ -69,22 +68,17 @@ def test_fp16_is_converted_once_per_version_and_kept(repository, tmp_path, monke
         np.testing.assert_allclose(
             _infer(server, "half", values), model_files.reference(values), atol=2e-2
         )
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_an_unwritable_cache_converts_in_each_instance(repository, tmp_path, monkeypatch):
     monkeypatch.setenv("REPOSERVE_CACHE_DIR", "/dev/null/cache")  # never a folder, even as root
     _fp16_model(repository)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         values = np.ones((2, 4), np.float32)
         np.testing.assert_allclose(
             _infer(server, "half", values), model_files.reference(values), atol=2e-2
         )
         assert server.log().count("cannot keep the fp16 graph in /dev/null/cache/") == 2
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_bad_provider_options_fail_the_load_naming_the_key(repository, tmp_path):
@@ -95,8 +89,7 @@ def test_bad_provider_options_fail_the_load_naming_the_key(repository, tmp_path)
     for name, parameters in bad.items():
         write_model(repository, name, f"max_batch_size = 8\n{parameters}\n", None)
         model_files.export_onnx(repository / name / "1" / "model.onnx")
-    server = start_server(repository, tmp_path, *SERVE_BROKEN)
-    try:
+    with running_server(repository, tmp_path, *SERVE_BROKEN) as server:
         index = httpx.post(f"{server.url}/v2/repository/index").json()
         reasons = {entry["name"]: entry["reason"] for entry in index}
         # Refused as the config is read, before any instance starts (as `reposerve check`).
@@ -109,5 +102,3 @@ def test_bad_provider_options_fail_the_load_naming_the_key(repository, tmp_path)
             "wrong_type/config.toml: "
             "parameters.onnxruntime.tensorrt.trt_fp16_enable: expected bool, got str"
         )
-    finally:
-        assert server.stop() == 0, server.log()

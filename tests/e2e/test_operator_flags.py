@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from tests.server import SERVE_BROKEN, Server, start_server
+from tests.server import SERVE_BROKEN, Server, running_server
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -43,11 +43,10 @@ def test_several_repositories_serve_as_one(tmp_path):
     write_model(second, "beta", vector_config(size=1), PLUS_ONE)
     write_model(first, "twice", vector_config(size=1), PLUS_ONE)
     write_model(second, "twice", vector_config(size=1), PLUS_ONE)
-    server = start_server(
+    with running_server(
         first, tmp_path, "--model-repository", str(second), "--model-control-mode", "poll",
         "--repository-poll-secs", "0.2", *SERVE_BROKEN,
-    )  # fmt: skip
-    try:
+    ) as server:  # fmt: skip
         assert _plus_one(server, "alpha") == 2.0 and _plus_one(server, "beta") == 2.0
         entry = _index(server)["twice"]
         assert entry["state"] == "UNAVAILABLE"
@@ -65,24 +64,21 @@ def test_several_repositories_serve_as_one(tmp_path):
 
         _eventually(loaded)
         assert _plus_one(server, "twice") == 2.0
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_a_model_in_two_repositories_is_a_load_error_naming_both(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     for root in (first, second):
         write_model(root, "twice", vector_config(size=1), PLUS_ONE)
-    server = start_server(first, tmp_path, "--model-repository", str(second), *SERVE_BROKEN)
-    try:
+    with running_server(
+        first, tmp_path, "--model-repository", str(second), *SERVE_BROKEN
+    ) as server:
         response = httpx.post(f"{server.url}/v2/repository/models/twice/load")
         assert response.status_code == 400
         assert f"({first / 'twice'} and {second / 'twice'})" in response.json()["error"]
         missing = httpx.post(f"{server.url}/v2/repository/models/nowhere/load")
         assert missing.json()["error"] == f"nowhere: no such model folder in {first}, {second}"
         assert "nowhere" not in _index(server)
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_check_reads_several_repositories_as_one(tmp_path, capsys):
@@ -136,8 +132,7 @@ def test_auto_complete_off_needs_declared_tensors(tmp_path, flags):
         None,
     )
     model_files.export_onnx(declared / "1" / "model.onnx")
-    server = start_server(root, tmp_path, *flags, *SERVE_BROKEN)
-    try:
+    with running_server(root, tmp_path, *flags, *SERVE_BROKEN) as server:
         index = _index(server)
         assert index["tiny_declared"]["state"] == "READY"
         if not flags:  # auto-complete on (Triton's default): the file fills them in
@@ -149,8 +144,6 @@ def test_auto_complete_off_needs_declared_tensors(tmp_path, flags):
             "(--disable-auto-complete-config / --strict-model-config true). Hint: declare "
             "them, or let reposerve read them from the model file"
         )
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 # Each load writes "start NAME" then "end NAME" to a shared journal, and waits (up to a
@@ -185,15 +178,12 @@ def test_model_load_thread_count_bounds_parallel_loads(tmp_path, threads):
     journal = tmp_path / "journal"
     for name in ("one", "two"):
         write_model(root, name, vector_config(size=1), JOURNALED.format(journal=str(journal)))
-    server = start_server(root, tmp_path, "--model-load-thread-count", str(threads))
-    try:
+    with running_server(root, tmp_path, "--model-load-thread-count", str(threads)):
         events = [line.split()[0] for line in journal.read_text().splitlines()]
         if threads == 1:
             assert events == ["start", "end", "start", "end"]
         else:
             assert events == ["start", "start", "end", "end"]
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 WAITS_FOR_GO = """

@@ -9,7 +9,7 @@ import pytest
 
 from tools.bench.protocols import PERF_ANALYZER, perf_analyzer_environment
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.tool]
 
 BIN = PERF_ANALYZER
 _environment = perf_analyzer_environment  # Model Analyzer's test runs it in the same

@@ -24,7 +24,7 @@ from tests.server import REPO_ROOT, Server
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 from tools.bench.servers import children_of
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.tool]
 
 UNPACKED = REPO_ROOT / ".tools" / "deploy" / "bubblewrap" / "usr" / "bin" / "bwrap"
 BWRAP = str(UNPACKED) if UNPACKED.exists() else shutil.which("bwrap")

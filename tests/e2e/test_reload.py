@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.server import start_server
+from tests.server import running_server, start_server
 from tests.toy_models import vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -68,13 +68,10 @@ def test_reload_under_load_drops_nothing(repository, tmp_path):
 
 def test_failed_reload_keeps_the_old_version_serving(repository, tmp_path):
     write_model(repository, "adder", vector_config(size=1), ADD.format(amount=1))
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         write_model(repository, "adder", vector_config(size=1), "raise ImportError('broken')\n")
         response = httpx.post(f"{server.url}/v2/repository/models/adder/load", timeout=60)
         assert response.status_code == 400
         assert "ImportError: broken (the previous one keeps serving)" in response.json()["error"]
         answer = httpx.post(f"{server.url}/v2/models/adder/infer", json=BODY).json()
         assert answer["outputs"][0]["data"] == [1.0]
-    finally:
-        assert server.stop() == 0, server.log()

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.server import start_server
+from tests.server import running_server
 from tests.toy_models import write_model
 
 pytestmark = pytest.mark.e2e
@@ -73,8 +73,7 @@ def test_slot_pools_shrink_back_after_a_burst(tmp_path):
     root = tmp_path / "repository"
     write_model(root, "streamer", STREAMER_CONFIG, STREAMER)
     write_model(root, "deep", STREAMER_CONFIG, DEEP)
-    server = start_server(root, tmp_path)
-    try:
+    with running_server(root, tmp_path) as server:
         children = server.instance_pids()
         pids = {"front": server.process.pid} | {f"instance {p}": p for p in children}
 
@@ -103,8 +102,6 @@ def test_slot_pools_shrink_back_after_a_burst(tmp_path):
         grown = {name: _descriptors(pid) for name, pid in pids.items()}
         assert grown["front"] > before["front"] + 50  # the burst did grow the pools
         _settles(pids, before)
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_an_instance_that_dies_takes_its_slots_with_it(tmp_path):
@@ -112,8 +109,7 @@ def test_an_instance_that_dies_takes_its_slots_with_it(tmp_path):
     dead processes' slots (it does not wait for the old process objects to be collected)."""
     root = tmp_path / "repository"
     write_model(root, "streamer", STREAMER_CONFIG, STREAMER)
-    server = start_server(root, tmp_path)
-    try:
+    with running_server(root, tmp_path) as server:
         front = {"front": server.process.pid}
         before = {"front": _descriptors(server.process.pid)}
         for _ in range(3):
@@ -127,5 +123,3 @@ def test_an_instance_that_dies_takes_its_slots_with_it(tmp_path):
                 assert time.monotonic() < deadline, "no replacement"
                 time.sleep(0.05)
         _settles(front, before, slack=0)
-    finally:
-        assert server.stop() == 0, server.log()

@@ -24,14 +24,16 @@ def test_a_replica_leaves_not_ready_but_serving_then_exits_0(repository, tmp_pat
         repository, tmp_path, "--shutdown-grace-secs", "5", "--http-server", http_server
     )
     server.process.send_signal(signal.SIGTERM)
-    sent = time.monotonic()
     ready = _until_not_ready(server)
     assert (ready.status_code, ready.json()) == (503, {"ready": False})
     for _ in range(3):  # still served during the grace
         reply = httpx.post(f"{server.url}/v2/models/plus_one/infer", json=BODY)
         assert reply.status_code == 200, reply.text
     assert server.process.wait(30) == 0
-    assert time.monotonic() - sent >= 5.0
+    log = server.log()
+    assert "leaving: not ready, serving for 5 s more" in log
+    # The models stop after the grace, not with the signal.
+    assert log.index("leaving: not ready") < log.index("stopping: requests may finish")
     assert server.stop() == 0
 
 
@@ -47,11 +49,9 @@ def _until_not_ready(server) -> httpx.Response:
 
 def test_a_second_signal_ends_the_grace_at_once(repository, tmp_path):
     write_model(repository, "plus_one", vector_config(), PLUS_ONE)
-    server = start_server(repository, tmp_path, "--shutdown-grace-secs", "30")
+    server = start_server(repository, tmp_path, "--shutdown-grace-secs", "3600")
     server.process.send_signal(signal.SIGTERM)
     assert _until_not_ready(server).status_code == 503
-    sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
-    assert server.process.wait(20) == 0
-    assert time.monotonic() - sent < 30  # not the grace: the second signal ended it
+    assert server.process.wait(60) == 0  # not the hour's grace: the second signal ended it
     assert server.stop() == 0

@@ -25,7 +25,7 @@ from reposerve.config import parse_model_config
 from reposerve.instance.outcomes import BatchOutcome, BatchTensor
 from reposerve.instance.process import InstanceProcess
 from reposerve.instance.spec import InstanceSpec
-from tests.server import Server, start_server
+from tests.server import Server, running_server, start_server
 from tests.toy_models import write_model
 
 pytestmark = pytest.mark.e2e
@@ -463,8 +463,7 @@ def test_batched_requests_each_get_their_own_rows_of_every_response(repository, 
                     yield {"Y": inputs["X"] * 10 + step}
         """,
     )
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         client = grpcclient.InferenceServerClient(server.grpc_address)
         results = StreamResults()
         client.start_stream(callback=results.callback)
@@ -484,8 +483,6 @@ def test_batched_requests_each_get_their_own_rows_of_every_response(repository, 
         stats = httpx.get(f"{server.url}/v2/models/batched_stream/stats").json()
         (batch,) = stats["model_stats"][0]["batch_stats"]
         assert batch["batch_size"] == 4  # the four went as one batch
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_decoupled_needs_a_generator_and_a_generator_is_decoupled(repository, tmp_path):
@@ -568,8 +565,7 @@ def test_an_instance_killed_mid_stream_ends_each_of_its_streams_with_the_reason(
     gets exactly its error as the last event; the replacement serves the next stream."""
     log = tmp_path / "count.log"
     write_model(repository, "count_async", counting_config(log), COUNTING_ASYNC)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         (pid,) = server.instance_pids()
         url = f"{server.url}/v2/models/count_async/generate_stream"
         outcomes: dict[int, list[dict]] = {}
@@ -604,15 +600,12 @@ def test_an_instance_killed_mid_stream_ends_each_of_its_streams_with_the_reason(
         assert server.instance_pids() != [pid]
         with httpx.stream("POST", url, json={"COUNT": 3, "DELAY": 0.0, "SIZE": 1}) as reply:
             assert [event["OUT"] for event in _events(reply.iter_lines())] == [0, 1, 2]
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def test_an_unload_waits_for_running_streams_to_finish(repository, tmp_path):
     log = tmp_path / "count.log"
     write_model(repository, "count_sync", counting_config(log), COUNTING_SYNC)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         url = f"{server.url}/v2/models/count_sync/generate_stream"
         received: list[dict] = []
 
@@ -630,5 +623,3 @@ def test_an_unload_waits_for_running_streams_to_finish(repository, tmp_path):
         assert [event["OUT"] for event in received] == list(range(20))  # nothing cut short
         ready = httpx.get(f"{server.url}/v2/models/count_sync/ready")
         assert ready.status_code == 400
-    finally:
-        assert server.stop() == 0, server.log()

@@ -10,7 +10,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
 from tests.model_files import export_onnx
-from tests.server import start_server
+from tests.server import running_server
 from tests.toy_models import PLUS_ONE, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -69,15 +69,12 @@ def test_every_setting_parses_strictly_and_is_carried(repository, tmp_path):
     (onnx / "1").mkdir(parents=True)
     (onnx / "config.toml").write_text('backend = "onnxruntime"\nmax_batch_size = 4\n')
     export_onnx(onnx / "1" / "model.onnx")
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         for name, version in (("everything", "1"), ("everything", "2"), ("tiny_onnx", "1")):
             reply = httpx.get(f"{server.url}/v2/models/{name}/versions/{version}/config")
             assert reply.status_code == 200, reply.text
             strict_parse(reply.content)
         config = strict_parse(httpx.get(f"{server.url}/v2/models/everything/config").content)
-    finally:
-        assert server.stop() == 0, server.log()
     parameters = {key: value.string_value for key, value in config.parameters.items()}
     assert parameters == {
         "max_inflight_batches": "2",

@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, running_server, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -551,8 +551,7 @@ def test_auto_complete_config_fills_in_a_folder_without_a_config_file(tmp_path):
     (tmp_path / "completed" / "1" / "model.py").write_text(textwrap.dedent(AUTO_COMPLETE))
     # The file says 8; the model may not lower it (Triton's rule and words).
     _model(tmp_path, "contradicted", AUTO_COMPLETE, 'backend: "python"\nmax_batch_size: 8')
-    server = start_server(tmp_path, tmp_path, *SERVE_BROKEN)
-    try:
+    with running_server(tmp_path, tmp_path, *SERVE_BROKEN) as server:
         config = httpx.get(f"{server.url}/v2/models/completed/config").json()
         assert config["max_batch_size"] == 4 and "dynamic_batching" in config
         assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
@@ -568,8 +567,6 @@ def test_auto_complete_config_fills_in_a_folder_without_a_config_file(tmp_path):
             "configuration specified max_batch_size 8, but in auto-complete-config function "
             "for model 'contradicted' specified max_batch_size 4"
         ) in index["contradicted"]["reason"]
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 CUSTOM_METRICS = """
@@ -599,8 +596,7 @@ CUSTOM_METRICS = """
 
 def test_a_models_own_metrics_are_scraped_beside_reposerves(tmp_path):
     _model(tmp_path, "metered", CUSTOM_METRICS, SENDERS_PBTXT)
-    server = start_server(tmp_path, tmp_path)
-    try:
+    with running_server(tmp_path, tmp_path) as server:
         client = httpclient.InferenceServerClient(server.address)
         for value in (0.25, 2.0, 30.0):
             tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
@@ -619,8 +615,6 @@ def test_a_models_own_metrics_are_scraped_beside_reposerves(tmp_path):
             "input_sum_sum 64.5",
         ]:
             assert line in text.splitlines(), line
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 # Waits until its request is cancelled (checking without sending anything), then records
@@ -672,8 +666,7 @@ def test_a_model_sees_its_request_cancelled_while_it_runs(tmp_path):
         )
         code = WATCHES_CANCEL.format(record=str(records), decoupled=decoupled)
         _model(tmp_path / "repository", name, code, pbtxt)
-    server = start_server(tmp_path / "repository", tmp_path)
-    try:
+    with running_server(tmp_path / "repository", tmp_path) as server:
         tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
         answers = []
@@ -689,8 +682,6 @@ def test_a_model_sees_its_request_cancelled_while_it_runs(tmp_path):
         _wait_for(lambda: all(path.exists() for path in ended))
         assert (records / "plain").read_text() == "True"
         assert (records / "decoupled").read_text() == "True"
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 def _wait_for(condition, timeout: float = 30.0) -> None:
@@ -780,22 +771,21 @@ TIMED_PBTXT = """
 def test_bls_requests_carry_parameters_and_a_timeout(tmp_path):
     _model(tmp_path, "bls_parameters", BLS_PARAMETERS, BLS_PARAMETERS_PBTXT)
     _model(tmp_path, "timed", TIMED, TIMED_PBTXT)
-    server = start_server(tmp_path, tmp_path)
-    try:
-        with grpcclient.InferenceServerClient(server.grpc_address) as client:
-            steps = grpcclient.InferInput("STEPS", [1], "UINT8")
-            steps.set_data_from_numpy(np.array([3], np.uint8))
-            result = client.infer("bls_parameters", [steps], parameters={"from_client": "yes"})
-            aggregated = json.loads(result.as_numpy("AGGREGATED")[0])
-            assert aggregated == {"from_client": "yes", "step_3": 3, "step_2": 2, "step_1": 1}
-            assert result.get_response().parameters["depth"].int64_param == 3
+    with (
+        running_server(tmp_path, tmp_path) as server,
+        grpcclient.InferenceServerClient(server.grpc_address) as client,
+    ):
+        steps = grpcclient.InferInput("STEPS", [1], "UINT8")
+        steps.set_data_from_numpy(np.array([3], np.uint8))
+        result = client.infer("bls_parameters", [steps], parameters={"from_client": "yes"})
+        aggregated = json.loads(result.as_numpy("AGGREGATED")[0])
+        assert aggregated == {"from_client": "yes", "step_3": 3, "step_2": 2, "step_1": 1}
+        assert result.get_response().parameters["depth"].int64_param == 3
 
-            call = grpcclient.InferInput("CALL", [1], "UINT8")
-            call.set_data_from_numpy(np.array([1], np.uint8))
-            result = client.infer("timed", [call])
-            assert result.as_numpy("AGGREGATED")[0] == b"100000"  # µs, as the model gave it
-    finally:
-        assert server.stop() == 0, server.log()
+        call = grpcclient.InferInput("CALL", [1], "UINT8")
+        call.set_data_from_numpy(np.array([1], np.uint8))
+        result = client.infer("timed", [call])
+        assert result.as_numpy("AGGREGATED")[0] == b"100000"  # µs, as the model gave it
 
 
 # Triton's bls_model_loading pattern: a model loads, checks and unloads another.
@@ -837,8 +827,7 @@ def test_a_model_loads_checks_and_unloads_another(tmp_path):
     (tmp_path / "target" / "2").mkdir()
     (tmp_path / "target" / "2" / "model.py").write_text(textwrap.dedent(BLS_PARAMETERS))
     explicit = ("--model-control-mode", "explicit", "--load-model", "controller")
-    server = start_server(tmp_path, tmp_path, *explicit)
-    try:
+    with running_server(tmp_path, tmp_path, *explicit) as server:
         client = httpclient.InferenceServerClient(server.address)
         steps = httpclient.InferInput("STEPS", [1], "UINT8")
         steps.set_data_from_numpy(np.array([0], np.uint8))
@@ -846,8 +835,6 @@ def test_a_model_loads_checks_and_unloads_another(tmp_path):
         assert seen[:3] == [False, True, True]  # the newest version, 2
         assert seen[3].startswith("refused: ")
         assert seen[4:] == [True, False, False, False]  # version 1 by the config; unloaded
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 BLS_IN_INITIALIZE = """
@@ -929,8 +916,7 @@ def test_triton_model_folders_fail_and_load_as_triton_says(tmp_path):
 
 def test_a_model_loads_from_its_files_alone_and_bad_names_are_refused(tmp_path):
     (tmp_path / "repository").mkdir()
-    server = start_server(tmp_path / "repository", tmp_path)
-    try:
+    with running_server(tmp_path / "repository", tmp_path) as server:
         code = textwrap.dedent(SENDERS)
         for name, status in [("TestModel123", 200), ("model;test", 400), ("model{test}", 400)]:
             config = {
@@ -957,8 +943,6 @@ def test_a_model_loads_from_its_files_alone_and_bad_names_are_refused(tmp_path):
         tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
         assert client.infer("TestModel123", [tensor]).as_numpy("TWICE").tolist() == [[2, 2]]
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 LOGS = """
@@ -978,8 +962,7 @@ LOGS = """
 
 def test_model_log_lines_follow_the_servers_log_settings(tmp_path):
     _model(tmp_path, "logs", LOGS, SENDERS_PBTXT.replace('"TWICE"', '"INPUT0"'))
-    server = start_server(tmp_path, tmp_path, "--log-verbose", "1")
-    try:
+    with running_server(tmp_path, tmp_path, "--log-verbose", "1") as server:
         client = httpclient.InferenceServerClient(server.address)
         tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
@@ -993,8 +976,6 @@ def test_model_log_lines_follow_the_servers_log_settings(tmp_path):
         assert "reposerve.model.logs: Verbose Msg!" in log  # --log-verbose 1 lets it out
         for line in ("Info Msg!", "Warning Msg!", "Verbose Msg!"):
             assert log.count(line) == 1, line  # not after the settings turned them off
-    finally:
-        assert server.stop() == 0, server.log()
 
 
 # A decoupled model that sends its last response with the FINAL flag (Triton's

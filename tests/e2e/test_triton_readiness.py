@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server import start_server
+from tests.server import running_server, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -228,8 +228,9 @@ def test_on_request_restart_keeps_a_dead_instance_down_until_a_request_comes(tmp
     folder = tmp_path / "repository" / "identity"
     (folder / "config.pbtxt").write_text(textwrap.dedent(IDENTITY_PBTXT))
     (folder / "1" / "model.py").write_text(textwrap.dedent(IDENTITY))
-    server = start_server(tmp_path / "repository", tmp_path, "--instance-restart", "on-request")
-    try:
+    with running_server(
+        tmp_path / "repository", tmp_path, "--instance-restart", "on-request"
+    ) as server:
         http = httpclient.InferenceServerClient(server.address)
         grpc = grpcclient.InferenceServerClient(server.grpc_address)
         (stub,) = server.instance_pids()
@@ -242,8 +243,6 @@ def test_on_request_restart_keeps_a_dead_instance_down_until_a_request_comes(tmp
         assert "Stub process 'identity_0_0' is not healthy." in str(failed.value)
         np.testing.assert_array_equal(_identity(server), np.ones((1, 2), np.float32))
         assert http.is_model_ready("identity") and grpc.is_model_ready("identity")
-    finally:
-        assert server.stop() == 0, server.log()
     log = server.log()
     said = "Model 'identity' version 1 is not ready: Stub process 'identity_0_0' is not healthy."
     assert log.count(said) >= 2, log
@@ -254,13 +253,10 @@ def test_by_default_a_dead_instance_is_replaced_without_waiting_for_a_request(tm
     folder = tmp_path / "repository" / "identity"
     (folder / "config.pbtxt").write_text(textwrap.dedent(IDENTITY_PBTXT))
     (folder / "1" / "model.py").write_text(textwrap.dedent(IDENTITY))
-    server = start_server(tmp_path / "repository", tmp_path)
-    try:
+    with running_server(tmp_path / "repository", tmp_path) as server:
         (stub,) = server.instance_pids()
         os.kill(stub, signal.SIGKILL)
         _until(lambda: server.instance_pids() not in ([], [stub]), "no replacement was started")
         http = httpclient.InferenceServerClient(server.address)
         _until(lambda: http.is_model_ready("identity"), "the replacement never got ready")
         np.testing.assert_array_equal(_identity(server), np.ones((1, 2), np.float32))
-    finally:
-        assert server.stop() == 0, server.log()

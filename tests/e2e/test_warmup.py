@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.server import start_server
+from tests.server import running_server
 from tests.toy_models import RECORDS, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -34,8 +34,7 @@ def _executed(folder) -> list[tuple[int, int]]:
 
 def test_every_instance_and_every_replacement_is_warmed_before_it_serves(repository, tmp_path):
     folder = write_model(repository, "warm", vector_config(size=2, extra=WARMUPS), RECORDS)
-    server = start_server(repository, tmp_path)
-    try:
+    with running_server(repository, tmp_path) as server:
         pids = sorted(server.instance_pids())
         assert len(pids) == 3
         ran = _executed(folder)
@@ -63,5 +62,3 @@ def test_every_instance_and_every_replacement_is_warmed_before_it_serves(reposit
             assert httpx.post(f"{server.url}/v2/models/warm/infer", json=body).status_code == 200
         served = [size for pid, size in _executed(folder) if pid == replacement]
         assert served[: len(sizes)] == sizes  # its warmup came before anything it served
-    finally:
-        assert server.stop() == 0, server.log()

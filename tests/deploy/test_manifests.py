@@ -33,7 +33,7 @@ from tests.manifests import (
     with_shared_repository,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.tool
 
 RENDERERS = kustomize_commands()
 ADAPTER_VALUES = DEPLOY / "k8s" / "prometheus-adapter" / "values.yaml"

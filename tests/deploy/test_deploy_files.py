@@ -13,8 +13,6 @@ import pytest
 
 from tests.server import REPO_ROOT
 
-pytestmark = pytest.mark.unit
-
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 
 
@@ -25,6 +23,7 @@ def _hadolint() -> str:
     return found
 
 
+@pytest.mark.tool
 def test_the_dockerfile_lints_clean():
     result = subprocess.run(
         [_hadolint(), "--failure-threshold", "info", str(DOCKERFILE)],
@@ -34,6 +33,7 @@ def test_the_dockerfile_lints_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.unit
 def test_the_image_runs_unprivileged_with_the_repository_at_kserves_mount_point():
     text = DOCKERFILE.read_text()
     stages = re.split(r"^FROM ", text, flags=re.MULTILINE)[1:]
