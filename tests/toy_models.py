@@ -38,6 +38,43 @@ def vector_config(
     """
 
 
+def vector_body(first: float, size: int = 4) -> dict:
+    """A V2 JSON request for a ``vector_config`` model: one item, [first, 1, 2, ...]."""
+    data = [first] + [float(i) for i in range(1, size)]
+    return {"inputs": [{"name": "INPUT", "shape": [1, size], "datatype": "FP32", "data": data}]}
+
+
+# Every reposerve setting Triton's schema has no field for, and some of each kind that it has.
+EVERY_SETTING = "version_policy = { all = true }\n" + vector_config(
+    extra="""
+    [[instance_group]]
+    kind = "cpu"
+    count = 2
+    cpus = [0]
+    [dynamic_batching]
+    preferred_batch_size = [2, 4]
+    max_queue_delay_microseconds = 300
+    max_queue_size = 9
+    default_timeout_microseconds = 5000000
+    priority_levels = 2
+    default_priority_level = 1
+    [optimization]
+    precision = "fp16"
+    [execution]
+    timeout_seconds = 30.5
+    isolate_failures = false
+    [[warmup]]
+    batch_size = 2
+    inputs = { INPUT = "random" }
+    [parameters]
+    max_inflight_batches = 2
+    note = "3"
+    label = "plain text"
+    table = { a = 1, b = [true, "x"] }
+    """
+)
+
+
 def ensemble_head(max_batch: int) -> str:
     """An ensemble's config.toml before its [[step]]s: FP32 [4] from IN to OUT."""
     return f"""
@@ -58,6 +95,31 @@ PLUS_ONE = """
     class Model:
         def execute(self, inputs):
             return {"OUTPUT": inputs["INPUT"] + 1}
+"""
+
+# Steps that ensembles chain and models call: FP32 [4] from X to Y, batched within 20 ms.
+XY_CONFIG = """
+    max_batch_size = 16
+    [[input]]
+    name = "X"
+    datatype = "FP32"
+    shape = [4]
+    [[output]]
+    name = "Y"
+    datatype = "FP32"
+    shape = [4]
+    [dynamic_batching]
+    max_queue_delay_microseconds = 20000
+"""
+XY_PLUS_ONE = """
+    class Model:
+        def execute(self, inputs):
+            return {"Y": inputs["X"] + 1}
+"""
+XY_DOUBLE = """
+    class Model:
+        def execute(self, inputs):
+            return {"Y": inputs["X"] * 2}
 """
 
 # Reports the pid of the instance that ran each item, to see requests spread.

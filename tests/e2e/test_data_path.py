@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.e2e.test_faults import _body, _metric, _wait_for
+from tests.probes import metric, wait_for
 from tests.server import running_server
-from tests.toy_models import STAGING_PROBE, vector_config, write_model
+from tests.toy_models import STAGING_PROBE, vector_body, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
 
@@ -25,11 +25,11 @@ def test_the_next_batch_reaches_a_busy_instance_only_when_staging_is_on(
     with running_server(repository, tmp_path) as server:
         url = f"{server.url}/v2/models/probe/infer"
         with ThreadPoolExecutor(2) as pool:
-            running = pool.submit(httpx.post, url, json=_body(1), timeout=60)
-            _wait_for((folder / "1" / "RUNNING").exists, what="the first batch to run")
-            following = pool.submit(httpx.post, url, json=_body(2), timeout=60)
-            _wait_for(
-                lambda: _metric(server, "nv_inference_pending_request_count", "probe") == 1,
+            running = pool.submit(httpx.post, url, json=vector_body(1), timeout=60)
+            wait_for((folder / "1" / "RUNNING").exists, what="the first batch to run")
+            following = pool.submit(httpx.post, url, json=vector_body(2), timeout=60)
+            wait_for(
+                lambda: metric(server, "nv_inference_pending_request_count", "probe") == 1,
                 what="the second request to be accepted",
             )
             time.sleep(0.1)  # time enough for a staged frame to cross the socket
@@ -38,4 +38,4 @@ def test_the_next_batch_reaches_a_busy_instance_only_when_staging_is_on(
         assert first.status_code == 200 and second.status_code == 200
         assert first.json()["outputs"][0]["data"] == [staged] * 4
         assert second.json()["outputs"][0]["data"] == [2.0, 1.0, 2.0, 3.0]
-        assert _metric(server, "nv_inference_pending_request_count", "probe") == 0
+        assert metric(server, "nv_inference_pending_request_count", "probe") == 0

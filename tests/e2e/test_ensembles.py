@@ -13,39 +13,13 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.probes import stats
 from tests.server import SERVE_BROKEN, running_server, start_server
-from tests.toy_models import ensemble_head, write_model
+from tests.toy_models import XY_CONFIG, XY_DOUBLE, XY_PLUS_ONE, ensemble_head, write_model
 
 pytestmark = pytest.mark.e2e
 
 
-def _vector(name_in: str, name_out: str, extra: str = "") -> str:
-    return f"""
-        max_batch_size = 16
-        [[input]]
-        name = "{name_in}"
-        datatype = "FP32"
-        shape = [4]
-        [[output]]
-        name = "{name_out}"
-        datatype = "FP32"
-        shape = [4]
-        [dynamic_batching]
-        max_queue_delay_microseconds = 20000
-        {extra}
-    """
-
-
-PLUS_ONE = """
-    class Model:
-        def execute(self, inputs):
-            return {"Y": inputs["X"] + 1}
-"""
-DOUBLE = """
-    class Model:
-        def execute(self, inputs):
-            return {"Y": inputs["X"] * 2}
-"""
 JOIN = """
     class Model:
         def execute(self, inputs):
@@ -90,8 +64,8 @@ DIAMOND = (
 
 
 def _write_diamond(repository) -> None:
-    write_model(repository, "plus_one", _vector("X", "Y"), PLUS_ONE)
-    write_model(repository, "double", _vector("X", "Y"), DOUBLE)
+    write_model(repository, "plus_one", XY_CONFIG, XY_PLUS_ONE)
+    write_model(repository, "double", XY_CONFIG, XY_DOUBLE)
     write_model(repository, "join", JOIN_CONFIG, JOIN)
     write_model(repository, "diamond", DIAMOND, None)
 
@@ -100,10 +74,6 @@ def _infer(client, model: str, values: np.ndarray, name: str = "IN", out: str = 
     tensor = httpclient.InferInput(name, list(values.shape), "FP32")
     tensor.set_data_from_numpy(values)
     return client.infer(model, [tensor]).as_numpy(out)
-
-
-def _stats(server, model: str) -> dict:
-    return httpx.get(f"{server.url}/v2/models/{model}/stats").json()["model_stats"][0]
 
 
 @pytest.fixture
@@ -131,7 +101,7 @@ def test_a_diamond_gives_what_its_models_give_by_hand_and_batches_its_steps(diam
         "join", "plus_one", "double",
     ]  # fmt: skip
 
-    before = _stats(diamond_server, "join")
+    before = stats(diamond_server, "join")
     requests = [np.full((1, 4), index, np.float32) for index in range(32)]
     calls = []
     for x in requests:
@@ -140,14 +110,14 @@ def test_a_diamond_gives_what_its_models_give_by_hand_and_batches_its_steps(diam
         calls.append(client.async_infer("diamond", [tensor]))
     for x, call in zip(requests, calls, strict=True):
         np.testing.assert_array_equal(call.get_result().as_numpy("OUT"), (x + 1) + x * 2)
-    join = _stats(diamond_server, "join")
+    join = stats(diamond_server, "join")
     served = join["inference_count"] - before["inference_count"]
     executions = join["execution_count"] - before["execution_count"]
     assert served == 32 and executions < 32  # ensemble calls shared batches at the join
-    ensemble = _stats(diamond_server, "diamond")
+    ensemble = stats(diamond_server, "diamond")
     assert ensemble["inference_stats"]["success"]["count"] == 33
     for step in ("plus_one", "double"):
-        assert _stats(diamond_server, step)["inference_stats"]["success"]["count"] == 34
+        assert stats(diamond_server, step)["inference_stats"]["success"]["count"] == 34
     metrics = httpx.get(f"http://127.0.0.1:{diamond_server.metrics_port}/metrics").text
     assert 'nv_inference_request_success{model="diamond",version="1"} 33' in metrics
 
@@ -171,7 +141,7 @@ def test_a_step_reloaded_under_load_fails_no_ensemble_request(diamond_server, re
         thread.start()
     try:
         for _ in range(2):
-            (repository / "double" / "1" / "model.py").write_text(textwrap.dedent(DOUBLE))
+            (repository / "double" / "1" / "model.py").write_text(textwrap.dedent(XY_DOUBLE))
             reply = httpx.post(f"{diamond_server.url}/v2/repository/models/double/load")
             assert reply.status_code == 200, reply.text
     finally:
@@ -246,10 +216,10 @@ def test_an_ensemble_that_does_not_fit_its_steps_fails_to_load_naming_them(
     write_model(
         repository,
         "as_int",
-        _vector("X", "Y").replace("FP32", "INT32"),
+        XY_CONFIG.replace("FP32", "INT32"),
         "class Model:\n    def execute(self, inputs):\n        return {'Y': inputs['X']}\n",
     )
-    write_model(repository, "small", _vector("X", "Y").replace("= 16", "= 2"), PLUS_ONE)
+    write_model(repository, "small", XY_CONFIG.replace("= 16", "= 2"), XY_PLUS_ONE)
     write_model(repository, "bad", ENSEMBLE_HEAD + steps, None)
     with running_server(repository, tmp_path, *SERVE_BROKEN) as server:
         index = {e["name"]: e for e in httpx.post(f"{server.url}/v2/repository/index").json()}

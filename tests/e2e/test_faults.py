@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from tests.probes import metric, stats, wait_for
 from tests.server import REPO_ROOT, Server, running_server, start_server
 from tests.toy_models import (
     CRASH_LOOP,
@@ -28,6 +27,7 @@ from tests.toy_models import (
     PLUS_ONE,
     SLOW_RESTART,
     SLOW_TEARDOWN,
+    vector_body,
     vector_config,
     write_model,
 )
@@ -41,35 +41,10 @@ BATCH_OF_8 = """
 """
 
 
-def _body(first: float, size: int = 4) -> dict:
-    data = [first] + [float(i) for i in range(1, size)]
-    return {"inputs": [{"name": "INPUT", "shape": [1, size], "datatype": "FP32", "data": data}]}
-
-
 def _post_all(url: str, bodies: list[dict], timeout: float = 60) -> list[httpx.Response]:
     """Send every body at once, each on its own connection; every response, in order."""
     with ThreadPoolExecutor(len(bodies)) as pool:
         return list(pool.map(lambda body: httpx.post(url, json=body, timeout=timeout), bodies))
-
-
-def _stats(server: Server, model: str) -> dict:
-    return httpx.get(f"{server.url}/v2/models/{model}/stats").json()["model_stats"][0]
-
-
-def _metric(server: Server, name: str, model: str) -> float:
-    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if family.name == name and sample.labels.get("model") == model:
-                return sample.value
-    raise AssertionError(f"no {name} for {model}")
-
-
-def _wait_for(condition, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 # -- a bad item in a batch ---------------------------------------------------------------
@@ -94,9 +69,11 @@ def picky_server(tmp_path_factory):
 def test_one_bad_item_fails_alone_and_the_seven_others_get_exact_results(
     picky_server, bad, status, message
 ):
-    before = _stats(picky_server, "picky")["isolation_stats"]
+    before = stats(picky_server, "picky")["isolation_stats"]
     firsts = [float(bad) if i == 5 else float(10 * i) for i in range(8)]
-    responses = _post_all(f"{picky_server.url}/v2/models/picky/infer", [_body(f) for f in firsts])
+    responses = _post_all(
+        f"{picky_server.url}/v2/models/picky/infer", [vector_body(f) for f in firsts]
+    )
     assert len(responses) == 8
     for i, (first, response) in enumerate(zip(firsts, responses, strict=True)):
         if i == 5:
@@ -108,12 +85,12 @@ def test_one_bad_item_fails_alone_and_the_seven_others_get_exact_results(
         else:
             assert response.status_code == 200, response.text
             assert response.json()["outputs"][0]["data"] == [first + 1, 2.0, 3.0, 4.0]
-    after = _stats(picky_server, "picky")
+    after = stats(picky_server, "picky")
     # They were one batch of eight, which failed and was isolated: 8 -> 4 -> 2 -> 1.
     assert after["isolation_stats"]["batches"] == before["batches"] + 1
     assert after["isolation_stats"]["failed_requests"] == before["failed_requests"] + 1
     assert after["isolation_stats"]["executions"] == before["executions"] + 6
-    assert _metric(picky_server, "reposerve_isolated_batch_count", "picky") >= 1
+    assert metric(picky_server, "reposerve_isolated_batch_count", "picky") >= 1
 
 
 def test_tritonclient_sees_the_bad_input_as_a_400(picky_server):
@@ -137,10 +114,12 @@ def test_a_hung_execute_past_its_timeout_fails_alone_and_the_queue_is_served(rep
         url = f"{server.url}/v2/models/hangs/infer"
         (first_pid,) = server.instance_pids()
         with ThreadPoolExecutor(4) as pool:
-            hung = pool.submit(httpx.post, url, json=_body(13), timeout=60)
+            hung = pool.submit(httpx.post, url, json=vector_body(13), timeout=60)
             # The hung one holds the only instance; these queue behind it.
-            _wait_for((folder / "1" / "HANGING").exists, what="the model to hang")
-            queued = [pool.submit(httpx.post, url, json=_body(i), timeout=60) for i in (1, 2, 3)]
+            wait_for((folder / "1" / "HANGING").exists, what="the model to hang")
+            queued = [
+                pool.submit(httpx.post, url, json=vector_body(i), timeout=60) for i in (1, 2, 3)
+            ]
             answers = [hung.result(), *(f.result() for f in queued)]
         assert answers[0].status_code == 500
         assert answers[0].json() == {
@@ -152,13 +131,13 @@ def test_a_hung_execute_past_its_timeout_fails_alone_and_the_queue_is_served(rep
             assert response.json()["outputs"][0]["data"][0] == first
         (second_pid,) = server.instance_pids()
         assert second_pid != first_pid
-        assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
+        assert metric(server, "nv_inference_pending_request_count", "hangs") == 0
         # Kills for hung requests are no crash loop (5 deaths would be): it keeps restarting.
         for _ in range(4):
-            hung = httpx.post(url, json=_body(13), timeout=60)
+            hung = httpx.post(url, json=vector_body(13), timeout=60)
             assert hung.status_code == 500 and "execution.timeout_seconds" in hung.text
-            _wait_for(lambda: httpx.get(f"{server.url}/v2/models/hangs/ready").status_code == 200)
-        assert httpx.post(url, json=_body(5)).json()["outputs"][0]["data"][0] == 5
+            wait_for(lambda: httpx.get(f"{server.url}/v2/models/hangs/ready").status_code == 200)
+        assert httpx.post(url, json=vector_body(5)).json()["outputs"][0]["data"][0] == 5
 
 
 # -- device errors -----------------------------------------------------------------------
@@ -171,12 +150,12 @@ def test_a_cuda_error_replaces_its_instance_and_out_of_memory_does_not(repositor
     url = f"{server.url}/v2/models/device/infer"
     try:
         pids = set(server.instance_pids())
-        oom = httpx.post(url, json=_body(-8))
+        oom = httpx.post(url, json=vector_body(-8))
         assert oom.status_code == 500
         assert "OutOfMemoryError: CUDA out of memory" in oom.json()["error"]
         assert set(server.instance_pids()) == pids  # out of memory: it carries on
         for _ in range(6):  # past the crash loop's 5: each was one batch's fault
-            poisoned = httpx.post(url, json=_body(-7), timeout=60)
+            poisoned = httpx.post(url, json=vector_body(-7), timeout=60)
             assert poisoned.status_code == 500
             error = poisoned.json()["error"]
             assert error.startswith(
@@ -184,10 +163,10 @@ def test_a_cuda_error_replaces_its_instance_and_out_of_memory_does_not(repositor
             )
             assert error.endswith("the instance is being replaced)")
             # The poisoned instance takes nothing more: 20 requests at once right after.
-            answers = _post_all(url, [_body(i) for i in range(20)])
+            answers = _post_all(url, [vector_body(i) for i in range(20)])
             assert [response.status_code for response in answers] == [200] * 20
             answered_by = {int(r.json()["outputs"][0]["data"][0]) for r in answers}
-            _wait_for(
+            wait_for(
                 lambda old=pids: len(set(server.instance_pids()) - old) == 1, what="a replacement"
             )
             now = set(server.instance_pids())
@@ -196,8 +175,8 @@ def test_a_cuda_error_replaces_its_instance_and_out_of_memory_does_not(repositor
             assert dead not in answered_by
             pids = now
             # Both serve again before the next round (rotation alternates between them).
-            _wait_for(lambda new=replacement: _answered_by(url) == new, what="the replacement")
-        assert _metric(server, "reposerve_instance_restart_count", "device") == 6
+            wait_for(lambda new=replacement: _answered_by(url) == new, what="the replacement")
+        assert metric(server, "reposerve_instance_restart_count", "device") == 6
     finally:
         assert server.stop() == 0, server.log()
 
@@ -211,26 +190,28 @@ def test_a_slow_teardown_does_not_stall_other_clients(repository, tmp_path):
             unload = pool.submit(
                 httpx.post, f"{server.url}/v2/repository/models/slow_exit/unload", timeout=90
             )
-            _wait_for((folder / "1" / "TEARDOWN").exists, what="the teardown to begin")
+            wait_for((folder / "1" / "TEARDOWN").exists, what="the teardown to begin")
             # The teardown lasts until GO: everyone else is served meanwhile.
             for _ in range(10):
-                assert httpx.post(url, json=_body(1), timeout=30).status_code == 200
+                assert httpx.post(url, json=vector_body(1), timeout=30).status_code == 200
             assert not unload.done()  # the unload waits for the teardown
             (folder / "1" / "GO").touch()
             assert unload.result().status_code == 200
 
 
 def _answered_by(url: str) -> int:
-    return int(httpx.post(url, json=_body(1)).json()["outputs"][0]["data"][0])
+    return int(httpx.post(url, json=vector_body(1)).json()["outputs"][0]["data"][0])
 
 
 def _hung_with_queue(server: Server, folder: Path, pool: ThreadPoolExecutor, queued: int = 4):
     url = f"{server.url}/v2/models/hangs/infer"
-    futures = [pool.submit(httpx.post, url, json=_body(13), timeout=60)]
-    _wait_for((folder / "1" / "HANGING").exists, what="the model to hang")
-    futures += [pool.submit(httpx.post, url, json=_body(i), timeout=60) for i in range(queued)]
-    _wait_for(
-        lambda: _metric(server, "nv_inference_pending_request_count", "hangs") == queued,
+    futures = [pool.submit(httpx.post, url, json=vector_body(13), timeout=60)]
+    wait_for((folder / "1" / "HANGING").exists, what="the model to hang")
+    futures += [
+        pool.submit(httpx.post, url, json=vector_body(i), timeout=60) for i in range(queued)
+    ]
+    wait_for(
+        lambda: metric(server, "nv_inference_pending_request_count", "hangs") == queued,
         what="requests queued behind the hung one",
     )
     return futures
@@ -263,9 +244,9 @@ def test_unloading_a_hung_model_answers_every_request_within_the_budget(reposito
                 "error": "model 'hangs' version 1 was unloaded before this request finished "
                 "(the unload budget, --exit-timeout-secs, ran out)"
             }
-        assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
+        assert metric(server, "nv_inference_pending_request_count", "hangs") == 0
         assert server.instance_pids() == []
-        after = httpx.post(f"{server.url}/v2/models/hangs/infer", json=_body(1))
+        after = httpx.post(f"{server.url}/v2/models/hangs/infer", json=vector_body(1))
         assert after.status_code == 404
         assert after.json()["error"] == (
             "Request for unknown model: 'hangs' has no available versions (UNAVAILABLE): unloaded"
@@ -287,9 +268,9 @@ def test_reloading_a_hung_model_answers_the_old_queue_and_serves_the_new(reposit
         for response in answers:
             assert response.status_code == 503
             assert "was unloaded before this request finished" in response.json()["error"]
-        served = httpx.post(f"{server.url}/v2/models/hangs/infer", json=_body(13))
+        served = httpx.post(f"{server.url}/v2/models/hangs/infer", json=vector_body(13))
         assert served.json()["outputs"][0]["data"][0] == 14  # the new code, + 1
-        assert _metric(server, "nv_inference_pending_request_count", "hangs") == 0
+        assert metric(server, "nv_inference_pending_request_count", "hangs") == 0
     finally:
         assert server.stop() == 0, server.log()
 
@@ -300,13 +281,13 @@ def test_unload_while_the_only_instance_restarts_answers_the_queue_at_once(repos
         (folder / "1" / "SLOW_LOAD").touch()
         url = f"{server.url}/v2/models/slow/infer"
         with ThreadPoolExecutor(4) as pool:
-            dying = pool.submit(httpx.post, url, json=_body(666, size=1), timeout=60)
-            _wait_for((folder / "1" / "DYING").exists, what="the instance to start dying")
-            queued = [pool.submit(httpx.post, url, json=_body(1, size=1), timeout=60)]
-            queued.append(pool.submit(httpx.post, url, json=_body(2, size=1), timeout=60))
-            _wait_for(lambda: _metric(server, "nv_inference_pending_request_count", "slow") == 2)
+            dying = pool.submit(httpx.post, url, json=vector_body(666, size=1), timeout=60)
+            wait_for((folder / "1" / "DYING").exists, what="the instance to start dying")
+            queued = [pool.submit(httpx.post, url, json=vector_body(1, size=1), timeout=60)]
+            queued.append(pool.submit(httpx.post, url, json=vector_body(2, size=1), timeout=60))
+            wait_for(lambda: metric(server, "nv_inference_pending_request_count", "slow") == 2)
             assert "exited with code 3" in dying.result().text
-            _wait_for(lambda: httpx.get(f"{url[:-6]}/ready").status_code == 400)
+            wait_for(lambda: httpx.get(f"{url[:-6]}/ready").status_code == 400)
             unload = httpx.post(f"{server.url}/v2/repository/models/slow/unload", timeout=60)
             answers = [future.result() for future in queued]
         assert unload.status_code == 200
@@ -346,10 +327,10 @@ def test_a_crash_loop_ends_unavailable_with_its_reason(repository, tmp_path):
         client = httpclient.InferenceServerClient(server.address)
         assert client.is_server_ready() and client.is_model_ready("loops")
         (folder / "1" / "CRASH_ON_LOAD").touch()
-        killing = httpx.post(f"{server.url}/v2/models/loops/infer", json=_body(666, size=1))
+        killing = httpx.post(f"{server.url}/v2/models/loops/infer", json=vector_body(666, size=1))
         assert killing.status_code == 500 and "exited with code 3" in killing.text
         # Restarting: not ready while no instance lives, and the server is not either.
-        _wait_for(lambda: not client.is_model_ready("loops"), what="model not ready")
+        wait_for(lambda: not client.is_model_ready("loops"), what="model not ready")
         reason = (
             "instance 0 died 5 times within 60 s (last: model 'loops' version 1 instance 0 "
             "(cpu): exited with code 4 while loading (Stub process 'loops_0_0' is not "
@@ -361,17 +342,17 @@ def test_a_crash_loop_ends_unavailable_with_its_reason(repository, tmp_path):
             index.update({e["name"]: e for e in client.get_model_repository_index()})
             return index["loops"]["state"] == "UNAVAILABLE"
 
-        _wait_for(given_up, what="the crash loop to end")
+        wait_for(given_up, what="the crash loop to end")
         assert index["loops"]["reason"] == reason
         assert not client.is_model_ready("loops")
         assert not client.is_server_ready()  # --strict-readiness, Triton's default
-        assert _metric(server, "reposerve_model_ready", "loops") == 0
-        assert _metric(server, "reposerve_model_ready", "steady") == 1
-        assert _metric(server, "reposerve_instance_restart_count", "loops") == 5
+        assert metric(server, "reposerve_model_ready", "loops") == 0
+        assert metric(server, "reposerve_model_ready", "steady") == 1
+        assert metric(server, "reposerve_instance_restart_count", "loops") == 5
         assert reason in server.log()
-        gone = httpx.post(f"{server.url}/v2/models/loops/infer", json=_body(1, size=1))
+        gone = httpx.post(f"{server.url}/v2/models/loops/infer", json=vector_body(1, size=1))
         assert gone.status_code == 404 and reason in gone.json()["error"]
-        steady = httpx.post(f"{server.url}/v2/models/steady/infer", json=_body(1, size=1))
+        steady = httpx.post(f"{server.url}/v2/models/steady/infer", json=vector_body(1, size=1))
         assert steady.json()["outputs"][0]["data"] == [2.0]
         # Fixed on disk and loaded again: it serves, and the server is ready again.
         (folder / "1" / "CRASH_ON_LOAD").unlink()
@@ -397,7 +378,7 @@ def test_exit_on_error_and_strict_readiness_follow_triton(repository, tmp_path):
     relaxed = start_server(repository, tmp_path, "--exit-on-error", "false",
                            "--strict-readiness", "false")  # fmt: skip
     try:
-        _wait_for(lambda: "ready: serving" in strict.log(), what="start-up")
+        wait_for(lambda: "ready: serving" in strict.log(), what="start-up")
         assert httpx.get(f"{strict.url}/v2/health/ready").status_code == 503
         assert httpx.get(f"{relaxed.url}/v2/health/ready").status_code == 200
         # Unloading the broken model on purpose makes the strict server ready.
@@ -434,6 +415,6 @@ def test_bogus_loads_leave_no_trace_and_unknown_models_are_4xx(repository, tmp_p
         unknown = httpx.post(f"{server.url}/v2/repository/models/ghost/unload")
         assert unknown.status_code == 404
         assert unknown.json() == {"error": "unload: unknown model 'ghost'"}
-        missing = httpx.post(f"{server.url}/v2/models/ghost/infer", json=_body(1, size=1))
+        missing = httpx.post(f"{server.url}/v2/models/ghost/infer", json=vector_body(1, size=1))
         assert missing.status_code == 404
         assert missing.json() == {"error": "Request for unknown model: 'ghost' is not found"}

@@ -18,8 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_perf_analyzer import _environment, _runnable
+from tests.perf_tools import why_perf_analyzer_cannot_run
 from tests.server import REPO_ROOT, start_server
+from tools.bench.protocols import perf_analyzer_environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tool]
 
@@ -57,7 +58,7 @@ profile_models:
 def test_model_analyzer_profiles_remotely(tmp_path):
     if not ANALYZER.exists():
         pytest.skip(f"{ANALYZER} is missing: run tools/install_model_analyzer.sh")
-    reason = _runnable()
+    reason = why_perf_analyzer_cannot_run()
     if reason:
         pytest.skip(reason)
     repository = tmp_path / "repository"
@@ -74,7 +75,7 @@ def test_model_analyzer_profiles_remotely(tmp_path):
             out=out,
         )
     )
-    env = _environment()  # perf_analyzer's CUDA runtime library
+    env = perf_analyzer_environment()  # perf_analyzer's CUDA runtime library
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
     try:
         result = subprocess.run(

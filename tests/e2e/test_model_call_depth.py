@@ -9,7 +9,7 @@ import os
 import httpx
 import pytest
 
-from tests.e2e.test_faults import _metric
+from tests.probes import metric
 from tests.server import running_server
 from tests.toy_models import write_model
 
@@ -81,6 +81,6 @@ def test_a_model_calling_itself_without_end_fails_at_once_and_leaves_nothing(
             assert innermost in reply.json()["error"], reply.text
             assert "execution.timeout_seconds" not in reply.text
         # Nothing left running or waiting, and the instance was never killed.
-        assert _metric(server, "nv_inference_pending_request_count", "forever") == 0
+        assert metric(server, "nv_inference_pending_request_count", "forever") == 0
         assert server.instance_pids() == [instance]
         assert _call_memfds(front) == held  # flat: the pooled slots served them all

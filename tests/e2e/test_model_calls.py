@@ -11,9 +11,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_ensembles import DOUBLE, PLUS_ONE, _stats, _vector
+from tests.probes import stats
 from tests.server import running_server, start_server
-from tests.toy_models import write_model
+from tests.toy_models import XY_CONFIG, XY_DOUBLE, XY_PLUS_ONE, write_model
 
 pytestmark = pytest.mark.e2e
 
@@ -109,8 +109,8 @@ TRITON_BLS = """
 def calls_server(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("calls")
     repository = root / "repository"
-    write_model(repository, "plus_one", _vector("X", "Y"), PLUS_ONE)
-    write_model(repository, "double", _vector("X", "Y"), DOUBLE)
+    write_model(repository, "plus_one", XY_CONFIG, XY_PLUS_ONE)
+    write_model(repository, "double", XY_CONFIG, XY_DOUBLE)
     write_model(repository, "caller_sync", CALLER_CONFIG, SYNC_CALLER)
     write_model(repository, "caller_async", CALLER_CONFIG, ASYNC_CALLER)
     write_model(repository, "triton_bls", CALLER_CONFIG, TRITON_BLS)
@@ -130,12 +130,12 @@ def _call(client, model: str, x: np.ndarray, depth: int):
 @pytest.mark.parametrize("model", ["caller_sync", "caller_async"])
 def test_a_model_calls_two_models_and_itself_on_one_instance(calls_server, model):
     client = httpclient.InferenceServerClient(calls_server.address, concurrency=8)
-    before = _stats(calls_server, "plus_one")["inference_stats"]["success"]["count"]
+    before = stats(calls_server, "plus_one")["inference_stats"]["success"]["count"]
     xs = [np.full((1, 4), index, np.float32) for index in range(8)]
     calls = [_call(client, model, x, depth=2) for x in xs]  # 8 at once, each 3 deep
     for x, call in zip(xs, calls, strict=True):
         np.testing.assert_array_equal(call.get_result().as_numpy("Y"), 3 * (3 * x + 1))
-    after = _stats(calls_server, "plus_one")["inference_stats"]["success"]["count"]
+    after = stats(calls_server, "plus_one")["inference_stats"]["success"]["count"]
     assert after - before == 8 * 3  # every call went through plus_one's scheduler
 
 
@@ -234,7 +234,7 @@ def test_a_caller_killed_mid_call_costs_the_callees_other_requests_nothing(repos
     write_model(
         repository,
         "impatient",
-        _vector("X", "Y").split("[dynamic_batching]")[0] + "[execution]\ntimeout_seconds = 1\n",
+        XY_CONFIG.split("[dynamic_batching]")[0] + "[execution]\ntimeout_seconds = 1\n",
         IMPATIENT,
     )
     with running_server(repository, tmp_path) as server:
@@ -256,11 +256,11 @@ def test_a_caller_killed_mid_call_costs_the_callees_other_requests_nothing(repos
 def test_the_front_refuses_a_call_that_names_a_plain_file(repository, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
-    write_model(repository, "plus_one", _vector("X", "Y"), PLUS_ONE)
+    write_model(repository, "plus_one", XY_CONFIG, XY_PLUS_ONE)
     write_model(
         repository,
         "forger",
-        _vector("X", "Y") + f'\n[parameters]\nvictim = "{victim}"\n',
+        XY_CONFIG + f'\n[parameters]\nvictim = "{victim}"\n',
         FORGER,
     )
     with running_server(repository, tmp_path) as server:

@@ -7,40 +7,25 @@ import subprocess
 
 import pytest
 
+from tests.perf_tools import why_perf_analyzer_cannot_run
 from tools.bench.protocols import PERF_ANALYZER, perf_analyzer_environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tool]
-
-BIN = PERF_ANALYZER
-_environment = perf_analyzer_environment  # Model Analyzer's test runs it in the same
-
-
-def _runnable() -> str | None:
-    """Why perf_analyzer cannot run here, or None when it can."""
-    if not BIN.exists():
-        return f"{BIN} is missing: install the test extra (tritonclient==2.51.0 ships it)"
-    probe = subprocess.run(
-        [str(BIN), "--version"], capture_output=True, text=True, env=_environment()
-    )
-    if "error while loading shared libraries" in probe.stderr:
-        why = probe.stderr.strip()
-        return f"perf_analyzer cannot start: {why} (see tools/install_perf_analyzer.sh)"
-    return None
 
 
 def _perf_analyzer(model: str, address: str, *flags: str) -> subprocess.CompletedProcess:
     """perf_analyzer at concurrency 4 (skipping the test when it cannot run here). CI
     machines are shared and noisy: completing without errors is the point, not stability."""
-    reason = _runnable()
+    reason = why_perf_analyzer_cannot_run()
     if reason:
         pytest.skip(reason)
     result = subprocess.run(
         [
-            str(BIN), "-m", model, "-u", address, *flags,
+            str(PERF_ANALYZER), "-m", model, "-u", address, *flags,
             "--concurrency-range", "4", "--measurement-interval", "1000",
             "--stability-percentage", "100", "--max-trials", "20",
         ],
-        capture_output=True, text=True, env=_environment(), timeout=240,
+        capture_output=True, text=True, env=perf_analyzer_environment(), timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "error" not in result.stdout.lower()

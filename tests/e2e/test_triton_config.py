@@ -11,39 +11,9 @@ from tritonclient.grpc import model_config_pb2
 
 from tests.model_files import export_onnx
 from tests.server import running_server
-from tests.toy_models import PLUS_ONE, vector_config, write_model
+from tests.toy_models import EVERY_SETTING, PLUS_ONE, write_model
 
 pytestmark = pytest.mark.e2e
-
-# Every reposerve setting Triton's schema has no field for, and some of each kind that it has.
-EVERYTHING = "version_policy = { all = true }\n" + vector_config(
-    extra="""
-    [[instance_group]]
-    kind = "cpu"
-    count = 2
-    cpus = [0]
-    [dynamic_batching]
-    preferred_batch_size = [2, 4]
-    max_queue_delay_microseconds = 300
-    max_queue_size = 9
-    default_timeout_microseconds = 5000000
-    priority_levels = 2
-    default_priority_level = 1
-    [optimization]
-    precision = "fp16"
-    [execution]
-    timeout_seconds = 30.5
-    isolate_failures = false
-    [[warmup]]
-    batch_size = 2
-    inputs = { INPUT = "random" }
-    [parameters]
-    max_inflight_batches = 2
-    note = "3"
-    label = "plain text"
-    table = { a = 1, b = [true, "x"] }
-    """
-)
 
 
 def strict_parse(body: bytes) -> model_config_pb2.ModelConfig:
@@ -63,8 +33,8 @@ def test_bundled_models_parse_strictly(bundled_server):
 
 
 def test_every_setting_parses_strictly_and_is_carried(repository, tmp_path):
-    write_model(repository, "everything", EVERYTHING, PLUS_ONE)
-    write_model(repository, "everything", EVERYTHING, PLUS_ONE, version=2)
+    write_model(repository, "everything", EVERY_SETTING, PLUS_ONE)
+    write_model(repository, "everything", EVERY_SETTING, PLUS_ONE, version=2)
     onnx = repository / "tiny_onnx"
     (onnx / "1").mkdir(parents=True)
     (onnx / "config.toml").write_text('backend = "onnxruntime"\nmax_batch_size = 4\n')

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -20,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.probes import wait_for
 from tests.server import SERVE_BROKEN, running_server, start_server
 
 pytestmark = pytest.mark.e2e
@@ -435,7 +435,7 @@ def test_a_decoupled_models_own_thread_may_call_models(server):
         client.start_stream(callback=lambda result, error: answers.append((result, error)))
         for _ in range(3):  # at once: each waits on its calls from its own thread
             client.async_stream_infer("decoupled_bls", [tensor])
-        _wait_for(lambda: len(answers) == 6)
+        wait_for(lambda: len(answers) == 6)
         client.stop_stream()
     assert [error for _, error in answers] == [None] * 6
     values = sorted(result.as_numpy("TWICE").tolist() for result, _ in answers)
@@ -479,7 +479,7 @@ def test_a_decoupled_execute_returning_responses_is_refused_in_tritons_words(ser
     with grpcclient.InferenceServerClient(server.grpc_address) as client:
         client.start_stream(callback=lambda result, error: answers.append(error))
         client.async_stream_infer("decoupled_returns", [tensor])
-        _wait_for(lambda: answers)
+        wait_for(lambda: answers)
         client.stop_stream()
     assert (
         "Python model 'decoupled_returns_0_0' is using the decoupled mode and the execute "
@@ -675,20 +675,13 @@ def test_a_model_sees_its_request_cancelled_while_it_runs(tmp_path):
             client.start_stream(callback=lambda **answer: answers.append(answer))
             client.async_stream_infer("decoupled", [tensor])
             started = [records / "started-plain", records / "started-decoupled"]
-            _wait_for(lambda: all(path.exists() for path in started))
+            wait_for(lambda: all(path.exists() for path in started))
             call.cancel()
             client.stop_stream(cancel_requests=True)
         ended = [records / "plain", records / "decoupled"]
-        _wait_for(lambda: all(path.exists() for path in ended))
+        wait_for(lambda: all(path.exists() for path in ended))
         assert (records / "plain").read_text() == "True"
         assert (records / "decoupled").read_text() == "True"
-
-
-def _wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the state never came"
-        time.sleep(0.05)
 
 
 # Triton's bls_parameters pattern: each step adds parameters and calls itself with them.
@@ -967,11 +960,11 @@ def test_model_log_lines_follow_the_servers_log_settings(tmp_path):
         tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
         client.infer("logs", [tensor])
-        _wait_for(lambda: "Specific Msg!" in server.log())
+        wait_for(lambda: "Specific Msg!" in server.log())
         settings = {"log_verbose_level": 0, "log_info": False, "log_warning": False}
         assert httpx.post(f"{server.url}/v2/logging", json=settings).status_code == 200
         client.infer("logs", [tensor])
-        _wait_for(lambda: server.log().count("Specific Msg!") == 2)
+        wait_for(lambda: server.log().count("Specific Msg!") == 2)
         log = server.log()
         assert "reposerve.model.logs: Verbose Msg!" in log  # --log-verbose 1 lets it out
         for line in ("Info Msg!", "Warning Msg!", "Verbose Msg!"):
@@ -1148,7 +1141,7 @@ def test_an_exception_after_the_final_response_reaches_the_server_log(decoupled_
     with grpcclient.InferenceServerClient(decoupled_calls.grpc_address) as client:
         client.start_stream(callback=lambda result, error: answers.append((result, error)))
         client.async_stream_infer(model, [tensor])
-        _wait_for(lambda: message in decoupled_calls.log())
+        wait_for(lambda: message in decoupled_calls.log())
         client.stop_stream()
     # The client had its one response; the error, raised after it, went to the log only.
     assert len(answers) == 1 and answers[0][1] is None

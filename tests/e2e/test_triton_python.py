@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
 import time
 from pathlib import Path
 
@@ -16,49 +15,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.probes import stats
 from tests.server import start_server
 from tests.toy_models import write_model
+from tests.triton_models import ADD_SUB, write_triton_model
 
 pytestmark = pytest.mark.e2e
-
-# The add/sub model the way Triton's python-backend documentation writes it.
-ADD_SUB = """
-    import json
-
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            self.model_config = model_config = json.loads(args["model_config"])
-            output0_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT0")
-            output1_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT1")
-            self.output0_dtype = pb_utils.triton_string_to_numpy(output0_config["data_type"])
-            self.output1_dtype = pb_utils.triton_string_to_numpy(output1_config["data_type"])
-
-        def execute(self, requests):
-            output0_dtype = self.output0_dtype
-            output1_dtype = self.output1_dtype
-            responses = []
-            for request in requests:
-                in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-                in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
-                out_0, out_1 = (
-                    in_0.as_numpy() + in_1.as_numpy(),
-                    in_0.as_numpy() - in_1.as_numpy(),
-                )
-                out_tensor_0 = pb_utils.Tensor("OUTPUT0", out_0.astype(output0_dtype))
-                out_tensor_1 = pb_utils.Tensor("OUTPUT1", out_1.astype(output1_dtype))
-                inference_response = pb_utils.InferenceResponse(
-                    output_tensors=[out_tensor_0, out_tensor_1]
-                )
-                responses.append(inference_response)
-            return responses
-
-        def finalize(self):
-            print("Cleaning up...")
-"""
 
 # add/sub that refuses some requests with a TritonError, records initialize's args and
 # writes a marker in finalize (paths from [parameters]).
@@ -119,31 +81,6 @@ ASYNC_ADD_SUB = """
 """
 
 
-# Triton's config.pbtxt for its add_sub example; with batching added where {batching} stands.
-ADD_SUB_PBTXT = """
-    name: "{name}"
-    backend: "python"
-    {batching}
-    input [
-      {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }},
-      {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }}
-    ]
-    output [
-      {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }},
-      {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }}
-    ]
-    instance_group [ {{ kind: KIND_CPU }} ]
-"""
-
-
-def _write_triton_model(root: Path, name: str, code: str, batching: str = "") -> None:
-    """A model folder as Triton lays it out: config.pbtxt and 1/model.py."""
-    (root / name / "1").mkdir(parents=True)
-    pbtxt = ADD_SUB_PBTXT.format(name=name, batching=batching)
-    (root / name / "config.pbtxt").write_text(textwrap.dedent(pbtxt))
-    (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
-
-
 def _add_sub_config(extra: str = "") -> str:
     return f"""
         backend = "python"
@@ -176,14 +113,14 @@ def records(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, records):
     root = tmp_path_factory.mktemp("repository")
-    _write_triton_model(
+    write_triton_model(
         root,
         "add_sub",
         ADD_SUB,
         "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 20000 }",
     )
     # As Triton's example ships: no batch dimension, each request executed alone.
-    _write_triton_model(root, "add_sub_unbatched", ADD_SUB)
+    write_triton_model(root, "add_sub_unbatched", ADD_SUB)
     # Four requests leave as one batch the moment they are all queued.
     checked = (
         "[dynamic_batching]\npreferred_batch_size = [4]\n"
@@ -212,11 +149,6 @@ def _inputs(a: np.ndarray, b: np.ndarray) -> list[httpclient.InferInput]:
     return inputs
 
 
-def _stats(server, model: str) -> dict:
-    document = httpx.get(f"{server.url}/v2/models/{model}/stats").json()
-    return document["model_stats"][0]
-
-
 def test_add_sub_results_equal_direct_computation_and_requests_share_batches(server):
     rng = np.random.default_rng(7)
     # Requests of 1 to 3 items each: each InferenceRequest must get exactly its own rows.
@@ -236,11 +168,11 @@ def test_add_sub_results_equal_direct_computation_and_requests_share_batches(ser
     for (a, b), result in zip(pairs, results, strict=True):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    stats = _stats(server, "add_sub")
-    assert stats["inference_stats"]["success"]["count"] == len(pairs)
-    assert stats["inference_count"] == sum(len(a) for a, _ in pairs)
+    served = stats(server, "add_sub")
+    assert served["inference_stats"]["success"]["count"] == len(pairs)
+    assert served["inference_count"] == sum(len(a) for a, _ in pairs)
     # Batched by reposerve's scheduler: fewer executions than requests.
-    assert stats["execution_count"] < len(pairs)
+    assert served["execution_count"] < len(pairs)
 
 
 @pytest.mark.parametrize(
@@ -257,7 +189,7 @@ def test_async_execute_and_a_model_without_batch_dimension(server, model, shape)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
     if model == "add_sub_async":  # its warmup batch of 3 ran before it served
-        sizes = [entry["batch_size"] for entry in _stats(server, model)["batch_stats"]]
+        sizes = [entry["batch_size"] for entry in stats(server, model)["batch_stats"]]
         assert sizes == [2, 3]
 
 
@@ -293,12 +225,12 @@ def test_an_error_response_fails_only_its_request_in_the_same_batch(server):
     # A TritonError without a code is INTERNAL: 500, as Triton answers it.
     assert large.status_code == 500
     assert large.json() == {"error": "INPUT0 is too large for this model"}
-    stats = _stats(server, "checked")
+    served = stats(server, "checked")
     # One execution for all four: the failures travelled per request, no isolation re-run.
-    assert stats["execution_count"] == 1
-    assert stats["isolation_stats"]["batches"] == 0
-    assert stats["inference_stats"]["success"]["count"] == 2
-    assert stats["inference_stats"]["fail"]["count"] == 2
+    assert served["execution_count"] == 1
+    assert served["isolation_stats"]["batches"] == 0
+    assert served["inference_stats"]["success"]["count"] == 2
+    assert served["inference_stats"]["fail"]["count"] == 2
 
 
 def test_initialize_gets_tritons_args_and_finalize_runs_on_unload(server, records):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import textwrap
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.probes import wait_for
 from tests.server import running_server, start_server
 
 pytestmark = pytest.mark.e2e
@@ -212,13 +212,6 @@ def _identity(server) -> np.ndarray:
     return client.infer("identity", inputs).as_numpy("OUTPUT0")
 
 
-def _until(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGKILL])
 def test_on_request_restart_keeps_a_dead_instance_down_until_a_request_comes(tmp_path, sig):
     """--instance-restart on-request, Triton's python backend: a killed stub leaves the
@@ -235,7 +228,7 @@ def test_on_request_restart_keeps_a_dead_instance_down_until_a_request_comes(tmp
         grpc = grpcclient.InferenceServerClient(server.grpc_address)
         (stub,) = server.instance_pids()
         os.kill(stub, sig)
-        _until(lambda: not http.is_model_ready("identity"), "the model stayed ready")
+        wait_for(lambda: not http.is_model_ready("identity"), what="the model to go unready")
         assert not grpc.is_model_ready("identity")
         assert server.instance_pids() == []  # nothing restarts it meanwhile
         with pytest.raises(InferenceServerException) as failed:
@@ -256,7 +249,7 @@ def test_by_default_a_dead_instance_is_replaced_without_waiting_for_a_request(tm
     with running_server(tmp_path / "repository", tmp_path) as server:
         (stub,) = server.instance_pids()
         os.kill(stub, signal.SIGKILL)
-        _until(lambda: server.instance_pids() not in ([], [stub]), "no replacement was started")
+        wait_for(lambda: server.instance_pids() not in ([], [stub]), what="a replacement")
         http = httpclient.InferenceServerClient(server.address)
-        _until(lambda: http.is_model_ready("identity"), "the replacement never got ready")
+        wait_for(lambda: http.is_model_ready("identity"), what="the replacement to get ready")
         np.testing.assert_array_equal(_identity(server), np.ones((1, 2), np.float32))

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.e2e.test_triton_python import ADD_SUB, _write_triton_model
+from tests.probes import stats
 from tests.server import REPO_ROOT, start_server
+from tests.triton_models import ADD_SUB, write_triton_model
 
 model_files = pytest.importorskip("tests.model_files", reason="the torch extra is not installed")
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
@@ -53,7 +54,7 @@ def server(tmp_path_factory):
         export(root / name / "1" / file)
     # Triton's python-backend add_sub example, its TritonPythonModel as Triton documents it.
     batching = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 20000 }"
-    _write_triton_model(root, "add_sub", ADD_SUB, batching)
+    write_triton_model(root, "add_sub", ADD_SUB, batching)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     server.root = root
     yield server
@@ -81,9 +82,9 @@ def test_results_equal_a_direct_run_and_requests_are_batched(
         results = list(pool.map(infer, rows))
     for row, result in zip(rows, results, strict=True):
         np.testing.assert_allclose(result, model_files.reference(row), rtol=1e-5, atol=1e-5)
-    stats = httpx.get(f"{server.url}/v2/models/{model}/stats").json()["model_stats"][0]
-    assert stats["inference_count"] == 16
-    assert stats["execution_count"] < 16  # requests shared batches
+    served = stats(server, model)
+    assert served["inference_count"] == 16
+    assert served["execution_count"] < 16  # requests shared batches
 
 
 def test_the_python_backend_model_adds_and_subtracts_in_shared_batches(server):
@@ -103,8 +104,8 @@ def test_the_python_backend_model_adds_and_subtracts_in_shared_batches(server):
     for (first, second), (total, difference) in zip(pairs, results, strict=True):
         np.testing.assert_allclose(total, first + second, rtol=1e-6)
         np.testing.assert_allclose(difference, first - second, rtol=1e-6)
-    stats = httpx.get(f"{server.url}/v2/models/add_sub/stats").json()["model_stats"][0]
-    assert stats["inference_count"] == 12 and stats["execution_count"] < 12
+    served = stats(server, "add_sub")
+    assert served["inference_count"] == 12 and served["execution_count"] < 12
 
 
 def test_the_config_document_shows_the_pbtxt_settings(server):

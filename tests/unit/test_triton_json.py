@@ -13,7 +13,7 @@ from reposerve.config import parse_model_config
 from reposerve.config.triton_json import decode_value, encode_value, parse_triton_config
 from reposerve.errors import ConfigError
 from reposerve.protocol.documents import model_config
-from tests.e2e.test_triton_config import EVERYTHING
+from tests.toy_models import EVERY_SETTING
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ LABEL = "load 'm': parameters.config"
 
 
 def test_config_document_reads_back_as_the_same_config():
-    config = parse_model_config(EVERYTHING, "m/config.toml")
+    config = parse_model_config(EVERY_SETTING, "m/config.toml")
     document = model_config("m", "python", config)
     assert parse_triton_config(document.decode(), LABEL, "m") == msgspec.structs.replace(
         config, name="m", backend="python"
