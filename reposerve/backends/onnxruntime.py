@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
 from reposerve.backends.base import Arrays, BackendError, ModelContext, Signature
 from reposerve.backends.file_cache import build_once, cache_root, content_digest, exclusive
@@ -63,12 +64,6 @@ class OnnxRuntimeBackend:
     is_async = False
 
     def __init__(self, context: ModelContext) -> None:
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise BackendError(
-                "the onnxruntime backend needs the onnx extra: pip install 'reposerve[onnx]'"
-            ) from exc
         # Checked when the config was read (reposerve.config.parameters), precision too.
         label = f"{context.model_name}/config.toml"
         parameters = onnx_parameters(context.config.parameters, label)
@@ -87,7 +82,7 @@ class OnnxRuntimeBackend:
             if context.device != "cpu":
                 # Its few CPU threads wait on the GPU: spinning would burn cores the front needs.
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                providers = self._providers(ort, context, parameters, derived)
+                providers = self._providers(context, parameters, derived)
         with ExitStack() as stack:
             engines = engine_cache_path(providers)
             if engines is not None:
@@ -125,7 +120,7 @@ class OnnxRuntimeBackend:
 
     @staticmethod
     def _providers(
-        ort: Any, context: ModelContext, parameters: OnnxParameters, derived: Path
+        context: ModelContext, parameters: OnnxParameters, derived: Path
     ) -> list[Provider]:
         providers = gpu_providers(
             parameters,

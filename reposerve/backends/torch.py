@@ -8,8 +8,8 @@ not, so it must declare them.
 Loading, in the instance process:
 
 1. ``[parameters]`` options (``reposerve.config.torch_options``): ``allow_tf32``,
-   ``cudnn_benchmark``, ``torch_compile``, checked when the config was read. Checked here,
-   needing torch or the file: torch.compile's names, and no ``torch_compile`` on TorchScript.
+   ``cudnn_benchmark``, ``torch_compile``, checked when the config was read, as is what a
+   TorchScript file cannot do. Checked here, needing torch: torch.compile's names.
 2. fp32 math is IEEE: TF32 matmuls and cuDNN convolutions only with ``allow_tf32 = true``.
 3. A ``.pt2`` program is moved with torch.export's ``move_to_device_pass`` before
    ``.module()``: it also rewrites devices baked into the graph, which ``Module.to`` cannot.
@@ -36,6 +36,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
+import torch
 from msgspec import UNSET
 
 from reposerve.backends.base import Arrays, BackendError, ModelContext, Outputs, Signature
@@ -43,13 +44,6 @@ from reposerve.config import TensorConfig
 from reposerve.config.torch_options import CompileOptions, torch_options
 from reposerve.datatypes import NUMPY_DTYPES
 from reposerve.errors import ConfigError
-
-try:
-    import torch
-except ImportError as exc:
-    raise BackendError(
-        "the torch backend needs the torch extra: pip install 'reposerve[torch]'"
-    ) from exc
 
 SCRIPT_FILE = "model.pt"
 EXPORT_FILE = "model.pt2"
@@ -134,18 +128,7 @@ class TorchBackend:
             self._signature = _rename(_program_signature(program), config.input, config.output)
             module = move_to_device_pass(program, self._device).module()
         else:
-            if not (config.input and config.output):
-                raise BackendError(
-                    f"{context.model_name}: TorchScript files carry no tensor names or shapes; "
-                    "declare [[input]] and [[output]] in config.toml (or export with "
-                    "torch.export to model.pt2)"
-                )
-            if options.torch_compile is not False:
-                raise ConfigError(
-                    f"{label}: parameters.torch_compile: torch.compile cannot compile "
-                    f"TorchScript ({SCRIPT_FILE}). Hint: export the model with torch.export "
-                    f"to {EXPORT_FILE}"
-                )
+            # Declared tensors, no torch_compile: checked when the config was read.
             module = torch.jit.load(str(context.model_file(SCRIPT_FILE)), map_location=self._device)
         self._module = _compiled(module, options.torch_compile, label)
         inputs, outputs = self._signature or (config.input, config.output)

@@ -1,14 +1,15 @@
 """Complete a config from what the model file says (Triton's auto-complete).
 
-``[[input]]`` and ``[[output]]`` may be omitted for onnxruntime and torch models: the
-backend reads them from the file and they are filled in here. When they are given, they
-must agree with the file; a mismatch names both.
+``[[input]]`` and ``[[output]]`` may be omitted for models whose backend reads them from
+the model file (``auto_complete`` in ``backends``: onnxruntime and torch): they are filled
+in here. When they are given, they must agree with the file; a mismatch names both.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from reposerve.config.backends import backend_entry
 from reposerve.config.schema import DynamicBatching, ModelConfig, TensorConfig
 from reposerve.errors import ConfigError
 
@@ -101,7 +102,7 @@ def require_declared(config: ModelConfig, backends: set[str], label: str) -> Non
     """With auto-complete off (Triton's --disable-auto-complete-config) nothing is read
     from the model file into the config: it must declare the inputs and outputs itself."""
     missing = [section for section in ("input", "output") if not getattr(config, section)]
-    if missing and backends & {"onnxruntime", "torch"}:
+    if missing and any(backend_entry(backend).auto_complete for backend in backends):
         sections = " and ".join(f"[[{section}]]" for section in missing)
         raise ConfigError(
             f"{label}: the config declares no {sections}, and auto-complete is off "

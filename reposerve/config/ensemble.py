@@ -9,12 +9,13 @@ the models as loaded (``reposerve.pipelines.ensemble``).
 
 from __future__ import annotations
 
+from reposerve.config.backends import backend_entry
 from reposerve.config.schema import ModelConfig
 
 
 def check_ensemble(config: ModelConfig) -> str | None:
     """The first problem as ``key: reason``, or None."""
-    if config.backend != "ensemble":
+    if config.backend is None or not backend_entry(config.backend).pipeline:
         if config.step:
             return 'step: only an ensemble has steps. Hint: set backend = "ensemble"'
         return None

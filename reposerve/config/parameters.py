@@ -3,15 +3,16 @@ decide, applied when a config is read: ``reposerve check`` and a load refuse the
 configs with the same ``file: key: reason`` message, before any instance process starts.
 
 1. The server's own keys (``ServerParameters``), whatever the backend.
-2. The backend's: ``precision`` it can run, and its options
-   (``onnx_options.OnnxParameters``, ``torch_options.TorchOptions``). When the config
-   names no backend, ``repository.scan`` applies these once the model files tell it.
+2. The backend's, from its entry in ``backends``: the ``precision`` it can run, its
+   options (``onnx_options.OnnxParameters``, ``torch_options.TorchOptions``), and what the
+   config may not ask of its model files (a TorchScript file). When the config names no
+   backend, ``repository.scan`` applies these once the model files tell it.
 
 The instance side reads the same typed values from these functions and checks nothing
-again. Left to the instance, because they need the model file or the runtime: whether a
-GPU provider or TensorRT exists in the onnxruntime build, whether torch can autocast to
-``precision`` on the device, torch.compile's ``mode``/``backend`` names, ``torch_compile``
-with a TorchScript file, and ``decoupled`` without a generator ``execute``.
+again. Left to the instance, because they need the model file's contents or the runtime:
+whether a GPU provider or TensorRT exists in the onnxruntime build, whether torch can
+autocast to ``precision`` on the device, torch.compile's ``mode``/``backend`` names, and
+``decoupled`` without a generator ``execute``.
 """
 
 from __future__ import annotations
@@ -21,16 +22,13 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from reposerve.config.onnx_options import onnx_parameters
+from reposerve.config.backends import backend_entry
 from reposerve.config.schema import ModelConfig
 from reposerve.config.tables import convert_table
-from reposerve.config.torch_options import torch_options
 from reposerve.errors import ConfigError
 
 # How many batches one async instance may hold at once unless [parameters] says otherwise.
 DEFAULT_ASYNC_INFLIGHT = 256
-# The precisions each backend can run; the others run every one the schema allows.
-PRECISIONS = {"onnxruntime": ("fp32", "fp16")}
 
 
 class ServerParameters(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,14 +57,20 @@ def check_parameters(config: ModelConfig, label: str) -> None:
 
 def check_backend(config: ModelConfig, backend: str, label: str) -> None:
     """The rules ``backend`` sets on ``config``: the precisions it runs, its options."""
+    entry = backend_entry(backend)
     precision = config.optimization.precision
-    supported = PRECISIONS.get(backend)
-    if supported is not None and precision not in supported:
+    if precision not in entry.precisions:
         raise ConfigError(
             f"{label}: optimization.precision: {precision} is not supported by the {backend} "
-            f"backend. Hint: use {' or '.join(reversed(supported))}"
+            f"backend. Hint: use {' or '.join(reversed(entry.precisions))}"
         )
-    if backend == "onnxruntime":
-        onnx_parameters(config.parameters, label)
-    elif backend == "torch":
-        torch_options(config.parameters, label)
+    if entry.options is not None:
+        entry.options(config.parameters, label)
+
+
+def check_files(config: ModelConfig, backend: str, files: tuple[str, ...], label: str) -> None:
+    """The rules ``backend`` sets on ``config`` given a version's model files (their names)."""
+    rule = backend_entry(backend).file_rule
+    problem = rule(config, files) if rule is not None else None
+    if problem:
+        raise ConfigError(f"{label}: {problem}")

@@ -8,7 +8,7 @@ import re
 from google.protobuf import json_format, text_format
 
 from reposerve.config.schema import ModelConfig
-from reposerve.config.triton_json import config_from_triton
+from reposerve.config.triton import config_from_triton
 from reposerve.config.triton_schema import model_config_class
 from reposerve.errors import ConfigError
 

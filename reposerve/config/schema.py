@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from reposerve.config.backends import NAMES
+
 NonNegative = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]
 Dim = Annotated[int, Meta(ge=-1)]
@@ -20,7 +22,7 @@ Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BF16", "BYTES",
 ]  # fmt: skip
-Backend = Literal["python", "onnxruntime", "torch", "ensemble"]
+Backend = Literal[NAMES]  # one per entry of reposerve.config.backends
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

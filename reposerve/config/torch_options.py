@@ -6,19 +6,25 @@ allow_tf32 = false                       # TF32 matmuls and cuDNN convolutions a
 cudnn_benchmark = false                  # cuDNN picks kernels per shape
 torch_compile = { mode = "max-autotune" } # or true: torch.compile's defaults
 ```
-Checked when the config is read (``reposerve check`` and a load alike). Imports no torch:
-whether torch.compile knows a ``mode`` or ``backend`` name, and whether ``torch_compile``
-meets a TorchScript file (which it cannot compile), are the backend's to find out at load.
+Checked when the config is read (``reposerve check`` and a load alike), as is what a
+TorchScript file (``model.pt``; a ``.pt2`` file is torch.export's, and wins when both are
+there) cannot do: be compiled, or tell its tensors. Imports no torch: whether torch.compile
+knows a ``mode`` or ``backend`` name is the backend's to find out at load.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from reposerve.config.tables import convert_table
+
+if TYPE_CHECKING:
+    from reposerve.config.schema import ModelConfig
+
+EXPORT_SUFFIX = ".pt2"  # torch.export's files; any other name is TorchScript
 
 
 class CompileOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -47,3 +53,22 @@ def torch_options(parameters: dict[str, Any], label: str) -> TorchOptions:
             table, CompileOptions, label, "parameters.torch_compile"
         )
     return convert_table(raw, TorchOptions, label, "parameters")
+
+
+def torch_file_rule(config: ModelConfig, files: tuple[str, ...]) -> str | None:
+    """What a config may not ask of a TorchScript version (``files``: the names of
+    its model files, at least one), run after ``torch_options`` accepted the parameters."""
+    if any(name.endswith(EXPORT_SUFFIX) for name in files):
+        return None
+    if not (config.input and config.output):
+        return (
+            "input, output: TorchScript files carry no tensor names or shapes; declare "
+            "[[input]] and [[output]] in config.toml (or export with torch.export to "
+            f"model{EXPORT_SUFFIX})"
+        )
+    if config.parameters.get("torch_compile", False) is not False:  # true, or a table
+        return (
+            f"parameters.torch_compile: torch.compile cannot compile TorchScript ({files[0]}). "
+            f"Hint: export the model with torch.export to model{EXPORT_SUFFIX}"
+        )
+    return None

@@ -1,10 +1,16 @@
-"""Triton's model configuration -> reposerve's, for ``config.pbtxt`` folders.
+"""Triton's model configuration <-> reposerve's, both directions in one place.
 
-The input is the configuration as Triton's JSON shows it (field names as in the protobuf;
-64-bit integers may be strings, as protobuf's JSON writes them). The output is the same
-table a ``config.toml`` would hold, validated by the same rules. What has no equivalent in
-reposerve is an error naming the field, never dropped: a model must not silently behave
-differently from the way its author configured it for Triton.
+In: Triton's configuration as its JSON shows it (field names as in the protobuf; 64-bit
+integers may be strings, as protobuf's JSON writes them), from a ``config.pbtxt`` (``pbtxt``)
+or a load's JSON config (``triton_json``), becomes the same table a ``config.toml`` would
+hold, validated by the same rules. What has no equivalent in reposerve is an error naming
+the field, never dropped: a model must not silently behave differently from the way its
+author configured it for Triton.
+
+Out: ``to_triton`` writes a ModelConfig as Triton's model-config JSON (``GET .../config``),
+every field one of Triton's ``ModelConfig``, so its tools parse it strictly and a load may
+send it back. Settings Triton has no field for travel in its ``parameters`` map, both ways
+(``triton_parameters``). Backend names and backend parameters come from ``backends``.
 """
 
 from __future__ import annotations
@@ -12,108 +18,88 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from reposerve.config.backends import BACKENDS, backend_entry
+from reposerve.config.schema import ModelConfig, TensorConfig
+from reposerve.config.triton_parameters import apply_triton_parameters, to_triton_parameters
+from reposerve.config.validate import validate_model_config
+from reposerve.datatypes import TRITON_CONFIG_TYPES
 from reposerve.errors import ConfigError
 
-_BACKENDS = {
-    "onnxruntime": "onnxruntime",
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch": "torch",
-    "pytorch_libtorch": "torch",
-    "python": "python",
-    "ensemble": "ensemble",
-}
 _KINDS = {"KIND_AUTO": "auto", "KIND_GPU": "gpu", "KIND_CPU": "cpu", "KIND_MODEL": "model"}
 _POSITIONAL = re.compile(r"^.+__(\d+)$")  # Triton's libtorch naming: INPUT__0, OUTPUT__1
-# Parameters Triton's onnxruntime and libtorch backends read, as reposerve's equivalents:
-# (table path, how the value converts). Any other of their documented names is refused.
-_ORT_CUDA = ("onnxruntime", "cuda")
-_BACKEND_PARAMETERS: dict[str, dict[str, tuple[tuple[str, ...], Any]]] = {
-    "onnxruntime": {
-        "intra_op_thread_count": ((), lambda value: ("intra_op_threads", int(value))),
-        "cudnn_conv_algo_search": (
-            _ORT_CUDA,
-            lambda value: (
-                "cudnn_conv_algo_search",
-                ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")[int(value)],
-            ),
-        ),
-        "gpu_mem_limit": (_ORT_CUDA, lambda value: ("gpu_mem_limit", int(value))),
-        "arena_extend_strategy": (
-            _ORT_CUDA,
-            lambda value: (
-                "arena_extend_strategy",
-                ("kNextPowerOfTwo", "kSameAsRequested")[int(value)],
-            ),
-        ),
-    },
-    "torch": {},
-}
-_TRITON_ONLY = {
-    "onnxruntime": frozenset({
-        "inter_op_thread_count", "execution_mode", "enable_mem_arena", "enable_mem_pattern",
-        "memory.enable_memory_arena_shrinkage", "share_session_between_instances",
-        "enable_cpu_mem_arena", "session.use_device_allocator_for_initializers",
-    }),
-    "torch": frozenset({
-        "DISABLE_OPTIMIZED_EXECUTION", "INFERENCE_MODE", "ENABLE_NVFUSER",
-        "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING", "ENABLE_TENSOR_FUSER",
-        "ENABLE_WEIGHT_SHARING", "ENABLE_CACHE_CLEANING", "NUM_THREADS",
-    }),
-}  # fmt: skip
+
+
+def config_from_triton(
+    document: dict[str, Any], label: str, folder_name: str | None = None
+) -> ModelConfig:
+    """Triton's configuration (protobuf field names) as a ModelConfig, checked like a
+    config.toml: the fields by ``from_triton``, then the parameters map (reposerve's own
+    settings, the model's ``[parameters]``, Triton's backend parameters)."""
+    document = dict(document)
+    parameters = document.pop("parameters", None) or {}
+    if not isinstance(parameters, dict):
+        raise ConfigError(f"{label}: parameters: expected an object of {{key: string_value}}")
+    table = from_triton(document, label)
+    apply_triton_parameters(table, parameters, label)
+    backend_parameters(table, label)
+    return validate_model_config(table, label, folder_name)
 
 
 def from_triton(document: dict[str, Any], label: str) -> dict[str, Any]:
     """The config.toml table equivalent to Triton's configuration ``document``, but for its
-    ``parameters`` map, which ``triton_json.config_from_triton`` reads (it also carries
-    reposerve's own settings)."""
+    ``parameters`` map, which ``config_from_triton`` reads."""
     table: dict[str, Any] = {}
     for key, value in document.items():
         convert = _FIELDS.get(key)
         if convert is None:
             raise ConfigError(f"{label}: {key}: not supported by reposerve")
         convert(table, value, f"{label}: {key}")
-    if table.get("backend") == "torch":
+    backend = table.get("backend")
+    if backend is not None and backend_entry(backend).positional_names:
         for section in ("input", "output"):
             table[section] = _positional_order(table.get(section, []))
     return table
 
 
 def backend_parameters(table: dict[str, Any], label: str) -> None:
-    """Triton's own onnxruntime/libtorch parameters in ``table["parameters"]`` as reposerve's
+    """Triton's own parameters of the backend in ``table["parameters"]`` as reposerve's
     equivalents; one reposerve has none for is an error naming it, never ignored."""
     backend = table.get("backend")
+    if backend is None:
+        return
+    entry = backend_entry(backend)
     parameters = table.get("parameters") or {}
-    mapping = _BACKEND_PARAMETERS.get(backend or "", {})
     for key in list(parameters):
         where = f"{label}: parameters.{key}"
-        if key in _TRITON_ONLY.get(backend or "", ()):
+        if key in entry.triton_only:
             raise ConfigError(f"{where}: Triton's {backend} backend reads it; reposerve does not")
-        if key not in mapping:
+        mapping = entry.triton_parameters.get(key)
+        if mapping is None:
             continue
-        path, convert = mapping[key]
         try:
-            name, value = convert(parameters.pop(key))
+            value = mapping.convert(parameters.pop(key))
         except (ValueError, IndexError, TypeError) as exc:
             raise ConfigError(f"{where}: not a value Triton accepts ({exc})") from exc
         target = parameters
-        for part in path:
+        for part in mapping.path:
             target = target.setdefault(part, {})
-        target[name] = value
+        target[mapping.key] = value
 
 
 def _name(table: dict[str, Any], value: str, where: str) -> None:
     table["name"] = value
 
 
+_TRITON_NAMES = {name: entry.name for entry in BACKENDS for name in entry.triton_names}
+
+
 def _backend(table: dict[str, Any], value: str, where: str) -> None:
     if not value:
         return
-    backend = _BACKENDS.get(value)
+    backend = _TRITON_NAMES.get(value)
     if backend is None:
-        raise ConfigError(
-            f"{where}: '{value}' is not served by reposerve (it serves: python, "
-            "onnxruntime/onnxruntime_onnx, pytorch/pytorch_libtorch, ensemble)"
-        )
+        served = ", ".join("/".join(entry.triton_names) for entry in BACKENDS)
+        raise ConfigError(f"{where}: '{value}' is not served by reposerve (it serves: {served})")
     if table.setdefault("backend", backend) != backend:
         raise ConfigError(f"{where}: '{value}' contradicts the platform/backend given before it")
 
@@ -345,3 +331,125 @@ _FIELDS = {
     "model_transaction_policy": _transaction_policy,
     "ensemble_scheduling": _ensemble_scheduling,
 }
+
+
+# Out: a ModelConfig as Triton's model-config JSON.
+
+_TRITON_KINDS = {kind: name for name, kind in _KINDS.items()}
+
+
+def to_triton(name: str, backend: str, config: ModelConfig) -> dict[str, Any]:
+    """``config`` in Triton's model-config JSON (what ``GET .../config`` returns): every
+    field one of Triton's ``ModelConfig``, so its tools parse it strictly."""
+    entry = backend_entry(backend)
+    document: dict[str, Any] = {
+        "name": name,
+        "platform": entry.triton_platform,
+        "backend": entry.triton_backend,
+        "version_policy": _policy_out(config),
+        "max_batch_size": config.max_batch_size,
+        "default_model_filename": config.default_model_filename or "",
+        "input": [
+            {
+                "name": spec.name,
+                "data_type": TRITON_CONFIG_TYPES[spec.datatype],
+                "format": "FORMAT_NONE",
+                "dims": spec.shape,
+                **_reshape_out(spec),
+                "is_shape_tensor": False,
+                "allow_ragged_batch": False,
+                "optional": spec.optional,
+            }
+            for spec in config.input
+        ],
+        "output": [
+            {
+                "name": spec.name,
+                "data_type": TRITON_CONFIG_TYPES[spec.datatype],
+                "dims": spec.shape,
+                **_reshape_out(spec),
+                "label_filename": spec.label_filename or "",
+                "is_shape_tensor": False,
+            }
+            for spec in config.output
+        ],
+        "batch_input": [],
+        "batch_output": [],
+        "instance_group": [
+            {
+                "name": f"{name}_{index}",
+                "kind": _TRITON_KINDS[group.kind],
+                "count": group.count,
+                "gpus": group.gpus or [],
+                "secondary_devices": [],
+                "profile": [],
+                "passive": False,
+                "host_policy": "",
+            }
+            for index, group in enumerate(config.instance_group or ())  # resolved once loaded
+        ],
+        # reposerve-only settings (precision, execution limits, pinned cores) travel in
+        # Triton's free-form parameters: a strict protobuf parse rejects any other field.
+        "parameters": to_triton_parameters(config),
+        "model_warmup": [
+            {
+                "name": f"warmup_{index}",
+                "batch_size": warmup.batch_size,
+                "inputs": {
+                    spec.name: {
+                        "data_type": TRITON_CONFIG_TYPES[spec.datatype],
+                        "dims": [max(dim, 1) for dim in spec.shape],
+                        "zero_data"
+                        if warmup.inputs.get(spec.name, "zero") == "zero"
+                        else "random_data": True,
+                    }
+                    for spec in config.input
+                },
+            }
+            for index, warmup in enumerate(config.warmup)
+        ],
+        "model_transaction_policy": {"decoupled": config.decoupled},
+    }
+    if config.step:
+        document["ensemble_scheduling"] = {
+            "step": [
+                {
+                    "model_name": step.model,
+                    "model_version": step.version,
+                    "input_map": step.input_map,
+                    "output_map": step.output_map,
+                    "model_namespace": "",
+                }
+                for step in config.step
+            ]
+        }
+    batching = config.dynamic_batching
+    if batching is not None:
+        document["dynamic_batching"] = {
+            "preferred_batch_size": batching.preferred_batch_size,
+            "max_queue_delay_microseconds": batching.max_queue_delay_microseconds,
+            "preserve_ordering": batching.preserve_ordering,
+            "priority_levels": batching.priority_levels,
+            "default_priority_level": batching.default_priority_level,
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": batching.default_timeout_microseconds,
+                "allow_timeout_override": True,
+                "max_queue_size": batching.max_queue_size,
+            },
+        }
+    return document
+
+
+def _reshape_out(spec: TensorConfig) -> dict[str, Any]:
+    """Triton's ``reshape`` field, there only when the model sees another shape."""
+    return {} if spec.reshape is None else {"reshape": {"shape": spec.reshape}}
+
+
+def _policy_out(config: ModelConfig) -> dict[str, Any]:
+    policy = config.version_policy
+    if policy.all:
+        return {"all": {}}
+    if policy.specific is not None:
+        return {"specific": {"versions": policy.specific}}
+    return {"latest": {"num_versions": policy.latest or 1}}

@@ -291,7 +291,7 @@ class Repository:
         ensembles = [
             name
             for name, model in self._models.items()
-            if any(version.backend == "ensemble" for version in model.versions.values())
+            if any(version.pipeline for version in model.versions.values())
         ]
         await asyncio.gather(*(self.unload(name, deadline) for name in ensembles))
         rest = [name for name in self._models if name not in ensembles]

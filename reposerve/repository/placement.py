@@ -97,18 +97,9 @@ def _resolve(
             f"{where}.cpus: core(s) {unknown} not available (this server may use "
             f"{_ranges(cores)}). Hint: see `nproc` and the container's cpuset"
         )
-    if group.kind == "model":  # the model decides its device: no GPU is assigned to it
-        if group.gpus:
-            raise ConfigError(
-                f'{where}.gpus: a kind = "model" group picks its own device. Hint: remove '
-                'gpus, or use kind = "gpu"'
-            )
+    # A kind = "model" or "cpu" group names no GPUs (config.validate): none is assigned.
+    if group.kind == "model":  # the model decides its device
         return msgspec.structs.replace(group, gpus=None)
-    if group.kind == "cpu" and group.gpus:
-        raise ConfigError(
-            f'{where}.gpus: a kind = "cpu" group runs on no GPU. Hint: remove gpus, or use '
-            'kind = "gpu" (or "auto")'
-        )
     kind = group.kind
     if kind == "auto":
         kind = "gpu" if gpus.visible else "cpu"

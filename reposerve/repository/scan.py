@@ -11,8 +11,9 @@ from pathlib import Path
 import msgspec
 
 from reposerve.config import ModelConfig, find_config, load_model_config
+from reposerve.config.backends import BACKENDS, BackendEntry, backend_entry
 from reposerve.config.labels import read_labels
-from reposerve.config.parameters import check_backend
+from reposerve.config.parameters import check_backend, check_files
 from reposerve.errors import ConfigError
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
@@ -23,17 +24,15 @@ def is_model_name(name: str) -> bool:
     return len(name) <= NAME_MAX and MODEL_NAME.match(name) is not None
 
 
-BACKEND_FILES: dict[str, tuple[str, ...]] = {
-    "python": ("model.py",),
-    "onnxruntime": ("model.onnx",),
-    "torch": ("model.pt", "model.pt2"),
-}
-
-
 class VersionSource(msgspec.Struct, frozen=True):
     number: int
     path: Path
     backend: str
+
+    @property
+    def pipeline(self) -> bool:
+        """Its steps are the model (an ensemble): no model file, no instance process."""
+        return backend_entry(self.backend).pipeline
 
 
 class ModelSource(msgspec.Struct, frozen=True):
@@ -98,20 +97,17 @@ def read_model(root: Path, name: str, override: ConfigOverride | None = None) ->
     if not numbers:
         raise ConfigError(f"{name}: no version folders. Hint: put the model in {name}/1/")
     chosen = _apply_policy(config, numbers, label)
+    found = {number: _backend(config, path / str(number), name) for number in chosen}
     versions = [
-        VersionSource(number, path / str(number), _backend(config, path / str(number), name))
-        for number in chosen
+        VersionSource(number, path / str(number), backend) for number, (backend, _) in found.items()
     ]
     if config.backend is None:  # the backend's rules once the model files name it
-        for backend in sorted({version.backend for version in versions}):
+        for backend in sorted({backend for backend, _ in found.values()}):
             check_backend(config, backend, label)
+    for backend, files in found.values():
+        check_files(config, backend, files, label)
     labels = read_labels(path, config, label)
     return ModelSource(name, path, config, versions, labels)
-
-
-# Triton's onnxruntime backend batches auto-completed models up to this by default
-# (--backend-config=onnxruntime,default-max-batch-size=4).
-AUTO_MAX_BATCH_SIZE = 4
 
 
 def _generated_config(path: Path, name: str) -> ModelConfig:
@@ -119,14 +115,17 @@ def _generated_config(path: Path, name: str) -> ModelConfig:
     inputs, outputs and max_batch_size from the graph, read when an instance loads it)
     and for python models (a TritonPythonModel's ``auto_complete_config`` fills it in)."""
     versions = [entry for entry in path.iterdir() if _is_version_folder(entry)]
-    if any((entry / "model.onnx").is_file() for entry in versions):
-        return ModelConfig(backend="onnxruntime", default_max_batch_size=AUTO_MAX_BATCH_SIZE)
-    if any((entry / "model.py").is_file() for entry in versions):
-        return ModelConfig(backend="python")
+    configless = [entry for entry in BACKENDS if entry.configless]
+    for entry in configless:
+        if any(_present(version, entry) for version in versions):
+            return ModelConfig(
+                backend=entry.name, default_max_batch_size=entry.default_max_batch_size
+            )
+    files = " or ".join(f"N/{file}" for entry in configless for file in entry.files)
     raise ConfigError(
         f"{name}/config.toml: missing. Hint: every model folder needs one (or Triton's "
-        "config.pbtxt); only an ONNX model (N/model.onnx) or a python model whose "
-        "auto_complete_config fills it in (N/model.py) may go without"
+        f"config.pbtxt); only a model in {files} may go without (as Triton, reposerve "
+        "generates its config)"
     )
 
 
@@ -149,31 +148,31 @@ def _apply_policy(config: ModelConfig, numbers: list[int], label: str) -> list[i
     return numbers[-(policy.latest or 1) :]
 
 
-def _backend(config: ModelConfig, version_path: Path, name: str) -> str:
+def _present(version_path: Path, entry: BackendEntry) -> tuple[str, ...]:
+    """The names of ``entry``'s model files that ``version_path`` holds."""
+    return tuple(file for file in entry.files if (version_path / file).is_file())
+
+
+def _backend(config: ModelConfig, version_path: Path, name: str) -> tuple[str, tuple[str, ...]]:
+    """The backend of a version folder, and the names of its model files there."""
     where = f"{name}/{version_path.name}"
-    if config.backend == "ensemble":  # its steps are the model: the folder may be empty
-        return "ensemble"
+    entry = None if config.backend is None else backend_entry(config.backend)
+    if entry is not None and entry.pipeline:  # its steps are the model: the folder may be empty
+        return entry.name, ()
     if config.default_model_filename is not None:
-        return _named_file_backend(config, version_path, where)
-    if config.backend is not None:
-        files = BACKEND_FILES[config.backend]
-        if not any((version_path / file).is_file() for file in files):
-            # Triton's words too, which its tests look for in the log.
-            stub = (
-                f" (Failed to preinitialize Python stub: Python model file not found in "
-                f"'{version_path.resolve() / 'model.py'}')"
-                if config.backend == "python"
-                else ""
+        backend = _named_file_backend(config, version_path, where)
+        return backend, (config.default_model_filename,)
+    if entry is not None:
+        files = _present(version_path, entry)
+        if not files:
+            hint = entry.missing_file.format(path=version_path.resolve() / entry.files[0])
+            raise ConfigError(
+                f"{where}: backend {entry.name} needs {' or '.join(entry.files)}{hint}"
             )
-            raise ConfigError(f"{where}: backend {config.backend} needs {' or '.join(files)}{stub}")
-        return config.backend
-    found = [
-        backend
-        for backend, files in BACKEND_FILES.items()
-        if any((version_path / file).is_file() for file in files)
-    ]
+        return entry.name, files
+    found = [(entry.name, files) for entry in BACKENDS if (files := _present(version_path, entry))]
     if len(found) != 1:
-        wanted = ", ".join(file for files in BACKEND_FILES.values() for file in files)
+        wanted = ", ".join(file for entry in BACKENDS for file in entry.files)
         what = "several model files" if found else "no model file"
         raise ConfigError(
             f"{where}: {what}; put exactly one of {wanted} there or set the backend in its config"
@@ -190,9 +189,9 @@ def _named_file_backend(config: ModelConfig, version_path: Path, where: str) -> 
     if config.backend is not None:
         return config.backend
     suffix = Path(filename).suffix
-    for backend, files in BACKEND_FILES.items():
-        if any(Path(file).suffix == suffix for file in files):
-            return backend
+    for entry in BACKENDS:
+        if any(Path(file).suffix == suffix for file in entry.files):
+            return entry.name
     raise ConfigError(
         f"{where}: cannot tell the backend of {filename} from its name. Hint: set the "
         "backend (or Triton's platform) in the config"

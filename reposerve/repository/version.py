@@ -85,6 +85,7 @@ class ModelVersion:
         self.version_text = str(source.number)
         self.config = config
         self.backend = source.backend
+        self.pipeline = source.pipeline
         self.source = source
         self.labels = labels or {}  # output -> class labels, for classification requests
         self.state = ModelState.LOADING
@@ -96,7 +97,7 @@ class ModelVersion:
         self.output_names: tuple[str, ...] = ()
         # Instances join the scheduler as they load; until READY nobody else submits.
         self.scheduler: Scheduler | EnsembleScheduler
-        if source.backend == "ensemble":
+        if self.pipeline:
             if resolve is None:
                 raise ValueError(f"{self.label}: an ensemble needs a way to find its steps")
             self.scheduler = EnsembleScheduler(self.label, config, self.statistics, resolve)
@@ -166,7 +167,7 @@ class ModelVersion:
     async def load(self) -> None:
         """Start every instance and run the warmup; on any failure end UNAVAILABLE. An
         ensemble starts nothing: it is checked against its step models as loaded."""
-        if self.backend == "ensemble":
+        if self.pipeline:
             assert self._resolve is not None
             try:
                 check_steps(self.name, self.label, self.config, self._resolve)
@@ -233,7 +234,7 @@ class ModelVersion:
         self.unloaded = True
         self._restarter.cancel()
         try:
-            if self.backend != "ensemble" and not self.scheduler.serving:
+            if not self.pipeline and not self.scheduler.serving:
                 # Every instance was dead: no one is coming.
                 self._stop_now("no instance was running")
             try:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reposerve.config import parse_model_config
-from reposerve.config.load import validate_model_config
+from reposerve.config.validate import validate_model_config
 from reposerve.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -96,6 +96,16 @@ def test_full_example_parses():
             "instance_group[0].cpus: expected array of length >= 1, got []",
         ),
         ("[[instance_group]]\ncpus = [-1]", "instance_group[0].cpus[0]: expected int >= 0, got -1"),
+        (
+            "[[instance_group]]\ngpus = [0]",
+            'instance_group[0].gpus: a kind = "cpu" group runs on no GPU. Hint: remove gpus, '
+            'or use kind = "gpu" (or "auto")',
+        ),
+        (
+            '[[instance_group]]\nkind = "model"\ngpus = [0]',
+            'instance_group[0].gpus: a kind = "model" group picks its own device. Hint: '
+            'remove gpus, or use kind = "gpu"',
+        ),
         (
             "version_policy = { latest = 1, all = true }",
             "version_policy: set one of latest, all, specific (got latest, all)",

@@ -4,7 +4,8 @@ cli (convert) -> server -> http -> grpc -> service -> repository -> pipelines ->
 -> instance -> backends
 (the server object starts the fronts: HTTP, gRPC and metrics), and every layer may use the
 leaves (protocol, config, errors, datatypes, tensor, statistics, settings, metrics,
-quantiles, utilization, access).
+quantiles, utilization, access). Inside a layer, modules import one another without
+circles, deferred imports included: a circle only works while its import order does.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ LEAF_RULES = {
     "errors": set(),
     "datatypes": set(),
     "tensor": {"datatypes"},
-    "config": {"errors"},
+    "config": {"errors", "datatypes"},
     "statistics": {"quantiles"},
     "quantiles": set(),
     "utilization": set(),
@@ -111,3 +112,71 @@ def test_imports_point_right(path):
             assert ORDER.index(target) > ORDER.index(layer), (
                 f"{path.relative_to(PACKAGE)}: '{layer}' imports '{target}', a layer to its left"
             )
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.Module, modules: set[str]) -> set[str]:
+    """The package's modules ``tree`` imports when it runs: at the top or inside functions,
+    not under ``if TYPE_CHECKING:`` (annotations only, never executed). ``from a import b``
+    names the module ``a.b`` when there is one, else ``a``."""
+    found: set[str] = set()
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        ):
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module in modules:
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in modules else node.module)
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in ``graph`` (its first module repeated at the end), or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[module] = 2
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return []
+
+
+def test_no_module_imports_itself_through_others():
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    graph = {
+        name: _runtime_imports(ast.parse(path.read_text()), modules) - {name}
+        for name, path in paths.items()
+    }
+    circle = _circle(graph)
+    assert not circle, "import circle: " + " -> ".join(circle)
+
+
+def test_the_circle_finder_finds_circles():
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []

@@ -242,13 +242,6 @@ def test_wrong_options_fail_the_load_naming_the_key(program, parameters, message
     assert caught.value.message == message
 
 
-def test_torchscript_cannot_be_compiled(tmp_path, math_flags):
-    path = _script_doubles(tmp_path)
-    config = SCRIPT_CONFIG.format(output="INT64", size=4) + "[parameters]\ntorch_compile = true"
-    with pytest.raises(ReposerveError, match="torch.compile cannot compile TorchScript"):
-        _load(path, config)
-
-
 def test_torch_compile_wraps_the_module(program, math_flags):
     from torch._dynamo import register_backend
 

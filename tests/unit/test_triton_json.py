@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from reposerve.config import parse_model_config
-from reposerve.config.triton_json import decode_value, encode_value, parse_triton_config
+from reposerve.config.triton_json import parse_triton_config
+from reposerve.config.triton_parameters import decode_value, encode_value
 from reposerve.errors import ConfigError
 from reposerve.protocol.documents import model_config
 from tests.toy_models import EVERY_SETTING
