@@ -19,9 +19,7 @@ Who reads which field:
 - ``protocol.documents``: the platform in model metadata
 - ``reposerve.backends``: ``loader`` and ``extra``, in the instance process
 
-The order of ``BACKENDS`` is the order where one folder could be read as several: a folder
-without a config file that holds model.onnx and model.py is an ONNX model, as Triton
-generates configs for ONNX models.
+The order of ``BACKENDS`` is the order messages list them in.
 """
 
 from __future__ import annotations
@@ -74,9 +72,10 @@ class BackendEntry(msgspec.Struct, frozen=True, kw_only=True):
     triton_backend: str = ""  # Triton's backend name ("" where Triton names only a platform)
     # The model file carries its tensors' names, types and shapes (Triton's auto-complete).
     auto_complete: bool = False
-    # A folder holding only this backend's model files needs no config file (Triton
-    # generates one); it batches up to this when every tensor's first dimension is dynamic.
-    configless: bool = False
+    # A folder holding this backend's model file needs no config file (one is generated):
+    # what such a model is, for the error that says which may go without ("" for none).
+    configless: str = ""
+    # A generated config batches up to this when every tensor's first dimension is dynamic.
     default_max_batch_size: int = 0
     precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")  # [optimization] precision
     # Checks the backend's keys of [parameters] (ConfigError naming file and key) and
@@ -101,6 +100,16 @@ _ORT_CUDA = ("onnxruntime", "cuda")
 
 BACKENDS: tuple[BackendEntry, ...] = (
     BackendEntry(
+        name="python",
+        files=("model.py",),
+        missing_file=(
+            " (Failed to preinitialize Python stub: Python model file not found in '{path}')"
+        ),
+        loader="reposerve.backends.python:create_python_backend",
+        triton_backend="python",
+        configless="a python model whose auto_complete_config fills it in (N/model.py)",
+    ),
+    BackendEntry(
         name="onnxruntime",
         files=("model.onnx",),
         loader="reposerve.backends.onnxruntime:OnnxRuntimeBackend",
@@ -108,7 +117,7 @@ BACKENDS: tuple[BackendEntry, ...] = (
         triton_platform="onnxruntime_onnx",
         triton_backend="onnxruntime",
         auto_complete=True,
-        configless=True,
+        configless="an ONNX model (N/model.onnx)",
         # Triton's onnxruntime backend batches auto-completed models up to this by default
         # (--backend-config=onnxruntime,default-max-batch-size=4).
         default_max_batch_size=4,
@@ -136,17 +145,6 @@ BACKENDS: tuple[BackendEntry, ...] = (
                 "session.use_device_allocator_for_initializers",
             }
         ),  # fmt: skip
-    ),
-    BackendEntry(
-        name="python",
-        files=("model.py",),
-        missing_file=(
-            " (Failed to preinitialize Python stub: Python model file not found in '{path}')"
-        ),
-        loader="reposerve.backends.python:create_python_backend",
-        triton_backend="python",
-        # A TritonPythonModel's auto_complete_config fills the config in.
-        configless=True,
     ),
     BackendEntry(
         name="torch",

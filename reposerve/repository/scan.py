@@ -113,19 +113,20 @@ def read_model(root: Path, name: str, override: ConfigOverride | None = None) ->
 def _generated_config(path: Path, name: str) -> ModelConfig:
     """A folder without a config file: Triton generates one for ONNX models (backend,
     inputs, outputs and max_batch_size from the graph, read when an instance loads it)
-    and for python models (a TritonPythonModel's ``auto_complete_config`` fills it in)."""
+    and for python models (a TritonPythonModel's ``auto_complete_config`` fills it in).
+    A file that tells its own tensors wins (model.onnx beside a model.py that loads it)."""
     versions = [entry for entry in path.iterdir() if _is_version_folder(entry)]
     configless = [entry for entry in BACKENDS if entry.configless]
+    configless.sort(key=lambda entry: not entry.auto_complete)
     for entry in configless:
         if any(_present(version, entry) for version in versions):
             return ModelConfig(
                 backend=entry.name, default_max_batch_size=entry.default_max_batch_size
             )
-    files = " or ".join(f"N/{file}" for entry in configless for file in entry.files)
+    models = " or ".join(entry.configless for entry in configless)
     raise ConfigError(
         f"{name}/config.toml: missing. Hint: every model folder needs one (or Triton's "
-        f"config.pbtxt); only a model in {files} may go without (as Triton, reposerve "
-        "generates its config)"
+        f"config.pbtxt); only {models} may go without"
     )
 
 

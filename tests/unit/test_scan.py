@@ -58,8 +58,8 @@ def test_a_folder_without_config_is_what_its_file_says(tmp_path, files, backend)
 def test_a_folder_without_config_or_a_file_that_needs_none_is_refused(tmp_path):
     assert _error(_folder(tmp_path, ["model.pt"])) == (
         "m/config.toml: missing. Hint: every model folder needs one (or Triton's config.pbtxt); "
-        "only a model in N/model.onnx or N/model.py may go without (as Triton, reposerve "
-        "generates its config)"
+        "only an ONNX model (N/model.onnx) or a python model whose auto_complete_config fills "
+        "it in (N/model.py) may go without"
     )
 
 
