@@ -4,17 +4,17 @@ walked through both.
 
 The rules are found in the code, not listed by hand: every ``raise ConfigError(...)`` and
 every problem a rule function returns in the modules a folder is read through must match
-the message of some case below, or be exempt with the reason check cannot meet it. A new
-rule without a case fails ``test_every_rule_has_a_case``. Model files are placeholders:
-scan reads their names only, and every case must fail before anything opens them.
+the message of some case below, or be exempt with the reason check cannot meet it
+(``tests/rule_sites.py``). A new rule without a case fails ``test_every_rule_has_a_case``.
+Model files are placeholders: scan reads their names only, and every case must fail before
+anything opens them.
 """
 
 from __future__ import annotations
 
-import ast
-import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import httpx
@@ -22,7 +22,9 @@ import msgspec
 import pytest
 
 from reposerve.config.onnx_options import CudaOptions
+from tests.rule_sites import breaks, exempt, rule_sites
 from tests.server import REPO_ROOT, SERVE_BROKEN, running_server
+from tests.toy_models import ensemble_head, vector_config
 
 pytestmark = pytest.mark.e2e
 
@@ -42,20 +44,9 @@ class Rule(msgspec.Struct, frozen=True):
     where: str = "config.toml"
 
 
-TENSORS = """
-[[input]]
-name = "INPUT"
-datatype = "FP32"
-shape = [4]
-[[output]]
-name = "OUTPUT"
-datatype = "FP32"
-shape = [4]
-"""
-BATCHED = f"max_batch_size = 8\n{TENSORS}"
+BATCHED = textwrap.dedent(vector_config(size=4))  # INPUT and OUTPUT, FP32 [4]
 LABELED = f'{BATCHED}label_filename = "labels.txt"\n'
-ENSEMBLE = BATCHED.replace("INPUT", "IN").replace("OUTPUT", "OUT")
-ENSEMBLE = f'backend = "ensemble"\n{ENSEMBLE}'
+ENSEMBLE = ensemble_head(8)  # IN and OUT, FP32 [4]
 
 
 def step(reads: str, writes: str) -> str:
@@ -64,7 +55,17 @@ def step(reads: str, writes: str) -> str:
 
 READ_IN = step('x = "IN"', 'y = "OUT"')
 TENSORRT = "max_batch_size = 8\n[parameters.onnxruntime.tensorrt]\n"
-PROFILE = "trt_profile_{}_shapes = {{ {} }}\n"
+
+
+def profiles(*shapes: str) -> str:
+    """TensorRT's min, opt and max profiles, as many as given, each ``x = [...]``."""
+    kinds = ("min", "opt", "max")
+    return TENSORRT + "".join(
+        f"trt_profile_{kind}_shapes = {{ {shape} }}\n"
+        for kind, shape in zip(kinds, shapes, strict=False)
+    )
+
+
 PBTXT_TENSORS = (
     'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
     'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
@@ -278,33 +279,24 @@ RULES: dict[str, Rule] = {
         ONNX,
     ),
     "trt_profiles": Rule(
-        TENSORRT + PROFILE.format("min", "x = [1, 4]"),
+        profiles("x = [1, 4]"),
         "parameters.onnxruntime.tensorrt.trt_profile_min_shapes: needs "
         "trt_profile_opt_shapes, trt_profile_max_shapes too (TensorRT takes the three together)",
         ONNX,
     ),
     "trt_profile_names": Rule(
-        TENSORRT
-        + PROFILE.format("min", "x = [1, 4]")
-        + PROFILE.format("opt", "y = [8, 4]")
-        + PROFILE.format("max", "x = [32, 4]"),
+        profiles("x = [1, 4]", "y = [8, 4]", "x = [32, 4]"),
         "parameters.onnxruntime.tensorrt.trt_profile_opt_shapes: names ['y'], "
         "trt_profile_min_shapes ['x']",
         ONNX,
     ),
     "trt_profile_rank": Rule(
-        TENSORRT
-        + PROFILE.format("min", "x = [1, 4]")
-        + PROFILE.format("opt", "x = [8]")
-        + PROFILE.format("max", "x = [32, 4]"),
+        profiles("x = [1, 4]", "x = [8]", "x = [32, 4]"),
         "parameters.onnxruntime.tensorrt.trt_profile_*_shapes.x: the three shapes differ in rank",
         ONNX,
     ),
     "trt_profile_order": Rule(
-        TENSORRT
-        + PROFILE.format("min", "x = [8, 4]")
-        + PROFILE.format("opt", "x = [1, 4]")
-        + PROFILE.format("max", "x = [32, 4]"),
+        profiles("x = [8, 4]", "x = [1, 4]", "x = [32, 4]"),
         "parameters.onnxruntime.tensorrt.trt_profile_*_shapes.x: expected min <= opt <= max in "
         "every dimension, got [8, 4], [1, 4], [32, 4]",
         ONNX,
@@ -498,89 +490,6 @@ RULES: dict[str, Rule] = {
     ),
 }
 
-# Rules check cannot meet, and why: they are not about a model folder's content.
-EXEMPT = {
-    ("repository/scan.py", "check_model_name"): "a load request's model name; check lists "
-    "folders, whose names are valid",
-    ("repository/scan.py", "check_model_folder"): "a load request naming no folder",
-    ("config/load.py", "load_model_config", "cannot read"): "the operating system refusing "
-    "a read (tests run as root, who reads anything)",
-    ("config/labels.py", "read_labels", "cannot read"): "the same, for a label file",
-    ("config/triton.py", "config_from_triton"): "Triton's schema gives the parameters map "
-    "this shape before this code reads it",
-    ("config/triton_parameters.py", "apply_triton_parameters"): "the same",
-    ("config/triton.py", "from_triton"): "every field triton_schema declares has a converter; "
-    "the parser refuses the others first",
-    ("config/triton.py", "_instance_groups"): "the same: every kind and field is read",
-    ("config/triton.py", "_dynamic_batching"): "the same",
-    ("config/triton.py", "_queue_policy", "not supported by"): "the same",
-    ("config/triton.py", "_warmups", "not supported by"): "the same",
-    ("config/triton.py", "_optimization", "not supported by"): "the same",
-    ("config/triton.py", "_datatype"): "protobuf writes only the DataType enum's names, and "
-    "leaves TYPE_INVALID (its default) out",
-}
-# The modules a model folder is read through before any process starts. Not here:
-# config/complete.py (the model file's own tensors, read by an instance) and
-# config/triton_json.py (a load request's JSON config, which no folder holds).
-RULE_MODULES = (
-    "config/load.py", "config/validate.py", "config/tables.py", "config/ensemble.py",
-    "config/parameters.py", "config/onnx_options.py", "config/torch_options.py",
-    "config/labels.py", "config/pbtxt.py", "config/triton.py", "config/triton_parameters.py",
-    "repository/scan.py",
-)  # fmt: skip
-
-
-def _pattern(node: ast.expr) -> str | None:
-    """A message expression as a regular expression: its text, with ``.*`` for each value
-    put in; None when it is not a message."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return re.escape(node.value)
-    if isinstance(node, ast.JoinedStr):
-        return "".join(
-            re.escape(part.value) if isinstance(part, ast.Constant) else ".*"
-            for part in node.values
-        )
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _pattern(node.left), _pattern(node.right)
-        return None if left is None else left + (right or ".*")
-    return None
-
-
-def _rule_sites() -> list[tuple[str, str, int, str]]:
-    """(module, function, line, message pattern) of every ConfigError raised and every
-    problem a ``-> str | None`` rule function returns in ``RULE_MODULES``."""
-    sites = []
-    for module in RULE_MODULES:
-        tree = ast.parse((REPO_ROOT / "reposerve" / module).read_text())
-        for function in ast.walk(tree):
-            if not isinstance(function, ast.FunctionDef):
-                continue
-            returns_problem = ast.unparse(function.returns or ast.Constant(None)) == "str | None"
-            for node in ast.walk(function):
-                message = None
-                if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-                    if ast.unparse(node.exc.func) == "ConfigError" and node.exc.args:
-                        message = node.exc.args[0]
-                elif returns_problem and isinstance(node, ast.Return) and node.value:
-                    message = node.value
-                pattern = None if message is None else _pattern(message)
-                if pattern is not None:
-                    sites.append((module, function.name, node.lineno, pattern))
-    return sites
-
-
-def _exempt(module: str, function: str, pattern: str) -> bool:
-    return any(
-        key[:2] == (module, function) and (len(key) == 2 or re.escape(key[2]) in pattern)
-        for key in EXEMPT
-    )
-
-
-def _breaks(pattern: str, message: str) -> bool:
-    """Whether ``message`` is the rule's: a problem a rule function returns ends the message,
-    after the file's label (``: ``) or the table it is about (``.``)."""
-    return re.fullmatch(f"(.*(: |\\.))?{pattern}", message, re.DOTALL) is not None
-
 
 def _expected(repository: Path, name: str, rule: Rule) -> str:
     message = rule.message.replace("<name>", name).replace(
@@ -608,9 +517,9 @@ def test_every_rule_has_a_case(tmp_path):
     expected = _write(tmp_path)
     missing = [
         f"{module}:{line} {function}: {pattern}"
-        for module, function, line, pattern in _rule_sites()
-        if not _exempt(module, function, pattern)
-        and not any(_breaks(pattern, message) for message in expected.values())
+        for module, function, line, pattern in rule_sites()
+        if not exempt(module, function, pattern)
+        and not any(breaks(pattern, message) for message in expected.values())
     ]
     assert not missing, "rules no case breaks:\n" + "\n".join(missing)
 

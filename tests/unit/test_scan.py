@@ -4,25 +4,18 @@ model files (a TorchScript file), all from the backend table."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from reposerve.errors import ConfigError
 from reposerve.repository.scan import read_model
+from tests.toy_models import vector_config
 
 pytestmark = pytest.mark.unit
 
-DECLARED = """
-[[input]]
-name = "INPUT"
-datatype = "FP32"
-shape = [4]
-[[output]]
-name = "OUTPUT"
-datatype = "FP32"
-shape = [4]
-"""
+DECLARED = textwrap.dedent(vector_config(size=4))  # INPUT and OUTPUT, FP32 [4]
 
 
 def _folder(root: Path, files: list[str], config: str | None = None) -> Path:
