@@ -15,7 +15,8 @@ Who reads which field:
 - ``config.triton``: Triton's names both ways (``triton_platform``, ``triton_backend``),
   ``triton_parameters``, ``triton_only``, ``positional_names``
 - ``repository.scan``: ``files`` (which backend a version folder holds), ``configless``
-- ``repository.version``: ``pipeline`` (an ensemble runs no instance process)
+- ``config.ensemble``, ``repository.version``, ``repository.manager``: ``pipeline`` (an
+  ensemble: steps, no instance process)
 - ``protocol.documents``: the platform in model metadata
 - ``reposerve.backends``: ``loader`` and ``extra``, in the instance process
 
@@ -32,7 +33,7 @@ import msgspec
 from reposerve.config.onnx_options import onnx_parameters
 from reposerve.config.torch_options import torch_file_rule, torch_options
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # only in annotations: schema imports NAMES from here
     from reposerve.config.schema import ModelConfig
 
 

@@ -21,7 +21,7 @@ from msgspec import UNSET, UnsetType
 
 from reposerve.config.tables import convert_table
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # only in annotations: schema imports this module (through backends)
     from reposerve.config.schema import ModelConfig
 
 EXPORT_SUFFIX = ".pt2"  # torch.export's files; any other name is TorchScript
