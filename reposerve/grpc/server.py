@@ -2,15 +2,14 @@
 on a ``grpc.aio`` server that shares the HTTP front's event loop.
 
 Each handler decodes its request message, calls ``InferenceService`` (the operations the
-HTTP front calls) and encodes the answer; errors become the gRPC status codes Triton
-returns. Handlers are registered generically with the run-time message classes of
-``reposerve.grpc.schema``: no generated stubs.
+HTTP front calls) and encodes the answer (``reposerve.grpc.messages``, ``.infer``); errors
+become the gRPC status codes Triton returns. Handlers are registered generically with the
+run-time message classes of ``reposerve.grpc.schema``: no generated stubs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,9 +21,9 @@ from google.protobuf import json_format
 
 from reposerve.access import Policy, RestrictedError
 from reposerve.errors import ErrorKind, ReposerveError
-from reposerve.grpc import schema
+from reposerve.grpc import messages, schema
 from reposerve.grpc.decoding import Reclaimer, Undecodable, deserializer, status_message
-from reposerve.grpc.infer import parameter_value, request_parts, response_encoder
+from reposerve.grpc.infer import request_parts, response_encoder
 from reposerve.grpc.stream import serve_stream
 from reposerve.service import InferenceService
 from reposerve.settings import Settings
@@ -75,46 +74,36 @@ def _version(request: Any) -> str | None:
     return request.version or None
 
 
-def _parsed(document: bytes, message: Any) -> Any:
-    """A V2 JSON document into ``message``; fields gRPC has no place for are dropped."""
-    return json_format.Parse(document, message, ignore_unknown_fields=True)
-
-
 class Handlers:
     """One coroutine per RPC: (request message) -> response message."""
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
 
-    def _new(self, method: str, **fields: Any) -> Any:
-        return schema.message_class(f"{schema.PACKAGE}.{method}Response")(**fields)
-
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
-        return self._new("ServerLive", live=True)
+        return messages.response("ServerLive", live=True)
 
     async def ServerReady(self, request: Any) -> Any:  # noqa: N802
-        return self._new("ServerReady", ready=self.service.ready())
+        return messages.response("ServerReady", ready=self.service.ready())
 
     async def ModelReady(self, request: Any) -> Any:  # noqa: N802
         ready = await self.service.model_ready(request.name, _version(request))
-        return self._new("ModelReady", ready=ready)
+        return messages.response("ModelReady", ready=ready)
 
     async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
-        return _parsed(self.service.server_metadata(), self._new("ServerMetadata"))
+        return messages.server_metadata(self.service.server_metadata())
 
     async def ModelMetadata(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.model_metadata(request.name, _version(request))
-        return _parsed(document, self._new("ModelMetadata"))
+        metadata = self.service.model_metadata(request.name, _version(request))
+        return messages.model_metadata(metadata)
 
     async def ModelConfig(self, request: Any) -> Any:  # noqa: N802
         document = self.service.model_config(request.name, _version(request))
-        response = self._new("ModelConfig")
-        _parsed(document, response.config)
-        return response
+        return messages.model_config(document)
 
     async def ModelStatistics(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.model_statistics(request.name or None, _version(request))
-        return _parsed(document, self._new("ModelStatistics"))
+        statistics = self.service.model_statistics(request.name or None, _version(request))
+        return messages.model_statistics(statistics)
 
     async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
         header, raws = request_parts(request)
@@ -126,28 +115,16 @@ class Handlers:
         )
 
     async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.repository_index(msgspec.json.encode({"ready": request.ready}))
-        return _parsed(b'{"models": %s}' % document, self._new("RepositoryIndex"))
+        entries = self.service.repository_index(messages.to_index_request(request))
+        return messages.repository_index(entries)
 
     async def RepositoryModelLoad(self, request: Any) -> Any:  # noqa: N802
-        parameters = {}
-        for key, value in request.parameters.items():
-            plain = parameter_value(value)
-            # The HTTP form carries file contents as base64 strings: give it the same.
-            parameters[key] = (
-                base64.b64encode(plain).decode() if isinstance(plain, bytes) else plain
-            )
-        await self.service.load_model(
-            request.model_name, msgspec.json.encode({"parameters": parameters})
-        )
-        return self._new("RepositoryModelLoad")
+        await self.service.load_model(messages.to_load_request(request))
+        return messages.response("RepositoryModelLoad")
 
     async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
-        parameters = {key: parameter_value(value) for key, value in request.parameters.items()}
-        await self.service.unload_model(
-            request.model_name, msgspec.json.encode({"parameters": parameters})
-        )
-        return self._new("RepositoryModelUnload")
+        await self.service.unload_model(messages.to_unload_request(request))
+        return messages.response("RepositoryModelUnload")
 
     async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
         """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever
@@ -205,7 +182,7 @@ def _unary(
                 return await call(request)
             except ReposerveError as exc:
                 refusal = STATUS[exc.kind], exc.message
-            except (json_format.ParseError, msgspec.DecodeError) as exc:
+            except json_format.ParseError as exc:
                 log.exception("could not encode the %s response", method)
                 refusal = grpc.StatusCode.INTERNAL, f"internal error: {exc}"
             except Exception as exc:  # the client gets a status, the log the traceback
