@@ -88,7 +88,9 @@ def _tensor(tensor: TensorMetadata) -> dict[str, Any]:
 
 def model_config(result: ModelConfigDocument) -> Any:
     message = response("ModelConfig")
-    json_format.ParseDict(result.config, message.config)
+    # Fields of Triton's that this server's ModelConfig message does not declare
+    # (batch_input, ...) are dropped, as its clients would drop them.
+    json_format.ParseDict(result.config, message.config, ignore_unknown_fields=True)
     return message
 
 
