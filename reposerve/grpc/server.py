@@ -2,7 +2,7 @@
 on a ``grpc.aio`` server that shares the HTTP front's event loop.
 
 Each handler decodes its request message, calls ``InferenceService`` (the operations the
-HTTP front calls) and encodes the answer (``reposerve.grpc.messages``, ``.infer``); errors
+HTTP front calls) and encodes the answer (``reposerve.grpc.operations``, ``.infer``); errors
 become the gRPC status codes Triton returns. Handlers are registered generically with the
 run-time message classes of ``reposerve.grpc.schema``: no generated stubs.
 """
@@ -21,9 +21,10 @@ from google.protobuf import json_format
 
 from reposerve.access import Policy, RestrictedError
 from reposerve.errors import ErrorKind, ReposerveError
-from reposerve.grpc import messages, schema
+from reposerve.grpc import schema
 from reposerve.grpc.decoding import Reclaimer, Undecodable, deserializer, status_message
 from reposerve.grpc.infer import request_parts, response_encoder
+from reposerve.grpc.operations import Operations, response
 from reposerve.grpc.stream import serve_stream
 from reposerve.service import InferenceService
 from reposerve.settings import Settings
@@ -47,21 +48,6 @@ STATUS = {
 # Metadata a client opens ModelStreamInfer with (value "true") to have an error end the
 # stream with its gRPC status, as Triton does, rather than arrive as an error_message.
 GRPC_ERROR_KEY = "triton_grpc_error"
-# Each RPC's category for --grpc-restricted-protocol (Triton's names, as for HTTP).
-_CATEGORIES = {
-    "ServerLive": "health",
-    "ServerReady": "health",
-    "ModelReady": "health",
-    "ServerMetadata": "metadata",
-    "ModelMetadata": "metadata",
-    "ModelInfer": "inference",
-    "ModelStreamInfer": "inference",
-    "ModelConfig": "model-config",
-    "ModelStatistics": "statistics",
-    "RepositoryIndex": "model-repository",
-    "RepositoryModelLoad": "model-repository",
-    "RepositoryModelUnload": "model-repository",
-}
 _RESTRICTED_FLAG = "--grpc-restricted-protocol"
 # Triton looks for a restricted protocol's KEY under this prefix in the call's metadata
 # (--grpc-restricted-protocol inference:infer-key=v needs triton-grpc-protocol-infer-key: v).
@@ -70,40 +56,15 @@ RESTRICTED_PREFIX = "triton-grpc-protocol-"
 _MAX_MESSAGE = 2**31 - 1
 
 
-def _version(request: Any) -> str | None:
-    return request.version or None
-
-
-class Handlers:
-    """One coroutine per RPC: (request message) -> response message."""
-
-    def __init__(self, service: InferenceService) -> None:
-        self.service = service
+class Handlers(Operations):
+    """One coroutine per RPC: (request message) -> response message. Health and
+    inference are here; the service's other operations come from ``Operations``."""
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
-        return messages.response("ServerLive", live=True)
+        return response("ServerLive", live=True)
 
     async def ServerReady(self, request: Any) -> Any:  # noqa: N802
-        return messages.response("ServerReady", ready=self.service.ready())
-
-    async def ModelReady(self, request: Any) -> Any:  # noqa: N802
-        ready = await self.service.model_ready(request.name, _version(request))
-        return messages.response("ModelReady", ready=ready)
-
-    async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
-        return messages.server_metadata(self.service.server_metadata())
-
-    async def ModelMetadata(self, request: Any) -> Any:  # noqa: N802
-        metadata = self.service.model_metadata(request.name, _version(request))
-        return messages.model_metadata(metadata)
-
-    async def ModelConfig(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.model_config(request.name, _version(request))
-        return messages.model_config(document)
-
-    async def ModelStatistics(self, request: Any) -> Any:  # noqa: N802
-        statistics = self.service.model_statistics(request.name or None, _version(request))
-        return messages.model_statistics(statistics)
+        return response("ServerReady", ready=self.service.ready())
 
     async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
         header, raws = request_parts(request)
@@ -114,23 +75,11 @@ class Handlers:
             request.model_name, request.model_version or None, header, raws, encode
         )
 
-    async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
-        entries = self.service.repository_index(messages.to_index_request(request))
-        return messages.repository_index(entries)
-
-    async def RepositoryModelLoad(self, request: Any) -> Any:  # noqa: N802
-        await self.service.load_model(messages.to_load_request(request))
-        return messages.response("RepositoryModelLoad")
-
-    async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
-        await self.service.unload_model(messages.to_unload_request(request))
-        return messages.response("RepositoryModelUnload")
-
     async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
         """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever
         ``service`` names: the probe asks about the whole server."""
-        response = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
-        return response(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
+        health = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
+        return health(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
@@ -167,10 +116,10 @@ def _unary(
     method: str,
     call: Callable[[Any], Awaitable[Any]],
     request_class: Any,
+    category: str | None,
     policy: Policy,
     reclaimer: Reclaimer | None = None,
 ) -> grpc.RpcMethodHandler:
-    category = _CATEGORIES.get(method)
     checked = category is not None and policy.guards(category)
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -204,8 +153,7 @@ def _unary(
 def _streaming(
     service: InferenceService, policy: Policy, reclaimer: Reclaimer | None
 ) -> grpc.RpcMethodHandler:
-    method, request, _ = schema.STREAM_METHOD
-    category = _CATEGORIES[method]
+    _, request, _, category = schema.STREAM_METHOD
     checked = policy.guards(category)
 
     async def handle(requests: Any, context: grpc.aio.ServicerContext) -> None:
@@ -237,10 +185,11 @@ def generic_handlers(
             method,
             getattr(handlers, method),
             schema.message_class(f"{schema.PACKAGE}.{request}"),
+            category,
             policy,
             reclaimer,
         )
-        for method, request, _ in schema.METHODS
+        for method, request, _, category in schema.METHODS
     }
     inference[schema.STREAM_METHOD[0]] = _streaming(service, policy, reclaimer)
     health = {
@@ -248,6 +197,7 @@ def generic_handlers(
             "Check",
             handlers.Check,
             schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckRequest"),
+            None,  # the probe is never restricted
             policy,
         )
     }

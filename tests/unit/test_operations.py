@@ -15,8 +15,8 @@ from google.protobuf import json_format
 
 from reposerve.config import parse_model_config
 from reposerve.errors import ProtocolError
-from reposerve.grpc import messages, schema
-from reposerve.grpc.server import Handlers
+from reposerve.grpc import schema
+from reposerve.grpc.operations import Operations
 from reposerve.operations import (
     IndexEntry,
     IndexRequest,
@@ -40,8 +40,49 @@ pytestmark = pytest.mark.unit
 BINARY = bytes(range(256)) + b"\xff\xfe\x00\xc3\x28"
 
 
-def _message(name: str) -> object:
-    return schema.message_class(f"{schema.PACKAGE}.{name}")()
+def _message(kind: str, **fields: object) -> object:
+    return schema.message_class(f"{schema.PACKAGE}.{kind}")(**fields)
+
+
+class _Service:
+    """The service as the gRPC calls see it: each operation answers ``result`` and
+    records what it was given."""
+
+    def __init__(self, result: object = None) -> None:
+        self.result = result
+        self.calls: list[object] = []
+
+    def _answer(self, *arguments: object) -> object:
+        self.calls.append(arguments)
+        return self.result
+
+    def server_metadata(self) -> object:
+        return self._answer()
+
+    def model_metadata(self, name: str, version: str | None) -> object:
+        return self._answer(name, version)
+
+    def model_config(self, name: str, version: str | None) -> object:
+        return self._answer(name, version)
+
+    def model_statistics(self, name: str | None, version: str | None) -> object:
+        return self._answer(name, version)
+
+    def repository_index(self, request: IndexRequest) -> object:
+        return self._answer(request)
+
+    async def load_model(self, request: LoadRequest) -> None:
+        self._answer(request)
+
+    async def unload_model(self, request: UnloadRequest) -> None:
+        self._answer(request)
+
+
+def _call(method: str, service: _Service, request: object = None) -> object:
+    """``method`` of the gRPC front's operations, as a client's call reaches it."""
+    if request is None:
+        request = _message(f"{method}Request")
+    return asyncio.run(getattr(Operations(service), method)(request))
 
 
 def _from_json(document: bytes, message: object) -> object:
@@ -77,7 +118,9 @@ def _statistics() -> ModelStatistics:
 def test_statistics_read_the_same_over_http_and_grpc():
     result = _statistics()
     document = documents.encode(result)
-    built = messages.model_statistics(result)
+    service = _Service(result)
+    built = _call("ModelStatistics", service, _message("ModelStatisticsRequest", name="m"))
+    assert service.calls == [("m", None)]
     assert built == _from_json(document, _message("ModelStatisticsResponse"))
     first = built.model_stats[0]
     assert first.inference_count == 2**40
@@ -103,27 +146,17 @@ CONFIG = parse_model_config(EVERYTHING, "m/config.toml")
 
 
 @pytest.mark.parametrize(
-    ("result", "build", "response", "field"),
+    ("result", "method", "field"),
     [
-        (documents.server_metadata("triton"), messages.server_metadata, "ServerMetadata", None),
-        (
-            documents.model_metadata("m", [1, 3], "python", CONFIG),
-            messages.model_metadata,
-            "ModelMetadata",
-            None,
-        ),
-        (
-            documents.config_document("m", "python", CONFIG),
-            messages.model_config,
-            "ModelConfig",
-            "config",
-        ),
+        (documents.server_metadata("triton"), "ServerMetadata", None),
+        (documents.model_metadata("m", [1, 3], "python", CONFIG), "ModelMetadata", None),
+        (documents.config_document("m", "python", CONFIG), "ModelConfig", "config"),
     ],
     ids=["server_metadata", "model_metadata", "model_config"],
 )
-def test_documents_read_the_same_over_http_and_grpc(result, build, response, field):
-    built = build(result)
-    expected = _message(f"{response}Response")
+def test_documents_read_the_same_over_http_and_grpc(result, method, field):
+    built = _call(method, _Service(result))
+    expected = _message(f"{method}Response")
     if field is None:
         document = documents.encode(result)
         assert built == _from_json(document, expected)
@@ -148,24 +181,11 @@ def test_index_reads_the_same_over_http_and_grpc():
     ]
     document = documents.encode(entries)
     assert document.startswith(b'[{"name":"never_loaded"},')  # empty fields left out
-    built = messages.repository_index(entries)
+    service = _Service(entries)
+    built = _call("RepositoryIndex", service, _message("RepositoryIndexRequest", ready=True))
     assert built == _from_json(b'{"models": %s}' % document, _message("RepositoryIndexResponse"))
-    grpc_request = schema.message_class(f"{schema.PACKAGE}.RepositoryIndexRequest")(ready=True)
-    assert messages.to_index_request(grpc_request) == decode_index_request(b'{"ready":true}')
+    assert service.calls == [(decode_index_request(b'{"ready":true}'),)]
     assert decode_index_request(b"") == IndexRequest(ready=False)
-
-
-class _Recorder:
-    """The service as the gRPC handlers see it: what each control call was given."""
-
-    def __init__(self) -> None:
-        self.calls: list[object] = []
-
-    async def load_model(self, request: LoadRequest) -> None:
-        self.calls.append(request)
-
-    async def unload_model(self, request: UnloadRequest) -> None:
-        self.calls.append(request)
 
 
 def _on_the_wire(name: str, **parameters: tuple[str, object]) -> object:
@@ -177,14 +197,14 @@ def _on_the_wire(name: str, **parameters: tuple[str, object]) -> object:
 
 
 def test_grpc_load_files_arrive_as_the_bytes_sent():
-    recorder = _Recorder()
+    service = _Service()
     request = _on_the_wire(
         "RepositoryModelLoadRequest",
         config=("string_param", '{"max_batch_size": 2}'),
         **{"file:1/model.onnx": ("bytes_param", BINARY)},
     )
-    asyncio.run(Handlers(recorder).RepositoryModelLoad(request))
-    [load] = recorder.calls
+    _call("RepositoryModelLoad", service, request)
+    [(load,)] = service.calls
     assert load == LoadRequest("m", '{"max_batch_size": 2}', {"1/model.onnx": BINARY})
     # The same load over HTTP, its file base64 in JSON, is the same request.
     body = {
@@ -203,22 +223,22 @@ def test_grpc_load_file_as_text_is_refused():
         **{"file:1/model.py": ("string_param", "print()")},
     )
     with pytest.raises(ProtocolError) as error:
-        messages.to_load_request(request)
+        _call("RepositoryModelLoad", _Service(), request)
     assert error.value.message == (
         "load 'm': parameters.file:1/model.py: expected the file content as bytes (bytes_param)"
     )
 
 
 def test_grpc_and_http_unload_agree():
-    recorder = _Recorder()
+    service = _Service()
     request = _on_the_wire("RepositoryModelUnloadRequest", unload_dependents=("bool_param", True))
-    asyncio.run(Handlers(recorder).RepositoryModelUnload(request))
+    _call("RepositoryModelUnload", service, request)
     body = b'{"parameters": {"unload_dependents": true}}'
-    assert recorder.calls == [UnloadRequest("m", True)] == [decode_unload_request("m", body)]
+    assert service.calls == [(UnloadRequest("m", True),)] == [(decode_unload_request("m", body),)]
     wrong = _on_the_wire("RepositoryModelUnloadRequest", unload_dependents=("string_param", "yes"))
     message = "unload 'm': parameter unload_dependents must be a bool"
     with pytest.raises(ProtocolError, match=message):
-        messages.to_unload_request(wrong)
+        _call("RepositoryModelUnload", _Service(), wrong)
     with pytest.raises(ProtocolError, match=message):
         decode_unload_request("m", b'{"parameters": {"unload_dependents": "yes"}}')
 
