@@ -32,7 +32,7 @@ from reposerve.protocol.repository import (
     decode_unload_request,
 )
 from reposerve.statistics import BatchStats, Duration, InferenceStats, MemoryUsage, ModelStats
-from tests.e2e.test_triton_config import EVERYTHING
+from tests.toy_models import EVERY_SETTING
 
 pytestmark = pytest.mark.unit
 
@@ -142,7 +142,7 @@ def test_statistics_json_is_triton_document_unchanged():
     assert documents.encode(result) == documents.encode({"model_stats": as_dicts})
 
 
-CONFIG = parse_model_config(EVERYTHING, "m/config.toml")
+CONFIG = parse_model_config(EVERY_SETTING, "m/config.toml")
 
 
 @pytest.mark.parametrize(
