@@ -40,8 +40,8 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     log_format: LogFormat = "default"
 
 
-class _Update(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A ``POST /v2/logging`` body: only the settings it names change."""
+class LogUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A change of settings (a ``POST /v2/logging`` body): only those it names change."""
 
     log_file: str | UnsetType = UNSET
     log_info: bool | UnsetType = UNSET
@@ -51,8 +51,7 @@ class _Update(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     log_format: LogFormat | UnsetType = UNSET
 
 
-_encoder = msgspec.json.Encoder()
-_update_decoder = msgspec.json.Decoder(_Update)
+_update_decoder = msgspec.json.Decoder(LogUpdate)
 _TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -66,20 +65,8 @@ class LogControl:
         self.settings = settings
         self._apply(settings)
 
-    def document(self) -> bytes:
-        return _encoder.encode(self.settings)
-
-    def update(self, body: bytes) -> bytes:
-        """Apply a ``POST /v2/logging`` body; returns the whole settings document."""
-        try:
-            update = _update_decoder.decode(body or b"{}")
-        except msgspec.ValidationError as exc:
-            message = str(exc)
-            if message.startswith("Invalid enum value"):  # say what would be valid
-                message += f" (expected one of {', '.join(get_args(LogFormat))})"
-            raise ProtocolError(f"log settings: {message}") from exc
-        except (msgspec.DecodeError, RecursionError) as exc:
-            raise ProtocolError(f"log settings: malformed request JSON: {exc}") from exc
+    def update(self, update: LogUpdate) -> LogSettings:
+        """Apply ``update``; returns the whole settings after it."""
         if update.log_file is not UNSET and update.log_file != self.settings.log_file:
             raise ProtocolError(
                 "log settings: log_file can not be updated through the network protocol; "
@@ -95,7 +82,7 @@ class LogControl:
         logging.getLogger("reposerve").info(
             "log settings changed: %s", ", ".join(f"{k}={v}" for k, v in changes.items())
         )
-        return self.document()
+        return settings
 
     def _apply(self, settings: LogSettings) -> None:
         self.settings = settings
@@ -113,6 +100,19 @@ class LogControl:
         if record.levelno >= logging.INFO:
             return settings.log_info
         return settings.log_verbose_level >= max(1, logging.DEBUG + 1 - record.levelno)
+
+
+def decode_log_update(body: bytes) -> LogUpdate:
+    """A ``POST /v2/logging`` body (empty: no change)."""
+    try:
+        return _update_decoder.decode(body or b"{}")
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        if message.startswith("Invalid enum value"):  # say what would be valid
+            message += f" (expected one of {', '.join(get_args(LogFormat))})"
+        raise ProtocolError(f"log settings: {message}") from exc
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ProtocolError(f"log settings: malformed request JSON: {exc}") from exc
 
 
 def redirect_output(path: str) -> None:

@@ -1,7 +1,9 @@
-"""The protocol-agnostic operations the HTTP front calls.
+"""The protocol-agnostic operations both fronts call.
 
-Each takes names and bytes and returns bytes or plain values; status codes and headers
-stay in ``reposerve.http``.
+Inference takes the request's bytes (decoded here against the model's config) and gives
+back what the front's encoder makes of the outputs. Every other operation takes and
+returns the typed values of ``reposerve.operations``, which each front decodes and
+encodes in its own protocol. Status codes and headers stay in the fronts.
 """
 
 from __future__ import annotations
@@ -18,15 +20,25 @@ from reposerve.config.onnx_options import file_options
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, ReposerveError, RepositoryError
 from reposerve.instance.messages import CallFailure, CallResult, ModelControl
-from reposerve.logs import LogControl
+from reposerve.logs import LogControl, LogSettings, LogUpdate
 from reposerve.metrics import MetricsOptions, VersionMetrics, render
+from reposerve.operations import (
+    IndexEntry,
+    IndexRequest,
+    LoadRequest,
+    ModelConfigDocument,
+    ModelMetadata,
+    ModelStatistics,
+    ServerMetadata,
+    UnloadRequest,
+)
 from reposerve.protocol import documents
 from reposerve.protocol.classification import classify
 from reposerve.protocol.generate import decode_generate, encode_generate
-from reposerve.protocol.load import decode_load_request
+from reposerve.protocol.repository import decode_load_request, decode_unload_request
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.response import encode_response
-from reposerve.repository import IndexEntry, ModelState, ModelVersion, Repository
+from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository.scan import ConfigOverride, check_model_name
 from reposerve.scheduler.stream import ResponseStream
 from reposerve.tensor import Tensor
@@ -38,14 +50,6 @@ T = TypeVar("T")
 # Request bodies at least this large are decoded in a worker thread, so that walking one
 # (its BYTES elements, its JSON numbers) never stalls the event loop that serves everyone.
 DECODE_IN_THREAD = 1 << 20
-
-
-class _IndexRequest(msgspec.Struct):
-    ready: bool = False
-
-
-class _UnloadRequest(msgspec.Struct):
-    parameters: dict[str, Any] = {}
 
 
 class InferenceService:
@@ -112,30 +116,30 @@ class InferenceService:
 
     # -- metadata ------------------------------------------------------------------------
 
-    def server_metadata(self) -> bytes:
+    def server_metadata(self) -> ServerMetadata:
         return documents.server_metadata(self.server_name)
 
     # -- logging (Triton's logging extension) ----------------------------------------------
 
-    def log_settings(self) -> bytes:
-        return self._log_control().document()
+    def log_settings(self) -> LogSettings:
+        return self._log_control().settings
 
-    def update_log_settings(self, body: bytes) -> bytes:
-        return self._log_control().update(body)
+    def update_log_settings(self, update: LogUpdate) -> LogSettings:
+        return self._log_control().update(update)
 
     def _log_control(self) -> LogControl:
         if self._logs is None:
             raise RepositoryError("log settings: this server does not manage its logging")
         return self._logs
 
-    def model_metadata(self, name: str, version: str | None) -> bytes:
+    def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
         model = self.repository.get(name, version)
         ready = [v.version for v in self.repository.versions(name) if v.state is ModelState.READY]
         return documents.model_metadata(name, ready, model.backend, model.config)
 
-    def model_config(self, name: str, version: str | None) -> bytes:
+    def model_config(self, name: str, version: str | None) -> ModelConfigDocument:
         model = self.repository.get(name, version)
-        return documents.model_config(name, model.backend, model.config)
+        return documents.config_document(name, model.backend, model.config)
 
     async def model_ready(self, name: str, version: str | None) -> bool:
         try:
@@ -144,14 +148,14 @@ class InferenceService:
             return False
         return await model.check_ready()
 
-    def model_statistics(self, name: str | None, version: str | None) -> bytes:
+    def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics:
         if name is None:
             versions = self.repository.loaded()
         elif version:
             versions = [self.repository.get(name, version)]
         else:
             versions = self.repository.versions(name)
-        return documents.model_statistics([v.statistics.snapshot() for v in versions])
+        return ModelStatistics([v.statistics.snapshot() for v in versions])
 
     def metrics(self, options: MetricsOptions, usage: Usage | None = None) -> bytes:
         """The Prometheus exposition; ``usage`` is the last CPU/GPU sample, if any."""
@@ -331,22 +335,16 @@ class InferenceService:
 
     # -- repository control --------------------------------------------------------------
 
-    def repository_index(self, body: bytes) -> bytes:
-        try:
-            query = msgspec.json.decode(body or b"{}", type=_IndexRequest)
-        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
-            raise ProtocolError(f"repository index: malformed request JSON: {exc}") from exc
-        entries: list[IndexEntry] = self.repository.index(ready_only=query.ready)
-        return documents.encode(entries)
+    def repository_index(self, request: IndexRequest) -> list[IndexEntry]:
+        return self.repository.index(ready_only=request.ready)
 
-    async def load_model(self, name: str, body: bytes) -> None:
-        """Triton's load, with its overrides: ``parameters.config`` (Triton's JSON config,
-        used instead of the folder's) and ``file:`` parameters (the model folder's files,
-        only with --allow-model-file-override)."""
+    async def load_model(self, request: LoadRequest) -> None:
+        """Triton's load, with its overrides: ``config`` (Triton's JSON config, used instead
+        of the folder's) and ``files`` (the model folder's, only with
+        --allow-model-file-override)."""
         self._check_control()
+        name = request.name
         check_model_name(name)  # before its config can name it otherwise
-        # Off the loop: a load may carry whole model files, base64 in JSON.
-        request = await asyncio.to_thread(decode_load_request, name, body)
         if request.files and not self.allow_file_override:
             raise ProtocolError(
                 f"load '{name}': file: parameters would write model code onto this server, "
@@ -383,27 +381,23 @@ class InferenceService:
                 f"failed to load '{name}': {reasons}", kind=ErrorKind.INVALID_ARGUMENT
             )
 
-    async def unload_model(self, name: str, body: bytes = b"") -> None:
-        """Triton's unload; ``parameters.unload_dependents`` unloads the ensembles that
-        call the model too (otherwise they stop serving, saying why)."""
+    async def unload_model(self, request: UnloadRequest) -> None:
+        """Triton's unload; ``unload_dependents`` unloads the ensembles that call the model
+        too (otherwise they stop serving, saying why)."""
         self._check_control()
-        try:
-            request = msgspec.json.decode(body or b"{}", type=_UnloadRequest)
-        except (msgspec.DecodeError, RecursionError) as exc:
-            raise ProtocolError(f"unload '{name}': malformed request JSON: {exc}") from exc
-        dependents = request.parameters.get("unload_dependents", False)
-        if not isinstance(dependents, bool):
-            raise ProtocolError(f"unload '{name}': parameter unload_dependents must be a bool")
-        await self.repository.unload(name, dependents=dependents)
+        await self.repository.unload(request.name, dependents=request.unload_dependents)
 
     async def _model_control(self, control: ModelControl) -> CallResult | CallFailure:
         """A model's own request to load, unload or ask after a model (Triton's
-        ``pb_utils.load_model`` and friends): the control API's, with its rules."""
+        ``pb_utils.load_model`` and friends): the control API's, with its rules. Its body
+        is the HTTP control endpoint's."""
         try:
             if control.action == "load":
-                await self.load_model(control.model, control.body)
+                # Off the loop: a load may carry whole model files, base64 in JSON.
+                load = await asyncio.to_thread(decode_load_request, control.model, control.body)
+                await self.load_model(load)
             elif control.action == "unload":
-                await self.unload_model(control.model, control.body)
+                await self.unload_model(decode_unload_request(control.model, control.body))
         except ReposerveError as exc:
             return CallFailure(control.call_id, exc.message, exc.kind)
         ready = await self.model_ready(control.model, control.version or None)

@@ -52,6 +52,14 @@ class IsolationStats(msgspec.Struct):
     failed_requests: int = 0  # requests found at fault and failed alone
 
 
+class MemoryUsage(msgspec.Struct):
+    """Memory a model holds on one device (Triton's shape)."""
+
+    type: str  # "CPU", "CPU_PINNED", "GPU"
+    id: int
+    byte_size: int
+
+
 class ModelStats(msgspec.Struct):
     """One entry of Triton's ``model_stats`` list."""
 
@@ -62,7 +70,7 @@ class ModelStats(msgspec.Struct):
     execution_count: int = 0  # batches executed
     inference_stats: InferenceStats = msgspec.field(default_factory=InferenceStats)
     batch_stats: list[BatchStats] = []
-    memory_usage: list[dict] = []
+    memory_usage: list[MemoryUsage] = []
     isolation_stats: IsolationStats = msgspec.field(default_factory=IsolationStats)
 
 

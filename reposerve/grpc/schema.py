@@ -23,22 +23,33 @@ SERVICE = f"{PACKAGE}.GRPCInferenceService"
 HEALTH_PACKAGE = "grpc.health.v1"
 HEALTH_SERVICE = f"{HEALTH_PACKAGE}.Health"
 
-# (method, request message, response message), in Triton's order.
+# (method, request message, response message, category), in Triton's order. The category
+# is the protocol --grpc-restricted-protocol names it by (Triton's names, as for HTTP).
 METHODS = (
-    ("ServerLive", "ServerLiveRequest", "ServerLiveResponse"),
-    ("ServerReady", "ServerReadyRequest", "ServerReadyResponse"),
-    ("ModelReady", "ModelReadyRequest", "ModelReadyResponse"),
-    ("ServerMetadata", "ServerMetadataRequest", "ServerMetadataResponse"),
-    ("ModelMetadata", "ModelMetadataRequest", "ModelMetadataResponse"),
-    ("ModelInfer", "ModelInferRequest", "ModelInferResponse"),
-    ("ModelConfig", "ModelConfigRequest", "ModelConfigResponse"),
-    ("ModelStatistics", "ModelStatisticsRequest", "ModelStatisticsResponse"),
-    ("RepositoryIndex", "RepositoryIndexRequest", "RepositoryIndexResponse"),
-    ("RepositoryModelLoad", "RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
-    ("RepositoryModelUnload", "RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
+    ("ServerLive", "ServerLiveRequest", "ServerLiveResponse", "health"),
+    ("ServerReady", "ServerReadyRequest", "ServerReadyResponse", "health"),
+    ("ModelReady", "ModelReadyRequest", "ModelReadyResponse", "health"),
+    ("ServerMetadata", "ServerMetadataRequest", "ServerMetadataResponse", "metadata"),
+    ("ModelMetadata", "ModelMetadataRequest", "ModelMetadataResponse", "metadata"),
+    ("ModelInfer", "ModelInferRequest", "ModelInferResponse", "inference"),
+    ("ModelConfig", "ModelConfigRequest", "ModelConfigResponse", "model-config"),
+    ("ModelStatistics", "ModelStatisticsRequest", "ModelStatisticsResponse", "statistics"),
+    ("RepositoryIndex", "RepositoryIndexRequest", "RepositoryIndexResponse", "model-repository"),
+    (
+        "RepositoryModelLoad",
+        "RepositoryModelLoadRequest",
+        "RepositoryModelLoadResponse",
+        "model-repository",
+    ),
+    (
+        "RepositoryModelUnload",
+        "RepositoryModelUnloadRequest",
+        "RepositoryModelUnloadResponse",
+        "model-repository",
+    ),
 )
 # The one streaming RPC: requests and responses both flow as streams.
-STREAM_METHOD = ("ModelStreamInfer", "ModelInferRequest", "ModelStreamInferResponse")
+STREAM_METHOD = ("ModelStreamInfer", "ModelInferRequest", "ModelStreamInferResponse", "inference")
 
 
 def _parameters(owner: str, value: str = ".InferParameter") -> tuple[Any, Any]:
@@ -320,11 +331,11 @@ def _service_file() -> descriptor_pb2.FileDescriptorProto:
     )
     schema.message_type.extend(messages)
     service = schema.service.add(name="GRPCInferenceService")
-    for method, request, response in METHODS:
+    for method, request, response, _ in METHODS:
         service.method.add(
             name=method, input_type=f".{PACKAGE}.{request}", output_type=f".{PACKAGE}.{response}"
         )
-    method, request, response = STREAM_METHOD
+    method, request, response, _ = STREAM_METHOD
     service.method.add(
         name=method,
         input_type=f".{PACKAGE}.{request}",

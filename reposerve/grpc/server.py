@@ -2,15 +2,14 @@
 on a ``grpc.aio`` server that shares the HTTP front's event loop.
 
 Each handler decodes its request message, calls ``InferenceService`` (the operations the
-HTTP front calls) and encodes the answer; errors become the gRPC status codes Triton
-returns. Handlers are registered generically with the run-time message classes of
-``reposerve.grpc.schema``: no generated stubs.
+HTTP front calls) and encodes the answer (``reposerve.grpc.operations``, ``.infer``); errors
+become the gRPC status codes Triton returns. Handlers are registered generically with the
+run-time message classes of ``reposerve.grpc.schema``: no generated stubs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,7 +23,8 @@ from reposerve.access import Policy, RestrictedError
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.grpc import schema
 from reposerve.grpc.decoding import Reclaimer, Undecodable, deserializer, status_message
-from reposerve.grpc.infer import parameter_value, request_parts, response_encoder
+from reposerve.grpc.infer import request_parts, response_encoder
+from reposerve.grpc.operations import Operations, response
 from reposerve.grpc.stream import serve_stream
 from reposerve.service import InferenceService
 from reposerve.settings import Settings
@@ -48,21 +48,6 @@ STATUS = {
 # Metadata a client opens ModelStreamInfer with (value "true") to have an error end the
 # stream with its gRPC status, as Triton does, rather than arrive as an error_message.
 GRPC_ERROR_KEY = "triton_grpc_error"
-# Each RPC's category for --grpc-restricted-protocol (Triton's names, as for HTTP).
-_CATEGORIES = {
-    "ServerLive": "health",
-    "ServerReady": "health",
-    "ModelReady": "health",
-    "ServerMetadata": "metadata",
-    "ModelMetadata": "metadata",
-    "ModelInfer": "inference",
-    "ModelStreamInfer": "inference",
-    "ModelConfig": "model-config",
-    "ModelStatistics": "statistics",
-    "RepositoryIndex": "model-repository",
-    "RepositoryModelLoad": "model-repository",
-    "RepositoryModelUnload": "model-repository",
-}
 _RESTRICTED_FLAG = "--grpc-restricted-protocol"
 # Triton looks for a restricted protocol's KEY under this prefix in the call's metadata
 # (--grpc-restricted-protocol inference:infer-key=v needs triton-grpc-protocol-infer-key: v).
@@ -71,50 +56,15 @@ RESTRICTED_PREFIX = "triton-grpc-protocol-"
 _MAX_MESSAGE = 2**31 - 1
 
 
-def _version(request: Any) -> str | None:
-    return request.version or None
-
-
-def _parsed(document: bytes, message: Any) -> Any:
-    """A V2 JSON document into ``message``; fields gRPC has no place for are dropped."""
-    return json_format.Parse(document, message, ignore_unknown_fields=True)
-
-
-class Handlers:
-    """One coroutine per RPC: (request message) -> response message."""
-
-    def __init__(self, service: InferenceService) -> None:
-        self.service = service
-
-    def _new(self, method: str, **fields: Any) -> Any:
-        return schema.message_class(f"{schema.PACKAGE}.{method}Response")(**fields)
+class Handlers(Operations):
+    """One coroutine per RPC: (request message) -> response message. Health and
+    inference are here; the service's other operations come from ``Operations``."""
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
-        return self._new("ServerLive", live=True)
+        return response("ServerLive", live=True)
 
     async def ServerReady(self, request: Any) -> Any:  # noqa: N802
-        return self._new("ServerReady", ready=self.service.ready())
-
-    async def ModelReady(self, request: Any) -> Any:  # noqa: N802
-        ready = await self.service.model_ready(request.name, _version(request))
-        return self._new("ModelReady", ready=ready)
-
-    async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
-        return _parsed(self.service.server_metadata(), self._new("ServerMetadata"))
-
-    async def ModelMetadata(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.model_metadata(request.name, _version(request))
-        return _parsed(document, self._new("ModelMetadata"))
-
-    async def ModelConfig(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.model_config(request.name, _version(request))
-        response = self._new("ModelConfig")
-        _parsed(document, response.config)
-        return response
-
-    async def ModelStatistics(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.model_statistics(request.name or None, _version(request))
-        return _parsed(document, self._new("ModelStatistics"))
+        return response("ServerReady", ready=self.service.ready())
 
     async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
         header, raws = request_parts(request)
@@ -125,35 +75,11 @@ class Handlers:
             request.model_name, request.model_version or None, header, raws, encode
         )
 
-    async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.repository_index(msgspec.json.encode({"ready": request.ready}))
-        return _parsed(b'{"models": %s}' % document, self._new("RepositoryIndex"))
-
-    async def RepositoryModelLoad(self, request: Any) -> Any:  # noqa: N802
-        parameters = {}
-        for key, value in request.parameters.items():
-            plain = parameter_value(value)
-            # The HTTP form carries file contents as base64 strings: give it the same.
-            parameters[key] = (
-                base64.b64encode(plain).decode() if isinstance(plain, bytes) else plain
-            )
-        await self.service.load_model(
-            request.model_name, msgspec.json.encode({"parameters": parameters})
-        )
-        return self._new("RepositoryModelLoad")
-
-    async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
-        parameters = {key: parameter_value(value) for key, value in request.parameters.items()}
-        await self.service.unload_model(
-            request.model_name, msgspec.json.encode({"parameters": parameters})
-        )
-        return self._new("RepositoryModelUnload")
-
     async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
         """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever
         ``service`` names: the probe asks about the whole server."""
-        response = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
-        return response(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
+        health = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
+        return health(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
@@ -190,10 +116,10 @@ def _unary(
     method: str,
     call: Callable[[Any], Awaitable[Any]],
     request_class: Any,
+    category: str | None,
     policy: Policy,
     reclaimer: Reclaimer | None = None,
 ) -> grpc.RpcMethodHandler:
-    category = _CATEGORIES.get(method)
     checked = category is not None and policy.guards(category)
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -205,7 +131,7 @@ def _unary(
                 return await call(request)
             except ReposerveError as exc:
                 refusal = STATUS[exc.kind], exc.message
-            except (json_format.ParseError, msgspec.DecodeError) as exc:
+            except json_format.ParseError as exc:
                 log.exception("could not encode the %s response", method)
                 refusal = grpc.StatusCode.INTERNAL, f"internal error: {exc}"
             except Exception as exc:  # the client gets a status, the log the traceback
@@ -227,8 +153,7 @@ def _unary(
 def _streaming(
     service: InferenceService, policy: Policy, reclaimer: Reclaimer | None
 ) -> grpc.RpcMethodHandler:
-    method, request, _ = schema.STREAM_METHOD
-    category = _CATEGORIES[method]
+    _, request, _, category = schema.STREAM_METHOD
     checked = policy.guards(category)
 
     async def handle(requests: Any, context: grpc.aio.ServicerContext) -> None:
@@ -260,10 +185,11 @@ def generic_handlers(
             method,
             getattr(handlers, method),
             schema.message_class(f"{schema.PACKAGE}.{request}"),
+            category,
             policy,
             reclaimer,
         )
-        for method, request, _ in schema.METHODS
+        for method, request, _, category in schema.METHODS
     }
     inference[schema.STREAM_METHOD[0]] = _streaming(service, policy, reclaimer)
     health = {
@@ -271,6 +197,7 @@ def generic_handlers(
             "Check",
             handlers.Check,
             schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckRequest"),
+            None,  # the probe is never restricted
             policy,
         )
     }

@@ -1,11 +1,13 @@
 """The Starlette app: the whole HTTP surface as one route list, and thin handlers.
 
-Handlers read the path and body, call ``InferenceService`` and shape the reply; the
-only HTTP knowledge in reposerve lives in this package.
+Handlers read the path and body, call ``InferenceService`` and shape the reply: request
+bodies are decoded into the service's arguments (``reposerve.operations``) and its results
+encoded as V2 JSON. The only HTTP knowledge in reposerve lives in this package.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -22,7 +24,13 @@ from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import HttpError, error_body, error_response, retry_after_on_503
 from reposerve.http.generate import GenerateEndpoint
 from reposerve.http.infer import InferEndpoint, body_deadline
+from reposerve.logs import decode_log_update
 from reposerve.protocol.documents import encode
+from reposerve.protocol.repository import (
+    decode_index_request,
+    decode_load_request,
+    decode_unload_request,
+)
 from reposerve.service import InferenceService
 
 log = logging.getLogger("reposerve.http")
@@ -55,10 +63,11 @@ class Handlers:
         return _json(b'{"ready":false}', 503)
 
     async def server_metadata(self, request: Request) -> Response:
-        return _json(self.service.server_metadata())
+        return _json(encode(self.service.server_metadata()))
 
     async def model_metadata(self, request: Request) -> Response:
-        return _json(self.service.model_metadata(request.path_params["model"], _version(request)))
+        metadata = self.service.model_metadata(request.path_params["model"], _version(request))
+        return _json(encode(metadata))
 
     async def model_ready(self, request: Request) -> Response:
         name = request.path_params["model"]
@@ -66,28 +75,34 @@ class Handlers:
         return _json(encode({"name": name, "ready": ready}), 200 if ready else 400)
 
     async def model_config(self, request: Request) -> Response:
-        return _json(self.service.model_config(request.path_params["model"], _version(request)))
+        document = self.service.model_config(request.path_params["model"], _version(request))
+        return _json(encode(document.config))  # the config itself, unwrapped (Triton's)
 
     async def model_statistics(self, request: Request) -> Response:
         name = request.path_params.get("model")
-        return _json(self.service.model_statistics(name, _version(request)))
+        return _json(encode(self.service.model_statistics(name, _version(request))))
 
     async def repository_index(self, request: Request) -> Response:
-        return _json(self.service.repository_index(await request.body()))
+        query = decode_index_request(await request.body())
+        return _json(encode(self.service.repository_index(query)))
 
     async def load(self, request: Request) -> Response:
-        await self.service.load_model(request.path_params["model"], await request.body())
+        name, body = request.path_params["model"], await request.body()
+        # Off the loop: a load may carry whole model files, base64 in JSON.
+        await self.service.load_model(await asyncio.to_thread(decode_load_request, name, body))
         return _json(b"{}")
 
     async def unload(self, request: Request) -> Response:
-        await self.service.unload_model(request.path_params["model"], await request.body())
+        body = await request.body()
+        await self.service.unload_model(decode_unload_request(request.path_params["model"], body))
         return _json(b"{}")
 
     async def log_settings(self, request: Request) -> Response:
-        return _json(self.service.log_settings())
+        return _json(encode(self.service.log_settings()))
 
     async def update_log_settings(self, request: Request) -> Response:
-        return _json(self.service.update_log_settings(await request.body()))
+        update = decode_log_update(await request.body())
+        return _json(encode(self.service.update_log_settings(update)))
 
 
 def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:

@@ -1,8 +1,8 @@
-"""The JSON documents of the V2 protocol and Triton's extensions, other than inference.
+"""The documents of the V2 protocol and Triton's extensions, other than inference: server
+metadata, model metadata and the model configuration in Triton's model-config JSON, as
+the service's results (``reposerve.operations``).
 
-Shapes follow Triton so its clients and tools (tritonclient, perf_analyzer) read them:
-server metadata, model metadata, the model configuration in Triton's model-config JSON,
-statistics and the repository index.
+Shapes follow Triton so its clients and tools (tritonclient, perf_analyzer) read them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ import reposerve
 from reposerve.config import ModelConfig, TensorConfig
 from reposerve.config.backends import backend_entry
 from reposerve.config.triton import to_triton
-from reposerve.statistics import ModelStats
+from reposerve.operations import (
+    ModelConfigDocument,
+    ModelMetadata,
+    ServerMetadata,
+    TensorMetadata,
+)
 
 # Triton's name by default: its clients and scripts check it (--server-name changes it);
 # reposerve's own identity is the version and the extensions it lists.
@@ -35,30 +40,28 @@ _encoder = msgspec.json.Encoder()
 
 
 def encode(document: Any) -> bytes:
+    """A document (a Struct or builtins) as its V2 JSON."""
     return _encoder.encode(document)
 
 
-def server_metadata(name: str = SERVER_NAME) -> bytes:
-    return encode({"name": name, "version": reposerve.__version__, "extensions": list(EXTENSIONS)})
+def server_metadata(name: str = SERVER_NAME) -> ServerMetadata:
+    return ServerMetadata(name, reposerve.__version__, list(EXTENSIONS))
 
 
-def model_metadata(name: str, versions: Sequence[int], backend: str, config: ModelConfig) -> bytes:
+def model_metadata(
+    name: str, versions: Sequence[int], backend: str, config: ModelConfig
+) -> ModelMetadata:
     batch = [-1] if config.max_batch_size > 0 else []
 
-    def tensors(specs: list[TensorConfig]) -> list[dict[str, Any]]:
-        return [
-            {"name": spec.name, "datatype": spec.datatype, "shape": batch + spec.shape}
-            for spec in specs
-        ]
+    def tensors(specs: list[TensorConfig]) -> list[TensorMetadata]:
+        return [TensorMetadata(spec.name, spec.datatype, batch + spec.shape) for spec in specs]
 
-    return encode(
-        {
-            "name": name,
-            "versions": [str(version) for version in versions],
-            "platform": _platform(backend),
-            "inputs": tensors(config.input),
-            "outputs": tensors(config.output),
-        }
+    return ModelMetadata(
+        name,
+        [str(version) for version in versions],
+        _platform(backend),
+        tensors(config.input),
+        tensors(config.output),
     )
 
 
@@ -70,9 +73,11 @@ def _platform(backend: str) -> str:
 
 
 def model_config(name: str, backend: str, config: ModelConfig) -> bytes:
-    """The config in Triton's model-config JSON (what ``GET .../config`` returns)."""
+    """``config_document`` as JSON (what a Triton Python model is given)."""
     return encode(to_triton(name, backend, config))
 
 
-def model_statistics(stats: Sequence[ModelStats]) -> bytes:
-    return encode({"model_stats": list(stats)})
+def config_document(name: str, backend: str, config: ModelConfig) -> ModelConfigDocument:
+    """The config in Triton's model-config JSON (what ``GET .../config`` returns): every
+    field one of Triton's ``ModelConfig``, so its tools parse it strictly."""
+    return ModelConfigDocument(to_triton(name, backend, config))

@@ -1,6 +1,6 @@
 """The model repository: scanning the folder, each version's lifecycle, load/swap/unload."""
 
-from reposerve.repository.manager import IndexEntry, Repository
+from reposerve.repository.manager import Repository
 from reposerve.repository.version import ModelState, ModelVersion
 
-__all__ = ["IndexEntry", "ModelState", "ModelVersion", "Repository"]
+__all__ = ["ModelState", "ModelVersion", "Repository"]

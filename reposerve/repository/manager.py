@@ -16,10 +16,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import msgspec
-
 from reposerve.config.complete import require_declared
 from reposerve.errors import ConfigError, ErrorKind, RepositoryError
+from reposerve.operations import IndexEntry
 from reposerve.pipelines.ensemble import check_steps
 from reposerve.repository.override import OverrideFolder
 from reposerve.repository.roots import all_model_names, check_exists, find_root
@@ -27,15 +26,6 @@ from reposerve.repository.scan import ConfigOverride, check_model_name, read_mod
 from reposerve.repository.version import Control, ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
-
-
-class IndexEntry(msgspec.Struct, omit_defaults=True):
-    """One row of ``POST /v2/repository/index`` (Triton's shape)."""
-
-    name: str
-    version: str = ""
-    state: str = ""
-    reason: str = ""
 
 
 class _Model:

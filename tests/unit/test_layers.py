@@ -3,8 +3,8 @@
 cli (convert) -> server -> http -> grpc -> service -> repository -> pipelines -> scheduler
 -> instance -> backends
 (the server object starts the fronts: HTTP, gRPC and metrics), and every layer may use the
-leaves (protocol, config, errors, datatypes, tensor, statistics, settings, metrics,
-quantiles, utilization, access). Inside a layer, modules import one another without
+leaves (protocol, operations, config, errors, datatypes, tensor, statistics, settings,
+metrics, quantiles, utilization, access). Inside a layer, modules import one another without
 circles, deferred imports included: a circle only works while its import order does.
 """
 
@@ -34,6 +34,7 @@ ORDER = [
 LEAVES = {
     "metrics",
     "protocol",
+    "operations",
     "config",
     "errors",
     "datatypes",
@@ -60,7 +61,17 @@ LEAF_RULES = {
     "logs": {"errors"},
     "access": {"errors", "settings"},  # who may call which API, for every front
     "__init__": {"errors"},  # the package exports InvalidInput for model authors
-    "protocol": {"config", "datatypes", "errors", "tensor", "statistics", "__init__"},
+    # the service's typed arguments and results, which a front in any process can import
+    "operations": {"logs", "statistics"},
+    "protocol": {
+        "config",
+        "datatypes",
+        "errors",
+        "tensor",
+        "statistics",
+        "operations",
+        "__init__",
+    },
 }
 FORBIDDEN_IN_LEAVES = {
     "starlette",

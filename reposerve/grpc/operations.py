@@ -1,0 +1,115 @@
+"""The service's operations other than inference, as Triton's unary gRPC calls.
+
+Each call turns its request message into the operation's arguments (the Structs of
+``reposerve.operations``), calls ``InferenceService`` and builds its response message
+from the result field by field (``build``): no JSON between them, and a load's files stay
+the bytes that came (``bytes_param``). The model config is the one result that is a
+document, Triton's model-config JSON, which is its message's JSON mapping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from google.protobuf import json_format
+
+from reposerve.errors import ProtocolError
+from reposerve.grpc import schema
+from reposerve.grpc.infer import parameter_value
+from reposerve.operations import IndexRequest
+from reposerve.protocol.repository import load_request, unload_request
+from reposerve.service import InferenceService
+
+
+def response(method: str, **fields: Any) -> Any:
+    """A new ``{method}Response`` message."""
+    return schema.message_class(f"{schema.PACKAGE}.{method}Response")(**fields)
+
+
+def build(method: str, result: msgspec.Struct) -> Any:
+    """``{method}Response`` with ``result``'s fields."""
+    message = response(method)
+    _fill(message, result)
+    return message
+
+
+def _fill(message: Any, value: msgspec.Struct) -> None:
+    """Copy ``value`` into ``message`` by field name, Structs into messages. A field the
+    message does not declare is reposerve's addition to Triton's document (such as
+    ``isolation_stats``), which the JSON carries and gRPC has no place for."""
+    declared = message.DESCRIPTOR.fields_by_name
+    for name in value.__struct_fields__:
+        field = declared.get(name)
+        if field is None:
+            continue
+        item = getattr(value, name)
+        if field.message_type is None:
+            if isinstance(item, list):
+                getattr(message, name).extend(item)
+            else:
+                setattr(message, name, item)
+        elif isinstance(item, list):
+            for element in item:
+                _fill(getattr(message, name).add(), element)
+        else:
+            _fill(getattr(message, name), item)
+
+
+def _version(request: Any) -> str | None:
+    return request.version or None
+
+
+def _parameters(request: Any) -> dict[str, Any]:
+    return {key: parameter_value(value) for key, value in request.parameters.items()}
+
+
+def _file_content(value: object, where: str) -> bytes:
+    if not isinstance(value, bytes):
+        raise ProtocolError(f"{where}: expected the file content as bytes (bytes_param)")
+    return value
+
+
+class Operations:
+    """One coroutine per call: (request message) -> response message."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    async def ModelReady(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
+        ready = await self.service.model_ready(request.name, _version(request))
+        return response("ModelReady", ready=ready)
+
+    async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
+        return build("ServerMetadata", self.service.server_metadata())
+
+    async def ModelMetadata(self, request: Any) -> Any:  # noqa: N802
+        return build("ModelMetadata", self.service.model_metadata(request.name, _version(request)))
+
+    async def ModelConfig(self, request: Any) -> Any:  # noqa: N802
+        document = self.service.model_config(request.name, _version(request))
+        message = response("ModelConfig")
+        # Fields of Triton's that this server's ModelConfig message does not declare
+        # (batch_input, ...) are dropped, as its clients would drop them.
+        json_format.ParseDict(document.config, message.config, ignore_unknown_fields=True)
+        return message
+
+    async def ModelStatistics(self, request: Any) -> Any:  # noqa: N802
+        statistics = self.service.model_statistics(request.name or None, _version(request))
+        return build("ModelStatistics", statistics)
+
+    async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
+        entries = self.service.repository_index(IndexRequest(ready=request.ready))
+        message = response("RepositoryIndex")
+        for entry in entries:
+            _fill(message.models.add(), entry)
+        return message
+
+    async def RepositoryModelLoad(self, request: Any) -> Any:  # noqa: N802
+        load = load_request(request.model_name, _parameters(request), _file_content)
+        await self.service.load_model(load)
+        return response("RepositoryModelLoad")
+
+    async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
+        await self.service.unload_model(unload_request(request.model_name, _parameters(request)))
+        return response("RepositoryModelUnload")
