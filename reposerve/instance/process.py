@@ -1,9 +1,11 @@
 """The front's handle on one instance process: spawn, load, run batches, stop.
 
-Each instance tracks the batches it has in flight, so when its process dies exactly those
-batches fail (and nothing else), and the owner is told through ``on_exit``. A batch that
-outlives the model's execution timeout gets the process killed: a hung execute cannot be
-interrupted any other way, and the replacement serves the requests still queued.
+Each instance keeps books on the batches it has in flight (``books``), so when its
+process dies exactly those batches fail (and nothing else), and the owner is told through
+``on_exit``. A batch that outlives the model's execution timeout (``watchdog``) gets the
+process killed: a hung execute cannot be interrupted any other way, and the replacement
+serves the requests still queued. This class owns the process and its socket: it turns
+frames into bookings and outcomes, and the books' decisions into frames.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -24,6 +25,8 @@ from reposerve.backends.base import MetricFamilyGone, MetricState, ModelLog, Req
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError
 from reposerve.instance.arena import Slot, align
+from reposerve.instance.books import Books
+from reposerve.instance.call_slots import CallSlots
 from reposerve.instance.custom_metrics import CustomMetrics
 from reposerve.instance.messages import (
     Call,
@@ -69,27 +72,11 @@ from reposerve.instance.readiness import ReadinessCheck
 from reposerve.instance.slot_pool import SlotPool
 from reposerve.instance.spawn import spawn
 from reposerve.instance.spec import InstanceSpec
+from reposerve.instance.watchdog import Watchdog
 
 log = logging.getLogger("reposerve.instance")
 
-NESTED_LIMIT = 64  # batches an instance runs while its models wait on calls, at most
 REAP_TIMEOUT_S = 5.0  # a killed process is gone within this, even with a large CUDA context
-
-
-class _Running(msgspec.Struct):
-    """A batch handed to the process: its slot, its owner's callback, and since when it
-    runs (loop time; a staged batch starts when the one before it is answered)."""
-
-    slot: int
-    on_done: OnDone
-    on_start: OnStart | None
-    since: float
-    started: bool
-    on_response: OnResponse | None = None
-    # A decoupled batch waiting for its clients to take a response: the execution
-    # timeout does not run meanwhile (a slow reader is not a hung model).
-    paused: bool = False
-    cancelled: bool = False  # a decoupled batch told to stop
 
 
 class InstanceState(enum.Enum):
@@ -112,13 +99,8 @@ class InstanceProcess:
     ) -> None:
         self.spec = spec
         self._on_call = on_call
-        # Model calls the process waits on: each is room for one more batch, which it runs
-        # while it waits (a sync model calling itself must not wait for itself).
-        self._nested_calls: set[int] = set()
-        self._call_slots: dict[int, Slot] = {}  # the process's call memfds, by its fd
+        self._call_slots = CallSlots()
         self.state = InstanceState.STARTING
-        self.max_inflight = 1  # batches the process runs at once (many for async models)
-        self.staging = 0  # batches it accepts beyond those, to start as soon as one ends
         self.per_request = False  # whether its backend wants each batch's request slices
         self.config: ModelConfig | None = None  # as completed by the backend, once READY
         self.readiness: ReadinessCheck | None = None  # the model's own check, if it has one
@@ -130,9 +112,9 @@ class InstanceProcess:
         self._slots = SlotPool(
             f"{spec.model}-{spec.index}", self._send_with_fd, self._send, self._idle
         )
-        self._in_flight: dict[int, _Running] = {}
-        self._next_batch_id = 0
-        self._watchdog: asyncio.TimerHandle | None = None  # keeps the execution timeout
+        self._loop = asyncio.get_running_loop()
+        self._books = Books()
+        self._watchdog = Watchdog(spec.execute_timeout_s, self._books, self._loop, self._overran)
         self._ready: asyncio.Future[None] | None = None
         self._closed = asyncio.Event()
         self._exit_report: asyncio.Task | None = None  # held so the task is not collected
@@ -143,7 +125,7 @@ class InstanceProcess:
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        return len(self._books)
 
     @property
     def live(self) -> bool:
@@ -155,8 +137,8 @@ class InstanceProcess:
 
     def has_capacity(self, staged: bool = False) -> bool:
         """Whether it takes a batch now: to run at once, or (``staged``) to run next."""
-        limit = self._running_limit + (self.staging if staged else 0)
-        if self.state is not InstanceState.READY or len(self._in_flight) >= limit:
+        limit = self._books.limit(staged)
+        if self.state is not InstanceState.READY or len(self._books) >= limit:
             return False
         if self._slots.has_free:
             return True
@@ -170,7 +152,7 @@ class InstanceProcess:
 
     async def start(self, timeout: float) -> None:
         """Spawn the process and wait until its backend has loaded."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         parent_sock, child_sock = socket.socketpair()
         self._process = spawn(self.spec, child_sock.fileno())
         child_sock.close()
@@ -240,15 +222,7 @@ class InstanceProcess:
                 end = position + len(part)
                 view[position:end] = part
                 position = end
-        batch_id = self._next_batch_id
-        self._next_batch_id += 1
-        loop = asyncio.get_running_loop()
-        starts_now = len(self._in_flight) < self._running_limit
-        self._in_flight[batch_id] = _Running(
-            slot_index, on_done, on_start, loop.time(), starts_now, on_response
-        )
-        if starts_now and on_start is not None:
-            on_start()
+        batch_id = self._books.add(slot_index, on_done, on_start, on_response, self._loop.time())
         self._transport.write(
             encode_frame(
                 Execute(
@@ -261,48 +235,29 @@ class InstanceProcess:
                 )
             )
         )
-        self._arm_watchdog()
+        self._watchdog.arm()
         return batch_id
 
     def cancel(self, batch_id: int) -> None:
         """Ask the process to stop a decoupled batch (its clients have gone); the batch
         still ends with its outcome, after the responses it had produced."""
-        running = self._in_flight.get(batch_id)
-        if running is None or running.cancelled or self._transport is None:
+        if self._transport is None or not self._books.cancel(batch_id, self._loop.time()):
             return
-        running.cancelled = True
-        # No Resume is coming: the model gets execute_timeout to stop, from now.
-        running.paused = False
-        running.since = asyncio.get_running_loop().time()
-        self._arm_watchdog()
+        self._watchdog.arm()
         self._transport.write(encode_frame(Cancel(batch_id)))
 
     def cancel_request(self, batch_id: int, index: int) -> None:
         """Raise request ``index``'s cancel flag in its batch's slot: the model reads it
         there (``is_cancelled()``) whatever it is doing, without a frame to wait for."""
-        running = self._in_flight.get(batch_id)
+        running = self._books.get(batch_id)
         # Only per-request batches carry the flags (the others' slots open with inputs).
         if running is not None and self.per_request:
             self._slots[running.slot].buffer[index] = 1
 
-    @property
-    def _running_limit(self) -> int:
-        """Batches it runs at once: one more for each model call it waits on (a sync
-        instance runs the next batch nested meanwhile), up to NESTED_LIMIT more."""
-        return self.max_inflight + min(len(self._nested_calls), NESTED_LIMIT)
-
     def call_slot(self, call: Call) -> Slot:
         """The shared memory a call's inputs lie in (opened through /proc, once per
         memfd; mapped again when the process grew it). Raises OSError once it is gone."""
-        path = f"/proc/{self.pid}/fd/{call.fd}"
-        slot = self._call_slots.get(call.fd)
-        # The number may name another file of the process by now: the same file or none.
-        if slot is None or os.stat(path).st_ino != os.fstat(slot.fd).st_ino:
-            if slot is not None:
-                slot.close()
-            slot = self._call_slots[call.fd] = Slot.open_shared(path, call.slot_size)
-        slot.remap(call.slot_size)
-        return slot
+        return self._call_slots.open(self.pid, call)
 
     def answer_call(self, reply: CallResult | CallResponse | CallFailure) -> None:
         self._send(reply)
@@ -311,35 +266,10 @@ class InstanceProcess:
         if self._transport is not None and self.state is not InstanceState.EXITED:
             self._transport.write(encode_frame(message))
 
-    def _arm_watchdog(self) -> None:
-        if self._watchdog is None and self.spec.execute_timeout_s:
-            self._watchdog = asyncio.get_running_loop().call_later(
-                self.spec.execute_timeout_s, self._watch
-            )
-
-    def _watch(self) -> None:
-        """The execution timeout, kept by one timer per instance rather than one per batch:
-        it wakes when the oldest batch it knew of would be due, fails whatever is overdue,
-        and sleeps until the next one is."""
-        self._watchdog = None
-        if not self._in_flight:
-            return
-        limit = self.spec.execute_timeout_s
-        now = asyncio.get_running_loop().time()
-        running = [item for item in self._in_flight.items() if not item[1].paused]
-        if not running:  # every batch waits for its clients; resuming one re-arms this
-            return
-        oldest_id, oldest = min(running, key=lambda item: item[1].since)
-        if now - oldest.since >= limit:
-            self._overran(oldest_id)
-        else:
-            self._watchdog = asyncio.get_running_loop().call_later(
-                oldest.since + limit - now, self._watch
-            )
-
     def _overran(self, batch_id: int) -> None:
         """A batch passed the execution timeout: it fails with that, the process is killed."""
-        running = self._in_flight.pop(batch_id)
+        running = self._books.answered(batch_id, self._loop.time(), next_starts=False)
+        assert running is not None  # the watchdog names only batches on the books
         limit = self.spec.execute_timeout_s
         log.error("%s: execute ran past %g s; killing the instance", self.spec.label, limit)
         self.batch_fault = True
@@ -387,9 +317,7 @@ class InstanceProcess:
     def _close_slots(self) -> None:
         """Let go of the shared memory (views still held keep their mappings)."""
         self._slots.close()
-        for slot in self._call_slots.values():
-            slot.close()
-        self._call_slots.clear()
+        self._call_slots.close()
 
     def _exit_code(self, timeout: float = 5.0) -> int | None:
         if self._process is None:
@@ -408,30 +336,12 @@ class InstanceProcess:
             self._transport.write(frame[sent:])
 
     def _idle(self) -> bool:
-        return not self._in_flight and self.state is InstanceState.READY
-
-    def _answered(self, batch_id: int, next_starts: bool = True) -> _Running | None:
-        """Take an answered batch off the books; a staged one behind it starts now."""
-        running = self._in_flight.pop(batch_id, None)
-        if running is not None and next_starts:
-            self._start_next()
-        return running
-
-    def _start_next(self) -> None:
-        """The oldest batch sent but not begun begins now (frames are run in the order
-        sent): one finished, or the one running waits on a model call."""
-        waiting = [other for other in self._in_flight.values() if not other.started]
-        if waiting:
-            following = waiting[0]
-            following.started = True
-            following.since = asyncio.get_running_loop().time()
-            if following.on_start is not None:
-                following.on_start()
+        return not self._books and self.state is InstanceState.READY
 
     def _on_message(self, message: FromInstance) -> None:
         match message:
             case Result(batch_id=batch_id):
-                running = self._answered(batch_id)
+                running = self._books.answered(batch_id, self._loop.time())
                 if running is None:  # it overran its timeout and was failed already
                     return
                 slot_index = running.slot
@@ -454,11 +364,9 @@ class InstanceProcess:
             case Response():
                 self._on_response(message)
             case CallTaken():
-                self._nested_calls.discard(message.call_id)
+                self._books.call_taken(message.call_id)
             case CallSlotClosed(fd=fd):  # the process shrank its call slots
-                slot = self._call_slots.pop(fd, None)
-                if slot is not None:
-                    slot.close()
+                self._call_slots.closed(fd)
             case MetricState() | MetricFamilyGone():
                 self.custom_metrics.apply(message)
             case ModelLog():  # through the server's logging, and its settings
@@ -467,15 +375,16 @@ class InstanceProcess:
                 )
             case Call() | ModelControl() | CallNext() | CallCancel():
                 if isinstance(message, Call) and message.nested:  # room for a nested batch
-                    self._nested_calls.add(message.call_id)
-                    self._start_next()
+                    self._books.call_waits(message.call_id, self._loop.time())
                 if self._on_call is not None:
                     self._on_call(self, message)
                 else:
                     reason = "no repository to call models in"
                     self.answer_call(CallFailure(message.call_id, reason, ErrorKind.UNAVAILABLE))
             case Failure(batch_id=batch_id):
-                running = self._answered(batch_id, next_starts=not message.fatal)
+                running = self._books.answered(
+                    batch_id, self._loop.time(), next_starts=not message.fatal
+                )
                 if running is None:
                     return
                 if message.fatal:  # the process ends itself; take nothing more meanwhile
@@ -487,8 +396,8 @@ class InstanceProcess:
                 cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
                 running.on_done(BatchFailure(message.message, cause, message.verbatim))
             case Ready():
-                self.max_inflight = message.max_inflight
-                self.staging = message.staging
+                self._books.max_inflight = message.max_inflight
+                self._books.staging = message.staging
                 self.per_request = message.per_request
                 self.config = msgspec.json.decode(message.config, type=ModelConfig)
                 if message.ready_check:
@@ -506,7 +415,7 @@ class InstanceProcess:
                     )
 
     def _on_response(self, message: Response) -> None:
-        running = self._in_flight.get(message.batch_id)
+        running = self._books.get(message.batch_id)
         if running is None:  # it overran its timeout and was failed already
             return
         slot = self._slots[running.slot]
@@ -515,11 +424,11 @@ class InstanceProcess:
         batch_id = message.batch_id
 
         def resume() -> None:
-            if self._in_flight.get(batch_id) is running and self._transport is not None:
-                running.paused = False
-                running.since = asyncio.get_running_loop().time()
+            if self._transport is not None and self._books.resume(
+                batch_id, running, self._loop.time()
+            ):
                 self._transport.write(encode_frame(Resume(batch_id)))
-                self._arm_watchdog()
+                self._watchdog.arm()
 
         running.paused = True
         response = StreamedResponse(
@@ -543,7 +452,7 @@ class InstanceProcess:
             self.readiness.gone()
         # The socket closes a moment before the process can be reaped; wait for its exit
         # status so the error says how it ended.
-        self._exit_report = asyncio.get_running_loop().create_task(self._report_exit(was))
+        self._exit_report = self._loop.create_task(self._report_exit(was))
 
     async def _report_exit(self, was: InstanceState) -> None:
         code = await asyncio.to_thread(self._exit_code)
@@ -565,17 +474,9 @@ class InstanceProcess:
             self._on_exit(self)
 
     def _fail_in_flight(self, reason: str, cause: FailureCause = FailureCause.INSTANCE) -> None:
-        """Fail the batches the process held. Those still staged never ran: unless the
-        owner is stopping everything, they go back to be run elsewhere."""
-        failed, self._in_flight = self._in_flight, {}
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        for running in failed.values():
-            if running.started or cause is FailureCause.STOPPED:
-                running.on_done(BatchFailure(reason, cause))
-            else:
-                running.on_done(BatchFailure(reason, FailureCause.NOT_STARTED))
+        """Fail the batches the process held (``Books.fail_all``)."""
+        self._watchdog.stop()
+        self._books.fail_all(reason, cause)
 
 
 class _Channel(asyncio.Protocol):
