@@ -27,6 +27,7 @@ from reposerve.backends.base import (
     RequestSlice,
     Signature,
 )
+from reposerve.backends.drive import as_async
 from reposerve.config import ModelConfig
 
 
@@ -90,25 +91,15 @@ class ReshapedBackend:
         a list of per-request responses) with its outputs in client shapes."""
         if inspect.isawaitable(answer):
             return self._awaited(answer)
-        if inspect.isasyncgen(answer) or isinstance(answer, AsyncIterator):
-            return self._async_stream(answer)
-        if isinstance(answer, Iterator):
-            return self._stream(answer)
+        if isinstance(answer, AsyncIterator | Iterator):
+            return self._stream(as_async(answer))
         return self._converted(answer)
 
     async def _awaited(self, answer: Any) -> Any:
         return self._converted(await answer)
 
-    def _stream(self, responses: Iterator[Any]) -> Iterator[Any]:
-        try:
-            for response in responses:
-                yield self._converted(response)
-        finally:
-            close = getattr(responses, "close", None)
-            if close is not None:
-                close()
-
-    async def _async_stream(self, responses: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def _stream(self, responses: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """A decoupled model's responses, sync or async (``drive``), each converted."""
         try:
             async for response in responses:
                 yield self._converted(response)

@@ -57,6 +57,7 @@ from reposerve.backends.base import (
     Responses,
     Signature,
 )
+from reposerve.backends.drive import run_now
 from reposerve.config import ModelConfig
 from reposerve.config.instances import instance_kind, instance_name
 from reposerve.config.triton_json import parse_triton_config
@@ -142,22 +143,11 @@ class TritonPythonBackend:
         cancelled: Callable[[int], bool] = _never,
     ) -> Answers | Awaitable[Answers] | Responses:
         if self.decoupled:
-            if self.is_async:
-                return self._stream_async(inputs, requests, cancelled)
             return self._stream(inputs, requests, cancelled)
         sent = _SentOnce(len(requests))
         triton_requests = self._split(inputs, requests, sent.put, cancelled, decoupled=False)
-        if self.is_async:
-            return self._execute_async(triton_requests, requests, sent)
-        try:
-            returned = self._execute(triton_requests)
-        except Exception as exc:
-            if not sent.any():
-                raise self._failed(exc) from exc  # the scheduler isolates the one at fault
-            returned = exc  # the requests already answered keep their answers
-        if returned is None:  # answered through the senders, maybe from other threads
-            sent.wait()
-        return self._answers(returned, requests, sent)
+        answers = self._execute_batch(triton_requests, requests, sent)
+        return answers if self.is_async else run_now(answers)
 
     def _failed(self, exc: Exception) -> ModelError:
         """An exception from execute as Triton reports it (its clients check the words)."""
@@ -172,85 +162,59 @@ class TritonPythonBackend:
             with _without_bls():
                 finalize()
 
-    async def _execute_async(
+    async def _execute_batch(
         self,
         triton_requests: list[pb_utils.InferenceRequest],
         requests: Sequence[RequestSlice],
         sent: _SentOnce,
     ) -> Answers:
+        """Execute, sync or async (a sync instance drives this with ``run_now``), and its
+        answers: what it returned, or what it sent through the senders."""
         try:
-            returned = await self._execute(triton_requests)
+            returned = self._execute(triton_requests)
+            if self.is_async:
+                returned = await returned
         except Exception as exc:
             if not sent.any():
-                raise self._failed(exc) from exc
-            returned = exc
-        if returned is None:  # answered through the senders, maybe from other tasks
-            await asyncio.to_thread(sent.wait)
+                raise self._failed(exc) from exc  # the scheduler isolates the one at fault
+            returned = exc  # the requests already answered keep their answers
+        if returned is None:  # answered through the senders, maybe from other threads
+            if self.is_async:
+                await asyncio.to_thread(sent.wait)
+            else:
+                sent.wait()
         return self._answers(returned, requests, sent)
 
-    def _stream(
-        self, inputs: Arrays, requests: Sequence[RequestSlice], flagged: Callable[[int], bool]
-    ) -> Iterator[RequestResponse]:
-        """A sync decoupled execute on its own thread; its responses as they are sent."""
-        responses = _SentResponses()
-
-        def cancelled(index: int) -> bool:
-            return responses.is_cancelled() or flagged(index)
-
-        answers = _Answers(self._instance, requests, self._answer)
-        triton_requests = self._split(inputs, requests, answers.counting(responses.put), cancelled)
-
-        def run() -> None:
-            try:
-                answers.check_return(self._execute(triton_requests))
-            except Exception as exc:  # raised where the worker takes the responses
-                if responses.is_cancelled() or answers.all_sent:
-                    answers.log_unheard(exc)
-                else:
-                    responses.put(exc)
-
-        threading.Thread(target=run, name="reposerve-decoupled-execute", daemon=True).start()
-        try:
-            while answers.open:
-                yield answers.take(responses.get())
-        finally:
-            responses.cancel()
-
-    async def _stream_async(
+    async def _stream(
         self, inputs: Arrays, requests: Sequence[RequestSlice], flagged: Callable[[int], bool]
     ) -> AsyncIterator[RequestResponse]:
-        """An async decoupled execute on the instance's loop; senders may be on threads."""
-        loop = asyncio.get_running_loop()
-        sent: asyncio.Queue[object] = asyncio.Queue()
-        cancelled = False
+        """A decoupled execute's responses as they are sent: a sync execute runs on a thread
+        of its own, an async one on the instance's loop (``_ThreadSent``, ``_LoopSent``)."""
+        sent: _ThreadSent | _LoopSent = _LoopSent() if self.is_async else _ThreadSent()
 
-        def put(item: object) -> None:
-            if not cancelled:
-                loop.call_soon_threadsafe(sent.put_nowait, item)
+        def cancelled(index: int) -> bool:
+            return sent.cancelled or flagged(index)
 
         answers = _Answers(self._instance, requests, self._answer)
-        triton_requests = self._split(
-            inputs, requests, answers.counting(put), lambda index: cancelled or flagged(index)
-        )
-        task = asyncio.ensure_future(self._execute(triton_requests))
+        triton_requests = self._split(inputs, requests, answers.counting(sent.put), cancelled)
 
-        def returned(done: asyncio.Future) -> None:
-            if done.cancelled():
-                return
+        def settle(result: Callable[[], object]) -> None:
+            """Execute has ended: ``result`` gives what it returned, or raises what it raised
+            (to the requests still open; to the log when none is left to hear it)."""
             try:
-                answers.check_return(done.result())
+                answers.check_return(result())
             except Exception as exc:
-                if cancelled or answers.all_sent:
+                if sent.cancelled or answers.all_sent:
                     answers.log_unheard(exc)
                 else:
-                    put(exc)
+                    sent.put(exc)
 
-        task.add_done_callback(returned)
+        sent.start(partial(self._execute, triton_requests), settle)
         try:
             while answers.open:
                 yield answers.take(await sent.get())
         finally:
-            cancelled = True
+            sent.cancel()
 
     def _split(
         self,
@@ -407,24 +371,34 @@ def _deliver(
     put((index, response, final))
 
 
-class _SentResponses:
-    """What a sync decoupled model's senders sent, in order, for the worker's thread to
-    take: a sender blocks while SENT_AHEAD wait; once cancelled, sends are dropped."""
+Settle = Callable[[Callable[[], object]], None]
+
+
+class _ThreadSent:
+    """A sync decoupled execute, run on a thread of its own, and what its senders sent, in
+    order, for the instance's main thread to take (``get`` blocks it: a sync instance
+    drives the stream without a loop). A sender blocks while SENT_AHEAD wait; once
+    cancelled, sends are dropped."""
 
     def __init__(self) -> None:
         self._items: deque[object] = deque()
         self._changed = threading.Condition()
-        self._cancelled = False
+        self.cancelled = False
+
+    def start(self, execute: Callable[[], object], settle: Settle) -> None:
+        threading.Thread(
+            target=settle, args=(execute,), name="reposerve-decoupled-execute", daemon=True
+        ).start()
 
     def put(self, item: object) -> None:
         with self._changed:
-            while len(self._items) >= SENT_AHEAD and not self._cancelled:
+            while len(self._items) >= SENT_AHEAD and not self.cancelled:
                 self._changed.wait()
-            if not self._cancelled:
+            if not self.cancelled:
                 self._items.append(item)
                 self._changed.notify_all()
 
-    def get(self) -> object:
+    async def get(self) -> object:
         with self._changed:
             while not self._items:
                 self._changed.wait()
@@ -432,14 +406,38 @@ class _SentResponses:
             self._changed.notify_all()
             return item
 
-    def is_cancelled(self) -> bool:
-        return self._cancelled
-
     def cancel(self) -> None:
         with self._changed:
-            self._cancelled = True
+            self.cancelled = True
             self._items.clear()
             self._changed.notify_all()
+
+
+class _LoopSent:
+    """An async decoupled execute, run as a task on the instance's loop, and what its
+    senders sent (from the loop or from threads of the model's), in order."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._items: asyncio.Queue[object] = asyncio.Queue()
+        self.cancelled = False
+
+    def start(self, execute: Callable[[], Awaitable[object]], settle: Settle) -> None:
+        def ended(done: asyncio.Future) -> None:
+            if not done.cancelled():
+                settle(done.result)
+
+        asyncio.ensure_future(execute()).add_done_callback(ended)
+
+    def put(self, item: object) -> None:
+        if not self.cancelled:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+
+    async def get(self) -> object:
+        return await self._items.get()
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 class _Answers:

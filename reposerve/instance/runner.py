@@ -1,6 +1,11 @@
 """Runs Execute frames against the backend: inputs as numpy views on the batch's slot,
 outputs checked against the config and written straight into the slot after the inputs
-(or, for a decoupled model, each response as it is produced)."""
+(or, for a decoupled model, each response as it is produced).
+
+One path for sync and async models (``backends.drive``): ``run`` is a coroutine, awaited
+on an async instance's loop and driven with ``run_now`` on a sync instance, where nothing
+in it suspends unless the model does.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,19 @@ import contextlib
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from reposerve.backends import Backend
 from reposerve.backends.base import DeviceOutput, RequestFailure, RequestResponse, RequestSlice
+from reposerve.backends.drive import as_async
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput, ModelError
 from reposerve.instance.arena import Slot, align
+from reposerve.instance.calls import CALL_DEPTH
 from reposerve.instance.channel import Channel
 from reposerve.instance.faults import Aftermath, aftermath, free_device_memory
 from reposerve.instance.messages import (
@@ -34,6 +41,11 @@ from reposerve.instance.messages import (
 )
 
 Output = np.ndarray | DeviceOutput | bytes | memoryview  # BYTES: already framed
+
+Resumed = Callable[[int], Awaitable[bool]]
+"""Waits until the front lets decoupled batch ``batch_id`` write its next response: True
+on its Resume, False on its Cancel (on an async instance a Cancel cancels the batch's task
+instead: CancelledError)."""
 
 
 class OutputError(Exception):
@@ -56,6 +68,27 @@ class BatchRunner:
         # Optional: a backend that answers per request (``RequestAwareBackend``).
         self._execute_requests = getattr(backend, "execute_requests", None)
         self.decoupled = config.decoupled
+        self._is_async = backend.is_async
+
+    async def run(self, message: Execute, channel: Channel, resumed: Resumed) -> Result | Failure:
+        """One batch, from its slot to its answer: the inputs as views, execute (awaited on
+        an async backend), the outputs checked and placed, or (decoupled) each response
+        streamed as it comes (``stream``); an exception is the batch's Failure."""
+        started = time.perf_counter_ns()
+        depth = CALL_DEPTH.set(message.call_depth)  # nested batches set theirs over it
+        try:
+            slot, inputs = self.prepare(message)
+            outputs = self.execute(message, slot, inputs)
+            if self.decoupled:
+                responses = as_async(outputs)
+                return await self.stream(message, slot, responses, started, channel, resumed)
+            if self._is_async:
+                outputs = await outputs
+            return self.finish(message, slot, outputs, started)
+        except Exception as exc:
+            return self.failure(message, exc)
+        finally:
+            CALL_DEPTH.reset(depth)
 
     def add_slot(self, message: AddSlot, fd: int) -> None:
         slot = Slot(fd, message.size)
@@ -138,8 +171,14 @@ class BatchRunner:
             answers.append(Answer(response.index, refs, response.parameters))
         return answers, failed
 
-    def stream(
-        self, message: Execute, slot: Slot, responses: Iterator, started_ns: int, channel: Channel
+    async def stream(
+        self,
+        message: Execute,
+        slot: Slot,
+        responses: AsyncIterator,
+        started_ns: int,
+        channel: Channel,
+        resumed: Resumed,
     ) -> Result | Failure:
         """Send each response of a decoupled batch as it comes, then end the batch. The
         next response is produced while the front reads the last one, and written only
@@ -147,49 +186,22 @@ class BatchRunner:
         sent = False
         waited_ns = 0  # for its clients: not compute time
         try:
-            for outputs in responses:
+            async for outputs in responses:
                 if sent:
                     waiting = time.perf_counter_ns()
-                    resumed = channel.wait_resume(message.batch_id)
+                    go_on = await resumed(message.batch_id)
                     waited_ns += time.perf_counter_ns() - waiting
-                    if not resumed:
+                    if not go_on:
                         break  # its clients have gone
                 channel.send(self._response(message, slot, outputs))
                 sent = True
         except OutputError as exc:
             return Failure(message.batch_id, str(exc), invalid_input=False)
-        finally:
-            responses.close()  # at once: the model sees GeneratorExit at its yield
-        compute_ns = time.perf_counter_ns() - started_ns - waited_ns
-        return Result(message.batch_id, slot.size, [], compute_ns)
-
-    async def stream_async(
-        self,
-        message: Execute,
-        slot: Slot,
-        responses: AsyncIterator,
-        started_ns: int,
-        channel: Channel,
-        resumed: asyncio.Event,
-    ) -> Result | Failure:
-        """``stream`` for an async generator; a cancel arrives as CancelledError."""
-        sent = False
-        waited_ns = 0
-        try:
-            async for outputs in responses:
-                if sent:
-                    waiting = time.perf_counter_ns()
-                    await resumed.wait()
-                    resumed.clear()
-                    waited_ns += time.perf_counter_ns() - waiting
-                channel.send(self._response(message, slot, outputs))
-                sent = True
-        except OutputError as exc:
-            return Failure(message.batch_id, str(exc), invalid_input=False)
         except asyncio.CancelledError:
-            pass  # its clients have gone
+            pass  # its clients have gone (an async instance cancels the task)
         finally:
-            # A cancel while the model cleans up: it is ending already.
+            # At once: the model sees GeneratorExit at its yield. A cancel while the model
+            # cleans up changes nothing: it is ending already.
             with contextlib.suppress(asyncio.CancelledError):
                 await responses.aclose()
         compute_ns = time.perf_counter_ns() - started_ns - waited_ns

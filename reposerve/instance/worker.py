@@ -1,9 +1,10 @@
 """Instance process main: load one backend, then run batches until told to stop.
 
-The pipeline per batch: map the slot -> numpy views on the inputs -> execute -> check the
-outputs against the config -> write them into the slot after the inputs -> one Result frame.
-A sync model runs batches one at a time on the main thread; an async model runs many at
-once on an event loop while a reader thread takes frames off the socket.
+The pipeline per batch (``BatchRunner.run``, one path for both kinds of model): map the
+slot -> numpy views on the inputs -> execute -> check the outputs against the config ->
+write them into the slot after the inputs -> one Result frame. A sync model runs batches
+one at a time on the main thread, driving that path without an event loop; an async
+model runs many at once on an event loop while a reader thread takes frames off the socket.
 
 Started by ``reposerve.instance.process`` as ``python -m reposerve.instance.worker FD``.
 """
@@ -18,7 +19,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -27,10 +27,11 @@ import msgspec
 
 from reposerve.backends import Backend, ModelContext, create_backend, pb_metrics, pb_utils
 from reposerve.backends.base import BackendError
+from reposerve.backends.drive import run_now
 from reposerve.config import ModelConfig, complete_config
 from reposerve.config.parameters import server_parameters
 from reposerve.errors import ReposerveError
-from reposerve.instance.calls import CALL_DEPTH, Caller
+from reposerve.instance.calls import Caller
 from reposerve.instance.channel import Channel
 from reposerve.instance.messages import (
     AddSlot,
@@ -63,22 +64,12 @@ def _answer(channel: Channel, reply: Result | Failure) -> None:
 
 
 def _run_sync(channel: Channel, runner: BatchRunner) -> None:
+    async def resumed(batch_id: int) -> bool:
+        return channel.wait_resume(batch_id)  # blocks this thread: nothing else runs here
+
     def serve(message: ToInstance) -> None:
         if isinstance(message, Execute):
-            started = time.perf_counter_ns()
-            depth = CALL_DEPTH.set(message.call_depth)  # nested batches set theirs over it
-            try:
-                slot, inputs = runner.prepare(message)
-                outputs = runner.execute(message, slot, inputs)
-                if runner.decoupled:
-                    reply = runner.stream(message, slot, outputs, started, channel)
-                else:
-                    reply = runner.finish(message, slot, outputs, started)
-            except Exception as exc:
-                reply = runner.failure(message, exc)
-            finally:
-                CALL_DEPTH.reset(depth)
-            _answer(channel, reply)
+            _answer(channel, run_now(runner.run(message, channel, resumed)))
         elif isinstance(message, DropSlot):
             runner.drop_slot(message)
         else:
@@ -103,6 +94,12 @@ class _AsyncStream:
         self.running = False
         self.cancelled = False
 
+    async def resume(self) -> bool:
+        """Its Resume; a Cancel cancels the task instead (CancelledError)."""
+        await self.resumed.wait()
+        self.resumed.clear()
+        return True
+
 
 def _run_async(
     channel: Channel, runner: BatchRunner, caller: Caller, loop: asyncio.AbstractEventLoop
@@ -113,26 +110,18 @@ def _run_async(
 
     streams: dict[int, _AsyncStream] = {}  # the decoupled batches not answered yet
 
+    async def resumed(batch_id: int) -> bool:
+        return await streams[batch_id].resume()
+
     async def execute(message: Execute) -> None:
-        started = time.perf_counter_ns()
-        CALL_DEPTH.set(message.call_depth)  # in this batch's task's own context
+        stream = streams.get(message.batch_id)
         try:
-            slot, inputs = runner.prepare(message)
-            if runner.decoupled:
-                stream = streams[message.batch_id]
-                if stream.cancelled:  # its clients left before it began
-                    reply = Result(message.batch_id, slot.size, [], 0)
-                else:
-                    stream.running = True  # from here a Cancel cancels this task
-                    responses = runner.execute(message, slot, inputs)
-                    reply = await runner.stream_async(
-                        message, slot, responses, started, channel, stream.resumed
-                    )
+            if stream is not None and stream.cancelled:  # its clients left before it began
+                reply: Result | Failure = Result(message.batch_id, message.slot_size, [], 0)
             else:
-                outputs = await runner.execute(message, slot, inputs)
-                reply = runner.finish(message, slot, outputs, started)
-        except Exception as exc:
-            reply = runner.failure(message, exc)
+                if stream is not None:
+                    stream.running = True  # from here a Cancel cancels this task
+                reply = await runner.run(message, channel, resumed)
         finally:
             streams.pop(message.batch_id, None)
         _answer(channel, reply)

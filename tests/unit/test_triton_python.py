@@ -5,6 +5,7 @@ outputs, which problems fail one request and which fail the call; and pb_utils' 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -14,6 +15,7 @@ import pytest
 from reposerve.backends import ModelContext, create_backend, pb_utils
 from reposerve.backends import pb_metrics as pb_utils_metrics
 from reposerve.backends.base import RequestFailure, RequestResponse, RequestSlice
+from reposerve.backends.drive import run_now
 from reposerve.backends.triton_python import TritonResponseError, triton_args
 from reposerve.config.load import parse_model_config
 from reposerve.errors import ErrorKind
@@ -206,6 +208,11 @@ DECOUPLED = """
 """
 
 
+async def _collect(responses: AsyncIterator[object]) -> list[object]:
+    """A decoupled batch's responses, taken as a sync instance takes them (``run_now``)."""
+    return [response async for response in responses]
+
+
 def test_a_decoupled_batch_answers_each_request_with_its_own_rows_until_its_final(tmp_path):
     context = _context(tmp_path)
     (context.version_path / "model.py").write_text(textwrap.dedent(DECOUPLED))
@@ -216,7 +223,7 @@ def test_a_decoupled_batch_answers_each_request_with_its_own_rows_until_its_fina
     assert backend.decoupled and not backend.is_async
     inputs = {"INPUT0": np.arange(6, dtype=np.float32).reshape(3, 2)}
     requests = [RequestSlice(2, "two"), RequestSlice(1, "fail")]
-    answers = list(backend.execute_requests(inputs, requests))
+    answers = run_now(_collect(backend.execute_requests(inputs, requests)))
     by_request: dict[int, list] = {0: [], 1: []}
     for answer in answers:
         assert isinstance(answer, RequestResponse)
