@@ -100,10 +100,11 @@ class Books:
         """The caller has its answer and runs on: the room it made is gone."""
         self._nested_calls.discard(call_id)
 
-    def resume(self, batch_id: int, batch: Batch, now: float) -> bool:
+    def resume(self, batch_id: int, now: float) -> bool:
         """A paused decoupled batch may write its next response: its timeout runs again from
         ``now``. False when that batch is no longer on the books (it ended meanwhile)."""
-        if self._batches.get(batch_id) is not batch:
+        batch = self._batches.get(batch_id)
+        if batch is None:
             return False
         batch.paused = False
         batch.since = now

@@ -424,9 +424,7 @@ class InstanceProcess:
         batch_id = message.batch_id
 
         def resume() -> None:
-            if self._transport is not None and self._books.resume(
-                batch_id, running, self._loop.time()
-            ):
+            if self._transport is not None and self._books.resume(batch_id, self._loop.time()):
                 self._transport.write(encode_frame(Resume(batch_id)))
                 self._watchdog.arm()
 

@@ -142,11 +142,11 @@ def test_a_resumed_stream_runs_again_from_then_and_an_ended_one_is_not_resumed()
     batch = books.get(batch_id)
     assert batch is not None
     batch.paused = True
-    assert books.resume(batch_id, batch, now=4.0)
+    assert books.resume(batch_id, now=4.0)
     assert not batch.paused and batch.since == 4.0
     books.answered(batch_id, now=5.0)
     batch.paused = True
-    assert not books.resume(batch_id, batch, now=6.0)  # it ended meanwhile
+    assert not books.resume(batch_id, now=6.0)  # it ended meanwhile
     assert batch.paused and batch.since == 4.0
 
 

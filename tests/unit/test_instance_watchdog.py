@@ -150,7 +150,7 @@ def test_a_resumed_stream_is_timed_again_from_its_resume():
     batch.paused = True  # its client reads slowly
     loop.advance_to(20.0)
     assert overran == [] and loop.pending == []  # nothing to time: no timer
-    books.resume(batch_id, batch, now=20.0)
+    books.resume(batch_id, now=20.0)
     watchdog.arm()
     loop.advance_to(24.0)
     assert overran == []
