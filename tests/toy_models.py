@@ -327,3 +327,88 @@ SLOW_TEARDOWN = """
             while not (self.folder / "GO").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
 """
+
+
+# Decoupled: yields OUT = 0, 1, ... COUNT - 1 (and BLOB, SIZE bytes), each after DELAY s,
+# and raises after three responses when SIZE is 3. Counts what it yields in a log file and
+# notes how it was stopped: a cancel reaches a sync generator as GeneratorExit at its yield.
+COUNTING_SYNC = """
+    import time
+    from pathlib import Path
+    import numpy as np
+
+    class Model:
+        def load(self, context):
+            self.log = Path(context.config.parameters["log"])
+
+        def execute(self, inputs):
+            count = int(inputs["COUNT"][0])
+            try:
+                for index in range(count):
+                    time.sleep(float(inputs["DELAY"][0]))
+                    with self.log.open("a") as log:
+                        log.write("yield\\n")
+                    yield {"OUT": np.full([1], index, np.int32),
+                           "BLOB": np.array([b"x" * int(inputs["SIZE"][0])], dtype=object)}
+                    if index == 2 and int(inputs["SIZE"][0]) == 3:
+                        raise ValueError("fails after three responses")
+            except GeneratorExit:
+                with self.log.open("a") as log:
+                    log.write("cancelled\\n")
+                raise
+"""
+
+# The same as an async generator: a cancel arrives as CancelledError where it awaits, or
+# as GeneratorExit at its yield when it was held there (a slow client).
+COUNTING_ASYNC = """
+    import asyncio
+    from pathlib import Path
+    import numpy as np
+
+    class Model:
+        def load(self, context):
+            self.log = Path(context.config.parameters["log"])
+
+        async def execute(self, inputs):
+            count = int(inputs["COUNT"][0])
+            try:
+                for index in range(count):
+                    await asyncio.sleep(float(inputs["DELAY"][0]))
+                    with self.log.open("a") as log:
+                        log.write("yield\\n")
+                    yield {"OUT": np.full([1], index, np.int32),
+                           "BLOB": np.array([b"x" * int(inputs["SIZE"][0])], dtype=object)}
+                    if index == 2 and int(inputs["SIZE"][0]) == 3:
+                        raise ValueError("fails after three responses")
+            except (asyncio.CancelledError, GeneratorExit):
+                with self.log.open("a") as log:
+                    log.write("cancelled\\n")
+                raise
+"""
+
+
+def counting_config(log: Path) -> str:
+    return f"""
+        [[input]]
+        name = "COUNT"
+        datatype = "INT32"
+        shape = [1]
+        [[input]]
+        name = "DELAY"
+        datatype = "FP32"
+        shape = [1]
+        [[input]]
+        name = "SIZE"
+        datatype = "INT32"
+        shape = [1]
+        [[output]]
+        name = "OUT"
+        datatype = "INT32"
+        shape = [1]
+        [[output]]
+        name = "BLOB"
+        datatype = "BYTES"
+        shape = [1]
+        [parameters]
+        log = "{log}"
+    """

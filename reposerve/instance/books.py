@@ -38,9 +38,10 @@ class Batch(msgspec.Struct):
 class Books:
     """The batches one process holds, by id (ids count up from 0, never reused)."""
 
-    def __init__(self) -> None:
-        self.max_inflight = 1  # batches the process runs at once (many for async models)
-        self.staging = 0  # batches it accepts beyond those, to start as soon as one ends
+    def __init__(self, max_inflight: int = 1, staging: int = 0) -> None:
+        """Until the process says otherwise (its Ready), it runs one batch and stages none."""
+        self.max_inflight = max_inflight  # batches the process runs at once (async: many)
+        self.staging = staging  # batches it accepts beyond those, to start once one ends
         self._batches: dict[int, Batch] = {}
         self._next_id = 0
         # Model calls the process waits on: each is room for one more batch, which it runs

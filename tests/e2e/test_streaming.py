@@ -26,66 +26,11 @@ from reposerve.instance.outcomes import BatchOutcome, BatchTensor
 from reposerve.instance.process import InstanceProcess
 from reposerve.instance.spec import InstanceSpec
 from tests.server import Server, running_server, start_server
-from tests.toy_models import write_model
+from tests.toy_models import COUNTING_ASYNC, COUNTING_SYNC, counting_config, write_model
 
 pytestmark = pytest.mark.e2e
 
 TEXT = "the quick brown fox jumps over the lazy dog"
-
-# Counts what it yields in a file and notes how it was stopped: a cancel reaches a sync
-# generator as GeneratorExit at its yield.
-COUNTING_SYNC = """
-    import time
-    from pathlib import Path
-    import numpy as np
-
-    class Model:
-        def load(self, context):
-            self.log = Path(context.config.parameters["log"])
-
-        def execute(self, inputs):
-            count = int(inputs["COUNT"][0])
-            try:
-                for index in range(count):
-                    time.sleep(float(inputs["DELAY"][0]))
-                    with self.log.open("a") as log:
-                        log.write("yield\\n")
-                    yield {"OUT": np.full([1], index, np.int32),
-                           "BLOB": np.array([b"x" * int(inputs["SIZE"][0])], dtype=object)}
-            except GeneratorExit:
-                with self.log.open("a") as log:
-                    log.write("cancelled\\n")
-                raise
-"""
-
-# The same as an async generator: a cancel arrives as CancelledError where it awaits, or
-# as GeneratorExit at its yield when it was held there (a slow client).
-COUNTING_ASYNC = """
-    import asyncio
-    from pathlib import Path
-    import numpy as np
-
-    class Model:
-        def load(self, context):
-            self.log = Path(context.config.parameters["log"])
-
-        async def execute(self, inputs):
-            count = int(inputs["COUNT"][0])
-            try:
-                for index in range(count):
-                    await asyncio.sleep(float(inputs["DELAY"][0]))
-                    with self.log.open("a") as log:
-                        log.write("yield\\n")
-                    yield {"OUT": np.full([1], index, np.int32),
-                           "BLOB": np.array([b"x" * int(inputs["SIZE"][0])], dtype=object)}
-                    if index == 2 and int(inputs["SIZE"][0]) == 3:
-                        raise ValueError("fails after three responses")
-            except (asyncio.CancelledError, GeneratorExit):
-                with self.log.open("a") as log:
-                    log.write("cancelled\\n")
-                raise
-"""
-
 
 X_TO_Y = """
 [[input]]
@@ -97,33 +42,6 @@ name = "Y"
 datatype = "INT32"
 shape = [1]
 """
-
-
-def counting_config(log: Path) -> str:
-    return f"""
-        [[input]]
-        name = "COUNT"
-        datatype = "INT32"
-        shape = [1]
-        [[input]]
-        name = "DELAY"
-        datatype = "FP32"
-        shape = [1]
-        [[input]]
-        name = "SIZE"
-        datatype = "INT32"
-        shape = [1]
-        [[output]]
-        name = "OUT"
-        datatype = "INT32"
-        shape = [1]
-        [[output]]
-        name = "BLOB"
-        datatype = "BYTES"
-        shape = [1]
-        [parameters]
-        log = "{log}"
-    """
 
 
 @pytest.fixture(scope="module")

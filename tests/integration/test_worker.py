@@ -36,7 +36,14 @@ from reposerve.instance.messages import (
 )
 from reposerve.instance.spawn import spawn
 from reposerve.instance.spec import InstanceSpec
-from tests.toy_models import PICKY, vector_config, write_model
+from tests.toy_models import (
+    COUNTING_ASYNC,
+    COUNTING_SYNC,
+    PICKY,
+    counting_config,
+    vector_config,
+    write_model,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -233,88 +240,40 @@ def test_an_async_model_runs_its_batches_at_once(start):
     assert [frame.batch_id for frame in answered] == [1, 0]  # type: ignore[union-attr]
 
 
-COUNT_CONFIG = """
-    [[input]]
-    name = "COUNT"
-    datatype = "INT32"
-    shape = [1]
-    [[output]]
-    name = "OUT"
-    datatype = "INT32"
-    shape = [1]
-    [parameters]
-    log = "{log}"
-"""
-
-# Yields 0, 1, ... COUNT - 1, writing each to the log as it is produced, and "closed" once
-# the generator is stopped early; raises once it has yielded 2 when COUNT is 3.
-COUNTS = {
-    "sync": """
-        import numpy as np
-        from pathlib import Path
-
-        class Model:
-            def load(self, context):
-                self.log = Path(context.config.parameters["log"])
-
-            def execute(self, inputs):
-                count = int(inputs["COUNT"][0])
-                try:
-                    for index in range(count):
-                        yield {"OUT": np.full([1], index, np.int32)}
-                        if index == 2 and count == 3:
-                            raise ValueError("fails after three responses")
-                except GeneratorExit:
-                    self.log.write_text("closed")
-                    raise
-    """,
-    "async": """
-        import asyncio
-        import numpy as np
-        from pathlib import Path
-
-        class Model:
-            def load(self, context):
-                self.log = Path(context.config.parameters["log"])
-
-            async def execute(self, inputs):
-                count = int(inputs["COUNT"][0])
-                try:
-                    for index in range(count):
-                        await asyncio.sleep(0)
-                        yield {"OUT": np.full([1], index, np.int32)}
-                        if index == 2 and count == 3:
-                            raise ValueError("fails after three responses")
-                except (GeneratorExit, asyncio.CancelledError):
-                    self.log.write_text("closed")
-                    raise
-    """,
-}
+COUNTING = {"sync": COUNTING_SYNC, "async": COUNTING_ASYNC}
 
 
-@pytest.fixture(params=sorted(COUNTS))
+@pytest.fixture(params=sorted(COUNTING))
 def counting(request: pytest.FixtureRequest, start, tmp_path: Path) -> tuple[Worker, Path]:
-    """A decoupled model, sync or async, and the log it writes when it is stopped."""
+    """A decoupled model, sync or async, and the log of what it yielded and how it ended."""
     log = tmp_path / "count.log"
-    worker = start(COUNTS[request.param], COUNT_CONFIG.format(log=log))
+    worker = start(COUNTING[request.param], counting_config(log))
     ready = worker.receive()
     assert isinstance(ready, Ready) and ready.staging == 0  # nothing waits behind a stream
     return worker, log
 
 
-def _value(worker: Worker, response: Response) -> int:
-    (ref,) = response.outputs
+def _count(worker: Worker, batch_id: int, count: int, size: int = 1) -> None:
+    inputs = {"COUNT": count, "DELAY": 0.0, "SIZE": size}
+    dtypes = {"COUNT": np.int32, "DELAY": np.float32, "SIZE": np.int32}
+    worker.execute(
+        batch_id, 0, **{name: np.array([value], dtypes[name]) for name, value in inputs.items()}
+    )
+
+
+def _out(worker: Worker, response: Response) -> int:
+    (ref,) = [ref for ref in response.outputs if ref.name == "OUT"]
     return int(worker.output(0, ref, np.int32)[0])
 
 
 def test_a_stream_writes_each_next_response_only_once_resumed(counting):
     worker, _ = counting
-    worker.execute(0, 0, COUNT=np.array([4], np.int32))
+    _count(worker, 0, 4)
     values = []
     for index in range(4):
         response = worker.receive()
         assert isinstance(response, Response) and response.batch_id == 0
-        values.append(_value(worker, response))
+        values.append(_out(worker, response))
         if index < 3:
             worker.send(Resume(0))
     result = worker.receive()
@@ -322,17 +281,17 @@ def test_a_stream_writes_each_next_response_only_once_resumed(counting):
     assert values == [0, 1, 2, 3]
 
 
-def test_a_stream_not_resumed_sends_nothing_more_and_a_cancel_stops_the_model(counting):
+def test_a_stream_not_resumed_produces_one_ahead_and_a_cancel_stops_the_model(counting):
     worker, log = counting
-    worker.execute(0, 0, COUNT=np.array([1000], np.int32))
+    _count(worker, 0, 1000)
     first = worker.receive()
-    assert isinstance(first, Response) and _value(worker, first) == 0
-    worker.send(Cancel(0))  # no Resume: the model may produce one more, never send it
+    assert isinstance(first, Response) and _out(worker, first) == 0
+    worker.send(Cancel(0))  # no Resume: the model produced the next one, never sent
     result = worker.receive()
     assert isinstance(result, Result) and result.batch_id == 0
-    assert log.read_text() == "closed"
+    assert log.read_text().split() == ["yield", "yield", "cancelled"]
     # The instance serves the next stream.
-    worker.execute(1, 0, COUNT=np.array([1], np.int32))
+    _count(worker, 1, 1)
     response = worker.receive()
     assert isinstance(response, Response) and response.batch_id == 1
     assert isinstance(worker.receive(), Result)
@@ -340,10 +299,10 @@ def test_a_stream_not_resumed_sends_nothing_more_and_a_cancel_stops_the_model(co
 
 def test_a_stream_that_raises_ends_with_its_failure_after_its_responses(counting):
     worker, _ = counting
-    worker.execute(0, 0, COUNT=np.array([3], np.int32))
+    _count(worker, 0, 6, size=3)
     for index in range(3):
         response = worker.receive()
-        assert isinstance(response, Response) and _value(worker, response) == index
+        assert isinstance(response, Response) and _out(worker, response) == index
         worker.send(Resume(0))
     assert worker.receive() == Failure(
         0, "ValueError: fails after three responses", invalid_input=False

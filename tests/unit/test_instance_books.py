@@ -29,15 +29,8 @@ class Owner:
         )
 
 
-def _books(max_inflight: int = 1, staging: int = 0) -> Books:
-    books = Books()
-    books.max_inflight = max_inflight
-    books.staging = staging
-    return books
-
-
 def test_a_sync_instance_runs_one_batch_and_stages_the_next():
-    books, owner = _books(staging=1), Owner()
+    books, owner = Books(staging=1), Owner()
     assert (books.limit(), books.limit(staged=True)) == (1, 2)
     first = owner.send(books, "a", now=1.0)
     second = owner.send(books, "b", now=2.0)
@@ -52,7 +45,7 @@ def test_a_sync_instance_runs_one_batch_and_stages_the_next():
 
 
 def test_staged_batches_begin_in_the_order_they_were_sent():
-    books, owner = _books(staging=3), Owner()
+    books, owner = Books(staging=3), Owner()
     ids = [owner.send(books, name) for name in "abcd"]
     for batch_id in ids[:3]:
         books.answered(batch_id, now=1.0)
@@ -60,7 +53,7 @@ def test_staged_batches_begin_in_the_order_they_were_sent():
 
 
 def test_an_async_instance_runs_as_many_as_it_says_at_once():
-    books, owner = _books(max_inflight=3), Owner()
+    books, owner = Books(max_inflight=3), Owner()
     for name in "abcd":
         owner.send(books, name)
     assert owner.started == ["a", "b", "c"]
@@ -68,7 +61,7 @@ def test_an_async_instance_runs_as_many_as_it_says_at_once():
 
 
 def test_an_answer_that_ends_the_process_starts_nothing_behind_it():
-    books, owner = _books(staging=1), Owner()
+    books, owner = Books(staging=1), Owner()
     first = owner.send(books, "a")
     owner.send(books, "b")
     assert books.answered(first, now=1.0, next_starts=False) is not None
@@ -76,7 +69,7 @@ def test_an_answer_that_ends_the_process_starts_nothing_behind_it():
 
 
 def test_an_answer_to_a_batch_no_longer_held_is_ignored():
-    books, owner = _books(staging=1), Owner()
+    books, owner = Books(staging=1), Owner()
     first = owner.send(books, "a")
     owner.send(books, "b")
     assert books.answered(first, now=1.0) is not None
@@ -86,14 +79,14 @@ def test_an_answer_to_a_batch_no_longer_held_is_ignored():
 
 
 def test_ids_count_up_and_are_never_used_again():
-    books, owner = _books(), Owner()
+    books, owner = Books(), Owner()
     first = owner.send(books, "a")
     books.answered(first, now=1.0)
     assert owner.send(books, "b") == first + 1
 
 
 def test_each_model_call_waited_on_is_room_for_one_more_batch_until_taken():
-    books, owner = _books(staging=1), Owner()
+    books, owner = Books(staging=1), Owner()
     owner.send(books, "a")
     owner.send(books, "b")
     books.call_waits(7, now=3.0)  # a's execute waits on a call: b runs nested
@@ -107,37 +100,35 @@ def test_each_model_call_waited_on_is_room_for_one_more_batch_until_taken():
 
 
 def test_nested_room_stops_at_the_limit():
-    books = _books()
+    books = Books()
     for call_id in range(NESTED_LIMIT + 5):
         books.call_waits(call_id, now=0.0)
     assert books.limit() == 1 + NESTED_LIMIT
 
 
-def test_a_gone_process_fails_what_ran_and_sends_back_what_never_began():
-    books, owner = _books(staging=1), Owner()
+@pytest.mark.parametrize(
+    ("cause", "staged"),
+    [
+        # The process is gone: what never began there may run elsewhere.
+        (FailureCause.INSTANCE, FailureCause.NOT_STARTED),
+        # Its owner stops everything on purpose: nothing is to run anywhere.
+        (FailureCause.STOPPED, FailureCause.STOPPED),
+    ],
+)
+def test_a_gone_process_fails_what_it_held(cause: FailureCause, staged: FailureCause):
+    books, owner = Books(staging=1), Owner()
     owner.send(books, "a")
     owner.send(books, "b")
-    books.fail_all("it died", FailureCause.INSTANCE)
+    books.fail_all("it ended", cause)
     assert owner.done == {
-        "a": BatchFailure("it died", FailureCause.INSTANCE),
-        "b": BatchFailure("it died", FailureCause.NOT_STARTED),
+        "a": BatchFailure("it ended", cause),
+        "b": BatchFailure("it ended", staged),
     }
     assert len(books) == 0 and books.answered(0, now=1.0) is None
 
 
-def test_stopping_on_purpose_fails_staged_batches_as_stopped_too():
-    books, owner = _books(staging=1), Owner()
-    owner.send(books, "a")
-    owner.send(books, "b")
-    books.fail_all("unloaded", FailureCause.STOPPED)
-    assert owner.done == {
-        "a": BatchFailure("unloaded", FailureCause.STOPPED),
-        "b": BatchFailure("unloaded", FailureCause.STOPPED),
-    }
-
-
 def test_a_resumed_stream_runs_again_from_then_and_an_ended_one_is_not_resumed():
-    books, owner = _books(), Owner()
+    books, owner = Books(), Owner()
     batch_id = owner.send(books, "a", now=1.0)
     batch = books.get(batch_id)
     assert batch is not None
@@ -151,7 +142,7 @@ def test_a_resumed_stream_runs_again_from_then_and_an_ended_one_is_not_resumed()
 
 
 def test_a_cancelled_stream_gets_the_timeout_from_then_once():
-    books, owner = _books(), Owner()
+    books, owner = Books(), Owner()
     batch_id = owner.send(books, "a", now=1.0)
     batch = books.get(batch_id)
     assert batch is not None

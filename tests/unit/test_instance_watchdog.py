@@ -54,19 +54,12 @@ def _send(books: Books, now: float) -> int:
     return books.add(0, lambda outcome: None, None, None, now)
 
 
-def _books(max_inflight: int = 1, staging: int = 0) -> Books:
-    books = Books()
-    books.max_inflight = max_inflight
-    books.staging = staging
-    return books
-
-
 def test_nothing_running_is_never_overdue():
     assert overdue(Books(), now=100.0, limit=5.0) is None
 
 
 def test_a_batch_is_overdue_once_it_has_run_the_whole_limit():
-    books = _books()
+    books = Books()
     batch_id = _send(books, now=10.0)
     assert overdue(books, now=13.0, limit=5.0) == Sleep(2.0)
     assert overdue(books, now=15.0, limit=5.0) == Overran(batch_id)
@@ -74,7 +67,7 @@ def test_a_batch_is_overdue_once_it_has_run_the_whole_limit():
 
 
 def test_the_batch_running_longest_decides():
-    books = _books(max_inflight=3)
+    books = Books(max_inflight=3)
     _send(books, now=2.0)
     oldest = _send(books, now=1.0)
     _send(books, now=3.0)
@@ -83,7 +76,7 @@ def test_the_batch_running_longest_decides():
 
 
 def test_a_staged_batch_is_timed_from_when_it_begins():
-    books = _books(staging=1)
+    books = Books(staging=1)
     first = _send(books, now=0.0)
     second = _send(books, now=1.0)
     books.answered(first, now=4.0)
@@ -92,7 +85,7 @@ def test_a_staged_batch_is_timed_from_when_it_begins():
 
 
 def test_a_stream_paused_for_its_clients_has_no_deadline():
-    books = _books(max_inflight=2)
+    books = Books(max_inflight=2)
     waiting = _send(books, now=0.0)
     running = _send(books, now=3.0)
     books.get(waiting).paused = True  # type: ignore[union-attr]
@@ -103,7 +96,7 @@ def test_a_stream_paused_for_its_clients_has_no_deadline():
 
 
 def test_the_watchdog_reports_a_batch_that_hangs():
-    loop, books, overran = FakeLoop(), _books(), []
+    loop, books, overran = FakeLoop(), Books(), []
     watchdog = Watchdog(5.0, books, loop, overran.append)
     batch_id = _send(books, now=0.0)
     watchdog.arm()
@@ -116,7 +109,7 @@ def test_the_watchdog_reports_a_batch_that_hangs():
 
 
 def test_the_watchdog_sleeps_until_the_next_batch_is_due():
-    loop, books, overran = FakeLoop(), _books(staging=1), []
+    loop, books, overran = FakeLoop(), Books(staging=1), []
     watchdog = Watchdog(5.0, books, loop, overran.append)
     first = _send(books, now=0.0)
     watchdog.arm()
@@ -131,7 +124,7 @@ def test_the_watchdog_sleeps_until_the_next_batch_is_due():
 
 
 def test_the_watchdog_goes_quiet_once_every_batch_is_answered():
-    loop, books, overran = FakeLoop(), _books(), []
+    loop, books, overran = FakeLoop(), Books(), []
     watchdog = Watchdog(5.0, books, loop, overran.append)
     batch_id = _send(books, now=0.0)
     watchdog.arm()
@@ -141,7 +134,7 @@ def test_the_watchdog_goes_quiet_once_every_batch_is_answered():
 
 
 def test_a_resumed_stream_is_timed_again_from_its_resume():
-    loop, books, overran = FakeLoop(), _books(), []
+    loop, books, overran = FakeLoop(), Books(), []
     watchdog = Watchdog(5.0, books, loop, overran.append)
     batch_id = _send(books, now=0.0)
     watchdog.arm()
@@ -159,7 +152,7 @@ def test_a_resumed_stream_is_timed_again_from_its_resume():
 
 
 def test_no_timeout_arms_nothing_and_stop_cancels_the_timer():
-    loop, books, overran = FakeLoop(), _books(), []
+    loop, books, overran = FakeLoop(), Books(), []
     _send(books, now=0.0)
     Watchdog(0, books, loop, overran.append).arm()
     assert loop.pending == []
