@@ -8,13 +8,12 @@ import contextlib
 import socket
 import subprocess
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pytest
 
-from reposerve.config import parse_model_config
 from reposerve.instance.arena import Slot
 from reposerve.instance.messages import (
     AddSlot,
@@ -42,7 +41,6 @@ from tests.toy_models import (
     PICKY,
     counting_config,
     vector_config,
-    write_model,
 )
 
 pytestmark = pytest.mark.integration
@@ -54,14 +52,7 @@ class Worker:
     """One instance process and the front's end of its socket: frames out, frames in,
     slots whose memfds go beside AddSlot frames."""
 
-    def __init__(self, repository: Path, model: str, code: str, config: str) -> None:
-        folder = write_model(repository, model, config, code)
-        parsed = parse_model_config((folder / "config.toml").read_text(), model)
-        spec = InstanceSpec(
-            model=model, version=1, version_path=str(folder / "1"), backend="python",
-            config_json=msgspec.json.encode(parsed), index=0, kind="cpu", gpu=None, cpus=(),
-            threads=1, execute_timeout_s=0,
-        )  # fmt: skip
+    def __init__(self, spec: InstanceSpec) -> None:
         self.sock, child = socket.socketpair()
         self.process = spawn(spec, child.fileno())
         child.close()
@@ -69,7 +60,8 @@ class Worker:
         self._reader = FrameReader(FromInstance)
         self._frames: deque[FromInstance] = deque()
         self.slots: dict[int, Slot] = {}
-        self.send(Load(model, 1, spec.version_path, "python", spec.config_json, 0, "cpu", 1))
+        load = Load(spec.model, 1, spec.version_path, "python", spec.config_json, 0, "cpu", 1)
+        self.send(load)
 
     def send(self, message: ToInstance) -> None:
         self.sock.sendall(encode_frame(message))
@@ -119,11 +111,11 @@ class Worker:
 
 
 @pytest.fixture
-def start(repository: Path):
+def start(python_model: Callable[..., InstanceSpec]):
     workers: list[Worker] = []
 
-    def start(code: str, config: str, model: str = "m") -> Worker:
-        workers.append(Worker(repository, model, code, config))
+    def start(code: str, config: str) -> Worker:
+        workers.append(Worker(python_model(code, config)))
         return workers[-1]
 
     yield start

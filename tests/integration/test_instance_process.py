@@ -1,0 +1,95 @@
+"""The front's handle on a real instance process (``InstanceProcess``), without a server:
+a batch's outcome in its slot, and when the process ends (by itself, or killed past the
+execution timeout) exactly its batches fail, the one staged behind sent back unrun, and
+its owner told how it ended."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import pytest
+
+from reposerve.instance.outcomes import BatchFailure, BatchOutcome, BatchTensor, FailureCause
+from reposerve.instance.process import InstanceProcess, InstanceState
+from reposerve.instance.spec import InstanceSpec
+from tests.toy_models import CRASH, HANGS, vector_config
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 60  # for the process to load, or to end; a test that passes waits for events
+
+
+def _item(first: float) -> list[BatchTensor]:
+    """One FP32[16] item starting with ``first`` (CRASH and HANGS read it)."""
+    values = np.arange(16, dtype=np.float32)
+    values[0] = first
+    return [BatchTensor("INPUT", "FP32", (1, 16), [values.tobytes()])]
+
+
+async def _ended(spec: InstanceSpec, run: Callable[[InstanceProcess, dict], None]) -> tuple:
+    """Start an instance, ``run`` batches on it (outcomes into a dict), and wait until its
+    owner is told the process ended: the outcomes and the instance."""
+    gone = asyncio.Event()
+    instance = InstanceProcess(spec, lambda _: gone.set())
+    await instance.start(TIMEOUT_S)
+    outcomes: dict[str, BatchOutcome | BatchFailure] = {}
+    try:
+        run(instance, outcomes)
+        await asyncio.wait_for(gone.wait(), TIMEOUT_S)
+    finally:
+        await instance.stop(5)
+    return outcomes, instance
+
+
+def test_a_process_that_dies_fails_its_batch_and_sends_back_the_staged_one(python_model):
+    spec = python_model(CRASH, vector_config())
+
+    def run(instance: InstanceProcess, outcomes: dict) -> None:
+        instance.run(_item(666), partial(outcomes.__setitem__, "dies"))
+        assert instance.has_capacity(staged=True) and not instance.has_capacity()
+        instance.run(_item(1), partial(outcomes.__setitem__, "staged"))
+
+    outcomes, instance = asyncio.run(_ended(spec, run))
+    how = "exited with code 3"
+    assert outcomes == {
+        "dies": BatchFailure(
+            f"instance 0 (pid {instance.pid}) {how} while running this batch",
+            FailureCause.INSTANCE,
+        ),
+        "staged": BatchFailure(
+            f"instance 0 (pid {instance.pid}) {how} while running this batch",
+            FailureCause.NOT_STARTED,
+        ),
+    }
+    assert instance.ended == how and not instance.batch_fault
+    assert instance.in_flight == 0 and instance.state is InstanceState.EXITED
+
+
+def test_a_batch_past_the_timeout_is_failed_and_its_process_killed(python_model):
+    spec = python_model(HANGS, vector_config(), execute_timeout_s=1)
+
+    def run(instance: InstanceProcess, outcomes: dict) -> None:
+        def answered(outcome: BatchOutcome | BatchFailure) -> None:
+            outcomes["fine"] = outcome
+            # Then one that hangs, and one staged behind it.
+            instance.run(_item(13), partial(outcomes.__setitem__, "hangs"))
+            instance.run(_item(2), partial(outcomes.__setitem__, "staged"))
+
+        instance.run(_item(1), answered)
+
+    outcomes, instance = asyncio.run(_ended(spec, run))
+    fine = outcomes["fine"]
+    assert isinstance(fine, BatchOutcome)  # its outputs were views valid only in on_done
+    assert outcomes["hangs"] == BatchFailure(
+        "execute did not finish within 1 s (execution.timeout_seconds); the instance was "
+        "killed and is being replaced",
+        FailureCause.INSTANCE,
+    )
+    assert outcomes["staged"] == BatchFailure(
+        "instance 0 was killed: another batch on it ran past execution.timeout_seconds (1 s)",
+        FailureCause.NOT_STARTED,
+    )
+    assert instance.batch_fault and instance.ended == "was killed by SIGKILL"
