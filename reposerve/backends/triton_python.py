@@ -420,6 +420,7 @@ class _LoopSent:
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._items: asyncio.Queue[object] = asyncio.Queue()
+        self._task: asyncio.Future | None = None  # held: the loop keeps only weak ones
         self.cancelled = False
 
     def start(self, execute: Callable[[], Awaitable[object]], settle: Settle) -> None:
@@ -427,7 +428,8 @@ class _LoopSent:
             if not done.cancelled():
                 settle(done.result)
 
-        asyncio.ensure_future(execute()).add_done_callback(ended)
+        self._task = asyncio.ensure_future(execute())
+        self._task.add_done_callback(ended)
 
     def put(self, item: object) -> None:
         if not self.cancelled:
