@@ -14,16 +14,26 @@ from collections.abc import Iterator
 
 import msgspec
 
-from reposerve.instance.outcomes import BatchFailure, FailureCause, OnDone, OnResponse, OnStart
+from reposerve.instance.outcomes import (
+    BatchFailure,
+    FailureCause,
+    OnDone,
+    OnResponse,
+    OnStart,
+    SlotHold,
+)
 
 NESTED_LIMIT = 64  # batches an instance runs while its models wait on calls, at most
 
 
 class Batch(msgspec.Struct):
     """A batch handed to the process: its slot, its owner's callbacks, and since when it
-    runs (loop time; a staged batch starts when the one before it is answered)."""
+    runs (loop time; a staged batch starts when the one before it is answered). ``hold``
+    gives the slot back once the batch has ended and no reader holds its outputs (those
+    of its outcome, or a response not resumed yet)."""
 
     slot: int
+    hold: SlotHold
     on_done: OnDone
     on_start: OnStart | None
     since: float
@@ -67,6 +77,7 @@ class Books:
     def add(
         self,
         slot: int,
+        hold: SlotHold,
         on_done: OnDone,
         on_start: OnStart | None,
         on_response: OnResponse | None,
@@ -77,7 +88,7 @@ class Books:
         batch_id = self._next_id
         self._next_id += 1
         starts_now = len(self._batches) < self.limit()
-        self._batches[batch_id] = Batch(slot, on_done, on_start, now, starts_now, on_response)
+        self._batches[batch_id] = Batch(slot, hold, on_done, on_start, now, starts_now, on_response)
         if starts_now and on_start is not None:
             on_start()
         return batch_id

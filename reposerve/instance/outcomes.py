@@ -1,6 +1,6 @@
 """What goes into an instance's batch and what comes out: its tensors, its outcome (the
-outputs, or a failure and its cause), a decoupled batch's responses, and the callbacks
-that receive them."""
+outputs, or a failure and its cause), a decoupled batch's responses, the callbacks that
+receive them, and the hold that keeps a batch's slot while its outputs are read."""
 
 from __future__ import annotations
 
@@ -22,14 +22,41 @@ class RequestOutputs(msgspec.Struct, frozen=True):
     parameters: dict[str, Any] = {}
 
 
+class SlotHold:
+    """Shares in a slot's contents: ``on_free`` runs once the last share is released. The
+    one who makes it holds the first share; each reader takes another (``share``) and
+    releases it when done, so the slot is written again only after every reader."""
+
+    __slots__ = ("_shares", "_on_free")
+
+    def __init__(self, on_free: Callable[[], None]) -> None:
+        self._shares = 1
+        self._on_free = on_free
+
+    @property
+    def held(self) -> bool:
+        return self._shares > 0
+
+    def share(self) -> SlotHold:
+        self._shares += 1
+        return self
+
+    def release(self) -> None:
+        self._shares -= 1
+        if self._shares == 0:
+            self._on_free()
+
+
 class BatchOutcome(msgspec.Struct):
-    """A finished batch: outputs are views on the slot, valid only during ``on_done``:
-    the batch's (cut into its requests by the scheduler), or each request's own
-    (``answers``, by its index in the batch, from a backend that answers per request).
-    ``failed`` names requests that failed on their own."""
+    """A finished batch: outputs are views on the slot, valid during ``on_done`` and, for
+    whoever takes a share of ``slot``, until that share is released: the batch's (cut
+    into its requests by the scheduler), or each request's own (``answers``, by its index
+    in the batch, from a backend that answers per request). ``failed`` names requests
+    that failed on their own."""
 
     outputs: dict[str, Tensor]
     compute_ns: int
+    slot: SlotHold
     failed: list[RequestFailure] = []
     answers: dict[int, RequestOutputs] = {}
 
@@ -70,8 +97,8 @@ OnStart = Callable[[], None]
 
 
 class StreamedResponse(msgspec.Struct):
-    """One response of a decoupled batch: outputs are views on the slot, valid only during
-    ``on_response``. ``request``: the one request it answers (its rows), -1 for all;
+    """One response of a decoupled batch: outputs are views on the slot, valid until the
+    instance goes on (``on_response`` returns True, or ``resume`` is called). ``request``: the one request it answers (its rows), -1 for all;
     ``final``: that request's last; ``failure``: that request failed."""
 
     outputs: dict[str, Tensor]

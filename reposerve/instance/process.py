@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import msgspec
 
@@ -64,6 +65,7 @@ from reposerve.instance.outcomes import (
     OnResponse,
     OnStart,
     RequestOutputs,
+    SlotHold,
     StreamedResponse,
     response_parameters,
     views,
@@ -222,7 +224,10 @@ class InstanceProcess:
                 end = position + len(part)
                 view[position:end] = part
                 position = end
-        batch_id = self._books.add(slot_index, on_done, on_start, on_response, self._loop.time())
+        hold = SlotHold(partial(self._slots.give_back, slot_index))
+        batch_id = self._books.add(
+            slot_index, hold, on_done, on_start, on_response, self._loop.time()
+        )
         self._transport.write(
             encode_frame(
                 Execute(
@@ -355,12 +360,16 @@ class InstanceProcess:
                     for answer in message.answers
                 }
                 outcome = BatchOutcome(
-                    views(view, message.outputs), message.compute_ns, message.failed, answers
+                    views(view, message.outputs),
+                    message.compute_ns,
+                    running.hold,
+                    message.failed,
+                    answers,
                 )
                 try:
                     running.on_done(outcome)
                 finally:
-                    self._slots.give_back(slot_index)
+                    running.hold.release()
             case Response():
                 self._on_response(message)
             case CallTaken():
@@ -392,7 +401,7 @@ class InstanceProcess:
                     self.batch_fault = True
                     if self.state is InstanceState.READY:
                         self.state = InstanceState.STOPPING
-                self._slots.give_back(running.slot)
+                running.hold.release()
                 cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
                 running.on_done(BatchFailure(message.message, cause, message.verbatim))
             case Ready():
@@ -422,8 +431,17 @@ class InstanceProcess:
         slot.remap(message.slot_size)
         outputs = views(memoryview(slot.buffer), message.outputs)
         batch_id = message.batch_id
+        # The response's outputs keep the slot until it is resumed, even past the batch's
+        # end (the model may stop right after its last response).
+        hold = running.hold.share()
+        resumed = False
 
         def resume() -> None:
+            nonlocal resumed
+            if resumed:
+                return
+            resumed = True
+            hold.release()
             if self._transport is not None and self._books.resume(batch_id, self._loop.time()):
                 self._transport.write(encode_frame(Resume(batch_id)))
                 self._watchdog.arm()

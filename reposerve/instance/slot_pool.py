@@ -56,6 +56,8 @@ class SlotPool:
         self._free.append(self._add())
 
     def give_back(self, index: int) -> None:
+        if index not in self._slots:  # read past the process's end: the pool is closed
+            return
         self._free.append(index)
         if self._shrink is None and len(self._slots) > KEEP and self._idle():
             self._shrink = asyncio.get_running_loop().call_later(IDLE_S, self._drop_extra)

@@ -88,7 +88,7 @@ def _keep(outcome: BatchOutcome | BatchFailure) -> BatchOutcome | BatchFailure:
     if isinstance(outcome, BatchOutcome):
         if outcome.failed:
             return BatchFailure(outcome.failed[0].message, FailureCause.MODEL)
-        return BatchOutcome({}, outcome.compute_ns)
+        return BatchOutcome({}, outcome.compute_ns, outcome.slot)
     return outcome
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from reposerve.instance.books import NESTED_LIMIT, Books
-from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause
+from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause, SlotHold
 
 pytestmark = pytest.mark.unit
 
@@ -22,6 +22,7 @@ class Owner:
     def send(self, books: Books, name: str, now: float = 0.0) -> int:
         return books.add(
             slot=0,
+            hold=SlotHold(lambda: None),
             on_done=lambda outcome: self.done.__setitem__(name, outcome),
             on_start=lambda: self.started.append(name),
             on_response=None,
