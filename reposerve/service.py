@@ -1,8 +1,9 @@
 """The protocol-agnostic operations both fronts call.
 
 Inference takes the request's bytes (decoded here against the model's config) and gives
-back what the front's encoder makes of the outputs. Every other operation takes and
-returns the typed values of ``reposerve.operations``, which each front decodes and
+back ``Answer``s: the outputs the request asked for, still in the instance's shared
+memory, which the front encodes in its protocol and releases. Every other operation takes
+and returns the typed values of ``reposerve.operations``, which each front decodes and
 encodes in its own protocol. Status codes and headers stay in the fronts.
 """
 
@@ -10,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from functools import partial
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 
@@ -34,18 +34,14 @@ from reposerve.operations import (
 )
 from reposerve.protocol import documents
 from reposerve.protocol.classification import classify
-from reposerve.protocol.generate import decode_generate, encode_generate
+from reposerve.protocol.generate import decode_generate
 from reposerve.protocol.repository import decode_load_request, decode_unload_request
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
-from reposerve.protocol.response import encode_response
 from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository.scan import ConfigOverride, check_model_name
-from reposerve.scheduler.stream import ResponseStream
+from reposerve.scheduler.lease import Lease
 from reposerve.tensor import Tensor
 from reposerve.utilization import Usage
-
-T = TypeVar("T")
-
 
 # Request bodies at least this large are decoded in a worker thread, so that walking one
 # (its BYTES elements, its JSON numbers) never stalls the event loop that serves everyone.
@@ -185,8 +181,9 @@ class InferenceService:
 
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None
-    ) -> tuple[bytes, int | None]:
-        """Run one V2 request; returns the response body and its JSON header length."""
+    ) -> Answer:
+        """Run one V2 request (its JSON, or its header and binary tensors); the front
+        encodes the answer and releases it."""
         model = self.repository.get(name, version)
         if len(body) < DECODE_IN_THREAD:
             request = decode_request(body, header_length, model.config, name)
@@ -194,102 +191,47 @@ class InferenceService:
             request = await asyncio.to_thread(
                 decode_request, body, header_length, model.config, name
             )
-
-        def encode(
-            outputs: list[tuple[str, Tensor, bool]], parameters: dict[str, Any]
-        ) -> tuple[bytes, int | None]:
-            return encode_response(name, model.version_text, request.id, outputs, parameters)
-
-        return await self._run(model, request, encode)
+        return await self._run(model, request)
 
     async def infer_parts(
-        self,
-        name: str,
-        version: str | None,
-        header: dict[str, Any],
-        raws: list[bytes],
-        encode: Callable[[str, list[tuple[str, Tensor]], dict[str, Any]], T],
-    ) -> T:
+        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+    ) -> Answer:
         """Run one request whose tensor data travels apart from its header (gRPC; see
-        ``decode_parts``). ``encode(version, outputs, parameters)`` makes the answer from
-        the output tensors, which are valid only during the call."""
+        ``decode_parts``)."""
         model = self.repository.get(name, version)
-        request = decode_parts(header, raws, model.config, name)
+        return await self._run(model, decode_parts(header, raws, model.config, name))
 
-        def finish(outputs: list[tuple[str, Tensor, bool]], parameters: dict[str, Any]) -> T:
-            tensors = [(output, tensor) for output, tensor, _ in outputs]
-            return encode(model.version_text, tensors, parameters)
-
-        return await self._run(model, request, finish)
-
-    def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[bytes]:
+    def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
         """Triton's generate extension (``reposerve.protocol.generate``): the request is
-        decoded now (its errors raise here); the JSON responses come as they are made."""
+        decoded now (its errors raise here); the answers come as they are made."""
         model = self.repository.get(name, version)
-        request = decode_generate(body, model.config, name)
-
-        def encode(
-            outputs: list[tuple[str, Tensor, bool]], final: bool, parameters: dict[str, Any]
-        ) -> bytes:
-            tensors = [(output, tensor) for output, tensor, _ in outputs]
-            return encode_generate(name, model.version_text, request.id, tensors)
-
-        return self._responses(model, request, encode)
+        return self._responses(model, decode_generate(body, model.config, name))
 
     def stream_parts(
-        self,
-        name: str,
-        version: str | None,
-        header: dict[str, Any],
-        raws: list[bytes],
-        encode: Callable[[str, list[tuple[str, Tensor]], bool, dict[str, Any]], T],
-    ) -> AsyncIterator[T]:
-        """``infer_parts`` for a streaming call: any model, each response as
-        ``encode(version, outputs, final, parameters)``. ``final`` marks the last response
-        of a model that answers once; a decoupled model's stream ends after its last."""
+        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+    ) -> AsyncIterator[Answer]:
+        """``infer_parts`` for a streaming call: any model; a decoupled model's answers
+        come as they are made, and end after its last."""
         model = self.repository.get(name, version)
-        request = decode_parts(header, raws, model.config, name)
+        return self._responses(model, decode_parts(header, raws, model.config, name))
 
-        def finish(
-            outputs: list[tuple[str, Tensor, bool]], final: bool, parameters: dict[str, Any]
-        ) -> T:
-            tensors = [(output, tensor) for output, tensor, _ in outputs]
-            return encode(model.version_text, tensors, final, parameters)
-
-        return self._responses(model, request, finish)
-
-    async def _responses(
-        self,
-        model: ModelVersion,
-        request: InferRequest,
-        encode: Callable[[list[tuple[str, Tensor, bool]], bool, dict[str, Any]], T],
-    ) -> AsyncIterator[T]:
-        """The responses to ``request``: one, or a decoupled model's as they come. Closing
-        this iterator early (the client left) cancels the generation in the instance."""
-        decoupled = model.config.decoupled
-
-        def encode_one(outputs: list[tuple[str, Tensor, bool]], parameters: dict[str, Any]) -> T:
-            return encode(outputs, not decoupled, parameters)  # answered once: its last
-
-        finish = self._finisher(model, request, encode_one)
-        if not decoupled:
-            yield await model.scheduler.submit(request, finish)
+    async def _responses(self, model: ModelVersion, request: InferRequest) -> AsyncIterator[Answer]:
+        """The answers to ``request``: one, or a decoupled model's as they come. Closing
+        this iterator early (the client left) cancels the generation in the instance and
+        releases what it had not handed out."""
+        selected = _selected_outputs(request, model.output_names)
+        if not model.config.decoupled:
+            lease = await model.scheduler.submit(request)
+            yield _answer(model, request, selected, lease, final=True)  # answered once
             return
-        stream: ResponseStream[T] = ResponseStream()
-        future = model.scheduler.submit(request, finish, stream)
-        future.add_done_callback(partial(_end_stream, stream))
+        stream = model.scheduler.stream(request)
         try:
-            async for response in stream:
-                yield response
+            async for lease in stream:
+                yield _answer(model, request, selected, lease, final=False)
         finally:
             stream.cancel()  # nothing left to stop once it has ended
 
-    async def _run(
-        self,
-        model: ModelVersion,
-        request: InferRequest,
-        encode: Callable[[list[tuple[str, Tensor, bool]], dict[str, Any]], T],
-    ) -> T:
+    async def _run(self, model: ModelVersion, request: InferRequest) -> Answer:
         """Submit ``request`` for its one response."""
         if model.config.decoupled:
             raise ProtocolError(
@@ -298,40 +240,9 @@ class InferenceService:
                 "POST .../generate_stream, or gRPC ModelStreamInfer",
                 kind=ErrorKind.UNSUPPORTED,
             )
-        return await model.scheduler.submit(request, self._finisher(model, request, encode))
-
-    def _finisher(
-        self,
-        model: ModelVersion,
-        request: InferRequest,
-        encode: Callable[[list[tuple[str, Tensor, bool]], dict[str, Any]], T],
-    ) -> Callable[[dict[str, Tensor], dict[str, Any]], T]:
-        """What makes a response from outputs: they are selected and classified as the
-        request asks, then go to ``encode`` as (output, tensor, binary) in response order
-        with the response's parameters. A requested output the model left out of its
-        answer (a Triton model may) is left out of the response, as Triton does."""
         selected = _selected_outputs(request, model.output_names)
-        classes = request.classifications
-        batched = model.config.max_batch_size > 0
-
-        def finish(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> T:
-            if classes:
-                outputs = {
-                    output: classify(tensor, classes[output], batched, model.labels.get(output, ()))
-                    if output in classes
-                    else tensor
-                    for output, tensor in outputs.items()
-                }
-            return encode(
-                [
-                    (output, outputs[output], binary)
-                    for output, binary in selected
-                    if output in outputs
-                ],
-                parameters,
-            )
-
-        return finish
+        lease = await model.scheduler.submit(request)
+        return _answer(model, request, selected, lease, final=True)
 
     # -- repository control --------------------------------------------------------------
 
@@ -412,11 +323,6 @@ class InferenceService:
             )
 
 
-def _end_stream(stream: ResponseStream, future: asyncio.Future) -> None:
-    """A decoupled request's outcome ends its stream (after its responses)."""
-    stream.end(None if future.cancelled() else future.exception())
-
-
 def _selected_outputs(request: InferRequest, declared: tuple[str, ...]) -> list[tuple[str, bool]]:
     """(output, binary) in response order: the requested ones, or every declared output."""
     if request.outputs is None:
@@ -425,3 +331,71 @@ def _selected_outputs(request: InferRequest, declared: tuple[str, ...]) -> list[
         (output, request.binary_output if binary is None else binary)
         for output, binary in request.outputs.items()
     ]
+
+
+class Answer:
+    """One response to a request, as it asked: ``outputs`` as (output, tensor, binary) in
+    response order, views on the batch's shared memory until ``release`` (or the end of
+    a ``with`` block), and the response's parameters. ``final``: the last response of a
+    model that answers once (a decoupled model's stream ends after its last instead)."""
+
+    __slots__ = ("outputs", "parameters", "final", "version", "request_id", "_lease")
+
+    def __init__(
+        self,
+        outputs: list[tuple[str, Tensor, bool]],
+        parameters: dict[str, Any],
+        final: bool,
+        version: str,
+        request_id: str | None,
+        lease: Lease,
+    ) -> None:
+        self.outputs = outputs
+        self.parameters = parameters
+        self.final = final
+        self.version = version  # the model version that answered, as text
+        self.request_id = request_id
+        self._lease = lease
+
+    @property
+    def tensors(self) -> list[tuple[str, Tensor]]:
+        return [(output, tensor) for output, tensor, _ in self.outputs]
+
+    def release(self) -> None:
+        self._lease.release()
+
+    def __enter__(self) -> Answer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lease.release()
+
+
+def _answer(
+    model: ModelVersion,
+    request: InferRequest,
+    selected: list[tuple[str, bool]],
+    lease: Lease,
+    final: bool,
+) -> Answer:
+    """The answer ``lease`` makes: its outputs selected and classified as the request
+    asks. A requested output the model left out of its answer (a Triton model may) is
+    left out of the response, as Triton does."""
+    try:
+        outputs = lease.outputs
+        classes = request.classifications
+        if classes:
+            batched = model.config.max_batch_size > 0
+            outputs = {
+                output: classify(tensor, classes[output], batched, model.labels.get(output, ()))
+                if output in classes
+                else tensor
+                for output, tensor in outputs.items()
+            }
+        chosen = [
+            (output, outputs[output], binary) for output, binary in selected if output in outputs
+        ]
+    except BaseException:
+        lease.release()
+        raise
+    return Answer(chosen, lease.parameters, final, model.version_text, request.id, lease)

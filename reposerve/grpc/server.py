@@ -71,9 +71,10 @@ class Handlers(Operations):
         encode = response_encoder(
             schema.message_class(f"{schema.PACKAGE}.ModelInferResponse"), request
         )
-        return await self.service.infer_parts(
-            request.model_name, request.model_version or None, header, raws, encode
-        )
+        with await self.service.infer_parts(
+            request.model_name, request.model_version or None, header, raws
+        ) as answer:  # encoded straight from the instance's memory, then let go
+            return encode(answer.version, answer.tensors, answer.parameters)
 
     async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
         """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever

@@ -31,8 +31,8 @@ from reposerve.grpc.infer import (
     stream_ending,
     wants_empty_final,
 )
-from reposerve.scheduler.stream import ResponseStream
-from reposerve.service import InferenceService
+from reposerve.grpc.outbox import Outbox
+from reposerve.service import Answer, InferenceService
 
 log = logging.getLogger("reposerve.grpc")
 
@@ -49,7 +49,7 @@ async def serve_stream(
     """Serve one call; with ``end_on_error`` the first request's error is raised from
     here (a ReposerveError, after the responses sent before it) and the call is over."""
     stream_class = schema.message_class(f"{schema.PACKAGE}.ModelStreamInferResponse")
-    outbox: ResponseStream[Any] = ResponseStream(OUTBOX_SIZE)
+    outbox: Outbox[Any] = Outbox(OUTBOX_SIZE)
     running: set[asyncio.Task] = set()
     slots = asyncio.Semaphore(CALL_REQUESTS)
 
@@ -63,11 +63,10 @@ async def serve_stream(
                 raise ProtocolError(request.error)
             empty_final = wants_empty_final(request)
             header, raws = request_parts(request)
-            responses = service.stream_parts(
-                request.model_name,
-                request.model_version or None,
-                header,
-                raws,
+            responses = _encoded(
+                service.stream_parts(
+                    request.model_name, request.model_version or None, header, raws
+                ),
                 stream_encoder(stream_class, request),
             )
             final = False
@@ -117,3 +116,14 @@ async def serve_stream(
         for task in list(running):
             task.cancel()
         await asyncio.gather(reader, *running, return_exceptions=True)
+
+
+async def _encoded(
+    answers: AsyncIterator[Answer], encode: Callable[..., Any]
+) -> AsyncIterator[Any]:
+    """Each answer as its response message, let go of as soon as it is encoded."""
+    async with contextlib.aclosing(answers):
+        async for answer in answers:
+            with answer:
+                response = encode(answer.version, answer.tensors, answer.final, answer.parameters)
+            yield response

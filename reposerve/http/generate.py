@@ -25,7 +25,8 @@ from reposerve.errors import InstanceError, InvalidInput, ProtocolError, Reposer
 from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import RETRY_AFTER, STATUS, error_body
 from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
-from reposerve.service import InferenceService
+from reposerve.protocol.generate import encode_generate
+from reposerve.service import Answer, InferenceService
 
 log = logging.getLogger("reposerve.http")
 T = TypeVar("T")
@@ -54,7 +55,10 @@ class GenerateEndpoint(InferEndpoint):
         try:
             body, _, _ = await self.read(scope, receive)
             parameters = scope["path_params"]
-            responses = self._service.generate(parameters["model"], parameters.get("version"), body)
+            model = parameters["model"]
+            responses = _documents(
+                self._service.generate(model, parameters.get("version"), body), model
+            )
             watching = asyncio.ensure_future(_wait_for_disconnect(receive))
             async with contextlib.aclosing(responses):
                 if self._stream:
@@ -78,6 +82,15 @@ class GenerateEndpoint(InferEndpoint):
             if watching is not None:
                 watching.cancel()
         await _send_json(send, 200, content)
+
+
+async def _documents(answers: AsyncIterator[Answer], model: str) -> AsyncIterator[bytes]:
+    """Each answer as its JSON document, let go of as soon as it is encoded."""
+    async with contextlib.aclosing(answers):
+        async for answer in answers:
+            with answer:
+                document = encode_generate(model, answer.version, answer.request_id, answer.tensors)
+            yield document
 
 
 async def _only_response(responses: AsyncIterator[bytes], model: str) -> bytes:

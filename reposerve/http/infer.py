@@ -25,6 +25,7 @@ from reposerve.http.encoding import (
     response_coding,
 )
 from reposerve.http.errors import RETRY_AFTER, STATUS, HttpError, error_body
+from reposerve.protocol.response import encode_response
 from reposerve.service import InferenceService
 
 log = logging.getLogger("reposerve.http")
@@ -49,9 +50,13 @@ class InferEndpoint:
         try:
             body, header_length, accept = await self.read(scope, receive)
             parameters = scope["path_params"]
-            content, json_length = await self._service.infer(
-                parameters["model"], parameters.get("version"), body, header_length
-            )
+            model = parameters["model"]
+            with await self._service.infer(
+                model, parameters.get("version"), body, header_length
+            ) as answer:  # encoded straight from the instance's memory, then let go
+                content, json_length = encode_response(
+                    model, answer.version, answer.request_id, answer.outputs, answer.parameters
+                )
             coding = response_coding(accept) if accept is not None else None
             if coding is not None:
                 if len(content) < _COMPRESS_IN_THREAD:

@@ -98,8 +98,9 @@ OnStart = Callable[[], None]
 
 class StreamedResponse(msgspec.Struct):
     """One response of a decoupled batch: outputs are views on the slot, valid until the
-    instance goes on (``on_response`` returns True, or ``resume`` is called). ``request``: the one request it answers (its rows), -1 for all;
-    ``final``: that request's last; ``failure``: that request failed."""
+    instance goes on (``on_response`` returns True, or ``resume`` is called).
+    ``request``: the one request it answers (its rows), -1 for all; ``final``: that
+    request's last; ``failure``: that request failed."""
 
     outputs: dict[str, Tensor]
     request: int = -1

@@ -3,8 +3,8 @@
 The call's inputs are read in place from the calling process's call slot, checked against
 the callee's config as any request's are, and run through the callee's scheduler (so they
 are batched with its other requests); the outputs are written back into the same slot,
-after the inputs. A decoupled callee's responses go the same way one at a time, each
-written once the caller has taken the one before.
+after the inputs, straight from the callee's slot. A decoupled callee's responses go the
+same way one at a time, each written once the caller has taken the one before.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import Call, CallFailure, CallResponse, CallResult, TensorRef
 from reposerve.pipelines.ensemble import Resolve
 from reposerve.protocol.request import decode_parts
-from reposerve.scheduler.stream import ResponseStream
+from reposerve.scheduler.lease import LeaseStream
 from reposerve.tensor import Tensor
 
 # Model calls nested in one client's request, at most: a model that calls itself without
@@ -43,7 +43,7 @@ class CallLink(Protocol):
         """Send one response; return once the caller has taken it (CallNext)."""
         ...
 
-    def attach(self, stream: ResponseStream) -> None:
+    def attach(self, stream: LeaseStream) -> None:
         """The call's responses come through ``stream``: a CallCancel cancels it."""
         ...
 
@@ -84,14 +84,9 @@ async def serve_call(
         if model.config.decoupled:
             refs, answered = await _stream(model, request, call, slot, start, link)
             return CallResult(call.call_id, slot.size, refs, answered)
-
-        def write(
-            outputs: dict[str, Tensor], parameters: dict[str, Any]
-        ) -> tuple[list[TensorRef], str]:
-            return _write(slot, start, outputs), _parameters_text(parameters)
-
-        refs, answered = await model.scheduler.submit(request, write, call_depth=call.depth)
-        return CallResult(call.call_id, slot.size, refs, answered)
+        with await model.scheduler.submit(request, call_depth=call.depth) as lease:
+            refs = _write(slot, start, lease.outputs)
+            return CallResult(call.call_id, slot.size, refs, _parameters_text(lease.parameters))
     except ReposerveError as exc:
         message = f"{caller}: calling model '{call.model}': {exc.message}"
         return CallFailure(call.call_id, message, exc.kind)
@@ -101,26 +96,19 @@ async def _stream(
     model: Any, request: Any, call: Call, slot: Slot, start: int, link: CallLink
 ) -> tuple[list[TensorRef], str]:
     """A decoupled model's responses to a call, one at a time through the call slot: each
-    is kept (copied) as it comes, and written once the caller took the one before. The
-    one the model marked final is the end's (the CallResult's outputs and parameters);
-    none (no outputs) when the model ended with a flag alone (Triton's empty final
-    response)."""
-
-    def keep(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> tuple[dict, str]:
-        owned = {name: Tensor(t.datatype, t.shape, bytes(t.raw)) for name, t in outputs.items()}
-        return owned, _parameters_text(parameters)
-
-    stream: ResponseStream = ResponseStream()
+    is written there once the caller took the one before, and its lease released at once
+    (the callee goes on meanwhile). The one the model marked final is the end's (the
+    CallResult's outputs and parameters); none (no outputs) when the model ended with a
+    flag alone (Triton's empty final response)."""
+    stream = model.scheduler.stream(request, call_depth=call.depth)
     link.attach(stream)
-    future = model.scheduler.submit(request, keep, stream, call_depth=call.depth)
-    future.add_done_callback(
-        lambda done: stream.end(None if done.cancelled() else done.exception())
-    )
     last: tuple[list[TensorRef], str] = ([], "{}")
     try:
-        async for outputs, parameters in stream:
-            refs = _write(slot, start, outputs)
-            if stream.took_final:  # the stream ends here: it goes with the end
+        async for lease in stream:
+            with lease:
+                refs = _write(slot, start, lease.outputs)
+            parameters = _parameters_text(lease.parameters)
+            if lease.final:  # the stream ends here: it goes with the end
                 last = (refs, parameters)
                 continue
             await link.send(CallResponse(call.call_id, slot.size, refs, parameters))

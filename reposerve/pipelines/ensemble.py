@@ -14,21 +14,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from reposerve.config import ModelConfig, TensorConfig
 from reposerve.config.schema import EnsembleStep
 from reposerve.errors import ConfigError, InstanceError, ReposerveError, SchedulerError
 from reposerve.protocol.request import InferRequest
-from reposerve.scheduler.work import Finish
+from reposerve.scheduler.lease import Lease, LeaseFuture, deliver
 from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor
 
 
 class StepScheduler(Protocol):
-    def submit(
-        self, request: InferRequest, finish: Finish, *, call_depth: int = 0
-    ) -> asyncio.Future: ...
+    def submit(self, request: InferRequest, call_depth: int = 0) -> LeaseFuture: ...
 
 
 class StepModel(Protocol):
@@ -173,13 +171,15 @@ class EnsembleScheduler:
             return False
         return True
 
-    def submit(self, request: InferRequest, finish: Finish, call_depth: int = 0) -> asyncio.Future:
-        """``call_depth``: the model calls that made the request; its steps' are as deep."""
+    def submit(self, request: InferRequest, call_depth: int = 0) -> LeaseFuture:
+        """As a model's scheduler: the future resolves to a lease on the outputs (copies
+        of the steps' own: it holds no slot). ``call_depth``: the model calls that made
+        the request; its steps' are as deep."""
         if self._closed:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
-        future = asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(self._run(request, finish, call_depth))
+        future = LeaseFuture()
+        task = asyncio.ensure_future(self._run(request, call_depth))
         self._running[future] = task
         self._idle.clear()
         task.add_done_callback(lambda done: self._settle(future, done))
@@ -200,14 +200,10 @@ class EnsembleScheduler:
                 future.set_exception(error)
 
     def _settle(self, future: asyncio.Future, task: asyncio.Task) -> None:
-        if future.done():  # aborted, or its caller went away
-            return
         if task.cancelled():
             future.cancel()
-        elif task.exception() is not None:
-            future.set_exception(task.exception())
-        else:
-            future.set_result(task.result())
+        else:  # unless aborted, or its caller went away
+            deliver(future, None if task.exception() else task.result(), task.exception())
 
     def _forget(self, future: asyncio.Future) -> None:
         task = self._running.pop(future, None)
@@ -216,7 +212,7 @@ class EnsembleScheduler:
         if not self._running:
             self._idle.set()
 
-    async def _run(self, request: InferRequest, finish: Finish, call_depth: int) -> Any:
+    async def _run(self, request: InferRequest, call_depth: int) -> Lease:
         started = time.perf_counter_ns()
         tensors: dict[str, Tensor] = dict(request.inputs)
         waiting = list(enumerate(self._config.step))
@@ -239,7 +235,6 @@ class EnsembleScheduler:
                         tensors[step.output_map[model_output]] = tensor
             outputs = {spec.name: tensors[spec.name] for spec in self._config.output}
             self._check_shapes(outputs, request.batch_size)
-            result = finish(outputs, {})
         except BaseException as exc:
             for call in running:
                 call.cancel()
@@ -262,7 +257,7 @@ class EnsembleScheduler:
             success_ns=elapsed,
             queue_ns=0,
         )
-        return result
+        return Lease(outputs, {}, None)
 
     def _check_shapes(self, outputs: dict[str, Tensor], batch_size: int) -> None:
         """Each output has the shape the ensemble declares (its steps may declare a looser
@@ -304,15 +299,11 @@ class EnsembleScheduler:
                 priority=0,
                 timeout_us=0,
             )
-            wanted = step.output_map
-
-            def keep(outputs: dict[str, Tensor], parameters: dict[str, Any]) -> dict[str, Tensor]:
+            with await model.scheduler.submit(step_request, call_depth=call_depth) as lease:
                 return {
                     name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
-                    for name, tensor in outputs.items()
-                    if name in wanted
+                    for name, tensor in lease.outputs.items()
+                    if name in step.output_map
                 }
-
-            return await model.scheduler.submit(step_request, keep, call_depth=call_depth)
         except ReposerveError as exc:
             raise type(exc)(f"{where}: {exc.message}", exc.kind) from exc

@@ -37,7 +37,7 @@ from reposerve.repository.recovery import InstanceRestarter
 from reposerve.repository.scan import VersionSource
 from reposerve.repository.warmup import warm, warmup_batches
 from reposerve.scheduler.batcher import Scheduler
-from reposerve.scheduler.stream import ResponseStream
+from reposerve.scheduler.lease import LeaseStream
 from reposerve.statistics import ModelStatistics
 
 log = logging.getLogger("reposerve.repository")
@@ -398,14 +398,14 @@ class _CallLink:
     def __init__(self, instance: InstanceProcess) -> None:
         self._instance = instance
         self._taken: asyncio.Future[None] | None = None
-        self._stream: ResponseStream | None = None
+        self._stream: LeaseStream | None = None
 
     async def send(self, response: CallResponse) -> None:
         self._taken = asyncio.get_running_loop().create_future()
         self._instance.answer_call(response)
         await self._taken
 
-    def attach(self, stream: ResponseStream) -> None:
+    def attach(self, stream: LeaseStream) -> None:
         self._stream = stream
 
     def took(self) -> None:

@@ -3,9 +3,9 @@
 Requests wait in one queue per priority level. Whenever an instance is free the head of
 the queue is offered to ``plan_batch``; a batch is assembled straight into the chosen
 instance's shared memory and comes back as one outcome, which is cut into per-request
-views and handed to each request's ``finish`` while the slot is still held. Dispatch
-runs on the next event-loop turn after a change, so requests arriving together leave
-together.
+views: each request's caller gets them as a lease on the slot (``reposerve.scheduler.
+lease``), a decoupled model's as a stream of leases. Dispatch runs on the next
+event-loop turn after a change, so requests arriving together leave together.
 
 Every accepted request ends in exactly one outcome, and a fault costs only the requests
 it belongs to: when execute raises for a batch of several requests, the batch is run
@@ -17,40 +17,28 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 
-import msgspec
-
-from reposerve.backends.base import RequestFailure, RequestSlice
 from reposerve.config import ModelConfig
-from reposerve.errors import (
-    ErrorKind,
-    InstanceError,
-    InvalidInput,
-    ReposerveError,
-    SchedulerError,
-)
+from reposerve.errors import InstanceError, InvalidInput, ReposerveError, SchedulerError
 from reposerve.instance.outcomes import (
     BatchFailure,
     BatchOutcome,
     BatchTensor,
     FailureCause,
+    SlotHold,
     StreamedResponse,
 )
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
+from reposerve.scheduler.lease import Lease, LeaseFuture, LeaseStream
 from reposerve.scheduler.ordering import Delivery
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
-from reposerve.scheduler.stream import ResponseStream
-from reposerve.scheduler.work import Batch, Executor, Finish, Queued
+from reposerve.scheduler.work import Batch, Executor, Queued, request_error, request_slice
 from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor, split_batch
-
-log = logging.getLogger("reposerve.scheduler")
 
 
 class Scheduler:
@@ -107,17 +95,27 @@ class Scheduler:
         """Whether a live instance can take work (false while every one is restarting)."""
         return bool(self._instances)
 
-    def submit(
-        self,
-        request: InferRequest,
-        finish: Finish,
-        stream: ResponseStream | None = None,
-        call_depth: int = 0,
-    ) -> asyncio.Future:
-        """Queue ``request``; the future resolves to ``finish``'s result or an error. For
-        a decoupled model, each response goes through ``finish`` into ``stream`` instead
-        and the future resolves to None after the last; cancelling the stream cancels it.
+    def submit(self, request: InferRequest, call_depth: int = 0) -> LeaseFuture:
+        """Queue ``request``; the future resolves to a lease on its outputs (release it
+        once they are read: its batch's slot waits for every lease) or to an error.
         ``call_depth``: the model calls that made it (0: a client's)."""
+        return self._enqueue(request, None, call_depth).future
+
+    def stream(self, request: InferRequest, call_depth: int = 0) -> LeaseStream:
+        """Queue a decoupled model's ``request``: its responses come as leases (the
+        instance writes the next once the last is released); the stream ends after the
+        last, or with the request's error. Cancelling the stream cancels the request."""
+        stream = LeaseStream()
+        item = self._enqueue(request, stream, call_depth)
+        stream.on_cancel = partial(self._abandon, item)
+        item.future.add_done_callback(
+            lambda done: stream.end(None if done.cancelled() else done.exception())
+        )
+        return stream
+
+    def _enqueue(
+        self, request: InferRequest, stream: LeaseStream | None, call_depth: int
+    ) -> Queued:
         if self._closed:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
@@ -137,11 +135,9 @@ class Scheduler:
                 "dynamic_batching.max_queue_size); retry later"
             )
         key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
-        future = asyncio.get_running_loop().create_future()
-        item = Queued(request, finish, future, key, self._clock.now(), stream, call_depth)
+        future = LeaseFuture()
+        item = Queued(request, future, key, self._clock.now(), stream, call_depth)
         future.add_done_callback(partial(self._tell_cancelled, item))
-        if stream is not None:
-            stream.on_cancel = partial(self._abandon, item)
         timeout_us = request.timeout_us or self._default_timeout_us
         if timeout_us:
             item.timer = self._clock.call_later(timeout_us * 1000, partial(self._expire, item))
@@ -154,7 +150,7 @@ class Scheduler:
             self._dispatch()  # an idle scheduler has nothing to gather: no need to wait a turn
         else:
             self._wake()
-        return item.future
+        return item
 
     async def drain(self) -> None:
         """Refuse new requests and wait until every accepted one has its outcome."""
@@ -310,7 +306,7 @@ class Scheduler:
         batch.instance = instance
         for item in items:
             item.batch = batch
-        requests = [_slice(item.request) for item in items] if instance.per_request else ()
+        requests = [request_slice(item.request) for item in items] if instance.per_request else ()
         # Streamed requests are a decoupled model's (the service sends no other kind).
         on_response = partial(self._responded, batch) if items[0].stream is not None else None
         # Only batches that calls made carry a depth (its models' calls go one deeper).
@@ -343,8 +339,8 @@ class Scheduler:
         self, batch: Batch, response: StreamedResponse, resume: Callable[[], None]
     ) -> bool:
         """One response of a decoupled batch: each request's part (or the one request's,
-        when it names one), finished, goes to its stream. Returns whether the instance may
-        go on now; else ``resume`` is called once every stream that was full has room."""
+        when it names one) goes to its stream as a lease. The instance goes on
+        (``resume``) once every one of them is released."""
         batch.responded = True
         if response.request < 0:
             pieces = self._pieces(batch, response.outputs)
@@ -354,40 +350,27 @@ class Scheduler:
             ]
         else:
             parts = [(batch.items[response.request], response.outputs)]
-        parameters = response.parameters
-        full: list[ResponseStream] = []
+        hold = SlotHold(partial(self._resumed, resume))  # its first share: this loop's
         for item, outputs in parts:
             stream = item.stream
             if stream is None or item.future.done():
                 continue
             if response.failure is not None:
-                error = _request_error(response.failure)
-                self._fail(item, error, FailureReason.BACKEND)
+                self._fail(item, request_error(response.failure), FailureReason.BACKEND)
                 continue
-            try:
-                if outputs or not response.final:
-                    stream.put(item.finish(outputs, parameters), response.final)
-            except ReposerveError as exc:
-                self._fail(item, exc, FailureReason.BACKEND)
-                continue
+            if outputs or not response.final:
+                stream.put(Lease(outputs, response.parameters, hold.share(), response.final))
             if response.final:  # its stream ends now, whatever the rest of the batch does
                 self._settle(item, None, None)
-            elif stream.full:
-                full.append(stream)
         self._stop_if_abandoned(batch)
-        if not full:
-            return True
-        waiting = len(full)
-
-        def room() -> None:
-            nonlocal waiting
-            waiting -= 1
-            if waiting == 0:
-                resume()
-
-        for stream in full:
-            stream.when_room(room)
+        hold.release()
         return False
+
+    def _resumed(self, resume: Callable[[], None]) -> None:
+        """A response's leases are all released: its instance goes on."""
+        resume()
+        if self._queued or self._reruns:  # a batch that ended meanwhile freed its slot
+            self._wake()
 
     def _tell_cancelled(self, item: Queued, future: asyncio.Future) -> None:
         """A request whose caller cancelled it while it runs: its model may see that
@@ -439,10 +422,12 @@ class Scheduler:
         # rest of the batch succeeded, so no isolation re-run is needed.
         failed = {failure.index: failure for failure in outcome.failed}
         unserved = set(failed)
+        # The leases' share in the slot: the scheduler's until every lease is handed out.
+        hold = SlotHold(partial(self._released, outcome.slot.share()))
         for index, item in enumerate(items):
             failure = failed.get(index)
             if failure is not None:
-                self._fail(item, _request_error(failure), FailureReason.BACKEND)
+                self._fail(item, request_error(failure), FailureReason.BACKEND)
                 continue
             if item.stream is not None:  # its responses have gone out as they came
                 future = item.future
@@ -454,19 +439,13 @@ class Scheduler:
                 elif future.exception() is not None:  # failed (and recorded) on its own
                     unserved.add(index)
                 continue
-            try:
-                answer = outcome.answers.get(index)
-                if answer is not None:  # the request's own outputs, as the model gave them
-                    result = item.finish(answer.outputs, answer.parameters)
-                else:
-                    result = item.finish({name: cut[index] for name, cut in pieces.items()}, {})
-            except ReposerveError as exc:
-                self._settle(item, None, exc)
-            except Exception as exc:  # a bug in an encoder: this request fails, not its batch
-                log.exception("%s: making a response failed", self._label)
-                self._settle(item, None, InstanceError(f"{self._label}: internal error: {exc!r}"))
+            answer = outcome.answers.get(index)
+            if answer is not None:  # the request's own outputs, as the model gave them
+                lease = Lease(answer.outputs, answer.parameters, hold.share())
             else:
-                self._settle(item, result, None)
+                lease = Lease({name: cut[index] for name, cut in pieces.items()}, {}, hold.share())
+            self._settle(item, lease, None)
+        hold.release()
         finished = self._clock.now()
         served = [item for index, item in enumerate(items) if index not in unserved]
         request_ns = [finished - item.enqueued_ns for item in served]
@@ -484,6 +463,13 @@ class Scheduler:
         self._statistics.record_latencies(
             request_ns, queue_ns, input_ns, outcome.compute_ns, finished - now
         )
+
+    def _released(self, slot: SlotHold) -> None:
+        """Every lease of a batch is released: its slot goes back to its instance, which
+        may take a batch again."""
+        slot.release()
+        if self._queued or self._reruns:
+            self._wake()
 
     def _failed(self, batch: Batch, failure: BatchFailure) -> None:
         if failure.cause is FailureCause.NOT_STARTED and self._aborted is None:
@@ -551,9 +537,9 @@ class Scheduler:
         self._statistics.record_failure(1, waited, reason, isolated)
         self._settle(item, None, error)
 
-    def _settle(self, item: Queued, result: Any, error: BaseException | None) -> None:
+    def _settle(self, item: Queued, lease: Lease | None, error: BaseException | None) -> None:
         """Hand ``item`` its outcome, in dispatch order under preserve_ordering."""
-        self._delivery.settle(item.sequence, item.future, result, error)
+        self._delivery.settle(item.sequence, item.future, lease, error)
 
     def _discard(self, item: Queued) -> None:
         """Drop a request whose caller gave up before it was scheduled."""
@@ -574,26 +560,3 @@ class Scheduler:
     def _check_idle(self) -> None:
         if not self._queued and not self._in_flight and not self._reruns:
             self._idle.set()
-
-
-def _request_error(failure: RequestFailure) -> ReposerveError:
-    """The error of one request the model failed on its own, reported as its kind says,
-    in the model's words alone (Triton hands a model's error to the client verbatim)."""
-    message = failure.message
-    if failure.kind is ErrorKind.INVALID_ARGUMENT:
-        return InvalidInput(message)
-    return InstanceError(message, failure.kind)
-
-
-_parameters_encoder = msgspec.json.Encoder()
-
-
-def _slice(request: InferRequest) -> RequestSlice:
-    """What a backend that answers per request is told of one request of its batch."""
-    outputs = None if request.outputs is None else list(request.outputs)
-    parameters = (
-        _parameters_encoder.encode(request.parameters).decode() if request.parameters else "{}"
-    )
-    return RequestSlice(
-        request.batch_size, request.id or "", outputs, parameters, request.timeout_us
-    )

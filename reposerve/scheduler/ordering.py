@@ -4,7 +4,8 @@ were dispatched, a finished request held back until those sent before it have th
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+
+from reposerve.scheduler.lease import Lease, deliver
 
 
 class Delivery:
@@ -12,7 +13,7 @@ class Delivery:
         self.ordered = ordered
         self._dispatched = 0
         self._delivered = 0
-        self._held: dict[int, tuple[asyncio.Future, Any, BaseException | None]] = {}
+        self._held: dict[int, tuple[asyncio.Future, Lease | None, BaseException | None]] = {}
 
     def next_sequence(self) -> int:
         """The dispatch number of the next request sent to an instance."""
@@ -21,23 +22,21 @@ class Delivery:
         return sequence
 
     def settle(
-        self, sequence: int, future: asyncio.Future, result: Any, error: BaseException | None
+        self,
+        sequence: int,
+        future: asyncio.Future,
+        lease: Lease | None,
+        error: BaseException | None,
     ) -> None:
-        """Hand ``future`` its outcome; ``sequence`` < 0: unordered (or never dispatched)."""
+        """Hand ``future`` its outcome; ``sequence`` < 0: unordered (or never dispatched).
+        A lease held back is copied out of its slot first: the slot is not held hostage
+        to another batch (held back, it was encoded, a copy too, before leases)."""
         if sequence < 0:
-            deliver(future, result, error)
+            deliver(future, lease, error)
             return
-        self._held[sequence] = (future, result, error)
+        if sequence != self._delivered and lease is not None:
+            lease = lease.detach()
+        self._held[sequence] = (future, lease, error)
         while self._delivered in self._held:
             deliver(*self._held.pop(self._delivered))
             self._delivered += 1
-
-
-def deliver(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    """``future``'s result or error, unless it has one already (its caller left)."""
-    if future.done():
-        return
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)

@@ -1,22 +1,20 @@
 """What a scheduler holds: requests waiting in its queue, batches running on instances,
-and what it needs of an instance (``Executor``)."""
+what it needs of an instance (``Executor``), and what it tells one of a request."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
-from reposerve.backends.base import RequestSlice
+import msgspec
+
+from reposerve.backends.base import RequestFailure, RequestSlice
+from reposerve.errors import ErrorKind, InstanceError, InvalidInput, ReposerveError
 from reposerve.instance.outcomes import BatchTensor, OnDone, OnResponse, OnStart
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Timer
-from reposerve.scheduler.stream import ResponseStream
-from reposerve.tensor import Tensor
-
-Finish = Callable[[dict[str, Tensor], dict[str, Any]], Any]
-"""Turns a request's outputs (views valid only during the call) and its response's
-parameters (those the model set; usually none) into its result."""
+from reposerve.scheduler.lease import LeaseStream
 
 
 class Executor(Protocol):
@@ -58,29 +56,28 @@ class Executor(Protocol):
 
 class Queued:
     __slots__ = (
-        "request", "finish", "future", "key", "enqueued_ns", "timer", "sequence", "stream",
-        "batch", "call_depth",
+        "request", "future", "key", "enqueued_ns", "timer", "sequence", "stream", "batch",
+        "call_depth",
     )  # fmt: skip
 
     def __init__(
         self,
         request: InferRequest,
-        finish: Finish,
         future: asyncio.Future,
         key: tuple,
         now: int,
-        stream: ResponseStream | None,
+        stream: LeaseStream | None,
         call_depth: int = 0,
     ) -> None:
         self.request = request
         self.call_depth = call_depth  # 0: a client's request; n: made by n nested calls
-        self.finish = finish
+        # Its lease, or (a streamed request) None once its last response went out.
         self.future = future
         self.key = key
         self.enqueued_ns = now
         self.timer: Timer | None = None
         self.sequence = -1  # delivery order under preserve_ordering, given when dispatched
-        self.stream = stream  # where a decoupled model's responses go, finished each
+        self.stream = stream  # where a decoupled model's responses go, a lease each
         self.batch: Batch | None = None  # the one running it
 
 
@@ -101,3 +98,26 @@ class Batch:
         self.instance: Executor | None = None
         self.handle = -1  # the instance's id for it
         self.responded = False  # a decoupled batch sent a response: it must not run again
+
+
+def request_error(failure: RequestFailure) -> ReposerveError:
+    """The error of one request the model failed on its own, reported as its kind says,
+    in the model's words alone (Triton hands a model's error to the client verbatim)."""
+    message = failure.message
+    if failure.kind is ErrorKind.INVALID_ARGUMENT:
+        return InvalidInput(message)
+    return InstanceError(message, failure.kind)
+
+
+_parameters_encoder = msgspec.json.Encoder()
+
+
+def request_slice(request: InferRequest) -> RequestSlice:
+    """What a backend that answers per request is told of one request of its batch."""
+    outputs = None if request.outputs is None else list(request.outputs)
+    parameters = (
+        _parameters_encoder.encode(request.parameters).decode() if request.parameters else "{}"
+    )
+    return RequestSlice(
+        request.batch_size, request.id or "", outputs, parameters, request.timeout_us
+    )

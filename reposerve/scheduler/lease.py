@@ -1,0 +1,159 @@
+"""What a scheduler hands back: leases on a request's outputs where its instance wrote them.
+
+A batch's outputs lie in its instance's shared-memory slot. Each request of the batch
+gets a ``Lease``: its outputs as views on that slot and its response's parameters; the
+slot is written again only once every lease cut from it is released. So the caller
+encodes (or copies) straight out of shared memory, and results flow up as values: the
+scheduler never calls into the layer above it. A decoupled model's responses come as a
+``LeaseStream``, one lease per response; the instance writes the next response only once
+the last one's leases are released, which is the stream's backpressure.
+
+No lease is left holding a slot when its caller goes: a future cancelled before its
+lease is set releases it (``deliver``), an awaiting caller cancelled after it was set
+releases it (``LeaseFuture``), and a cancelled stream releases what it still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Generator
+from typing import Any
+
+from reposerve.instance.outcomes import SlotHold
+from reposerve.tensor import Tensor
+
+
+class Lease:
+    """One response's outputs (views valid until ``release``) and parameters; ``final``:
+    the model marked it its request's last. Use as a context manager."""
+
+    __slots__ = ("outputs", "parameters", "final", "_hold")
+
+    def __init__(
+        self,
+        outputs: dict[str, Tensor],
+        parameters: dict[str, Any],
+        hold: SlotHold | None,
+        final: bool = False,
+    ) -> None:
+        self.outputs = outputs
+        self.parameters = parameters
+        self.final = final
+        self._hold = hold  # None: the outputs are its own (copied, or made in the front)
+
+    @property
+    def held(self) -> bool:
+        return self._hold is not None
+
+    def release(self) -> None:
+        """Let the slot go (once; again is harmless). The outputs are invalid after it."""
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.release()
+
+    def detach(self) -> Lease:
+        """This lease with its outputs copied out of the slot, which it releases: for a
+        response held back for a while (ordered delivery), so the slot is not."""
+        owned = {
+            name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
+            for name, tensor in self.outputs.items()
+        }
+        self.release()
+        return Lease(owned, self.parameters, None, self.final)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class LeaseFuture(asyncio.Future):
+    """A future lease. Awaiting it is safe against the one window a plain future leaves:
+    the lease set, then the awaiting task cancelled before it resumes (the lease would
+    stay in the future, its slot held): it is released and the cancel goes on."""
+
+    def __await__(self) -> Generator[Any, None, Lease]:
+        try:
+            return (yield from super().__await__())
+        except BaseException:
+            if self.done() and not self.cancelled() and self.exception() is None:
+                self.result().release()
+            raise
+
+
+def deliver(future: asyncio.Future, lease: Lease | None, error: BaseException | None) -> None:
+    """``future``'s lease or error, unless it has an outcome already (its caller left):
+    then the lease is released."""
+    if future.done():
+        if lease is not None:
+            lease.release()
+    elif error is None:
+        future.set_result(lease)
+    else:
+        future.set_exception(error)
+
+
+class LeaseStream:
+    """A decoupled request's responses, as leases, between the scheduler and a front.
+    It holds the leases the front has not taken (one per batch response at most: the
+    instance waits for it to be released); cancelling it releases them and stops the
+    generation."""
+
+    def __init__(self) -> None:
+        self._leases: deque[Lease] = deque()
+        self._ended = False
+        self._error: BaseException | None = None
+        self._reader: asyncio.Future[None] | None = None
+        self.cancelled = False
+        self.on_cancel: Callable[[], None] | None = None  # the scheduler's, once queued
+
+    # -- the scheduler's side ------------------------------------------------------------
+
+    def put(self, lease: Lease) -> None:
+        if self.cancelled or self._ended:
+            lease.release()
+            return
+        self._leases.append(lease)
+        self._wake()
+
+    def end(self, error: BaseException | None = None) -> None:
+        """No more responses; ``error``, if any, is raised to the reader after the rest."""
+        if not self._ended:
+            self._ended = True
+            self._error = error
+            self._wake()
+
+    # -- the front's side ----------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """The client has gone: release what is held and stop what is producing more."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        while self._leases:
+            self._leases.popleft().release()
+        if self.on_cancel is not None and not self._ended:
+            self.on_cancel()
+        self._wake()
+
+    def __aiter__(self) -> LeaseStream:
+        return self
+
+    async def __anext__(self) -> Lease:
+        """The next lease: the taker releases it. A reader cancelled while it waits
+        takes nothing (what arrives stays here, for ``cancel`` to release)."""
+        while not self._leases:
+            if self._ended or self.cancelled:
+                error, self._error = self._error, None
+                if error is not None:
+                    raise error
+                raise StopAsyncIteration
+            self._reader = asyncio.get_running_loop().create_future()
+            await self._reader
+        return self._leases.popleft()
+
+    def _wake(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            self._reader.set_result(None)
