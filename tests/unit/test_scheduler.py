@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import pytest
 
 from reposerve.config import parse_model_config
 from reposerve.errors import InstanceError, SchedulerError
-from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause
+from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause, SlotHold
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.statistics import ModelStatistics
@@ -62,6 +63,7 @@ class StandInInstance:
         self.staging = staging
         self.running: list[tuple[np.ndarray, Callable, Callable | None]] = []
         self.batches: list[np.ndarray] = []
+        self.freed: list[int] = []  # the slots given back, by the order their batches ended
 
     @property
     def in_flight(self) -> int:
@@ -83,7 +85,15 @@ class StandInInstance:
 
     def finish(self, index: int = 0) -> None:
         batch, on_done, _ = self._take(index)
-        on_done(BatchOutcome({"Y": Tensor("FP32", batch.shape, memoryview(batch.tobytes()))}, 0))
+        slot = SlotHold(partial(self.freed.append, len(self.freed)))
+        try:
+            on_done(
+                BatchOutcome(
+                    {"Y": Tensor("FP32", batch.shape, memoryview(batch.tobytes()))}, 0, slot
+                )
+            )
+        finally:
+            slot.release()  # as an instance does once on_done returns
 
     def fail(self, message: str, cause: FailureCause = FailureCause.MODEL) -> None:
         _, on_done, _ = self._take(0)
@@ -126,9 +136,11 @@ def _request(values, priority: int = 0, timeout_us: int = 0) -> InferRequest:
     )
 
 
-def _finish(outputs: dict[str, Tensor], parameters: dict) -> np.ndarray:
-    y = outputs["Y"]
-    return np.frombuffer(y.raw, np.float32).reshape(y.shape).copy()
+def _result(future: asyncio.Future) -> np.ndarray:
+    """The request's Y, copied out of its lease, which is released."""
+    with future.result() as lease:
+        y = lease.outputs["Y"]
+        return np.frombuffer(y.raw, np.float32).reshape(y.shape).copy()
 
 
 async def _turn() -> None:
@@ -159,13 +171,13 @@ def run(test: Callable) -> None:
 def test_without_dynamic_batching_requests_run_alone_and_spread():
     async def body():
         scheduler, (a, b), _ = scenario(None, instances=2)
-        futures = [scheduler.submit(_request([[i, i]]), _finish) for i in range(2)]
+        futures = [scheduler.submit(_request([[i, i]])) for i in range(2)]
         await _turn()
         assert [len(x.batches) for x in (a, b)] == [1, 1]
         a.finish()
         b.finish()
         await _turn()
-        assert [f.result().tolist() for f in futures] == [[[0, 0]], [[1, 1]]]
+        assert [_result(f).tolist() for f in futures] == [[[0, 0]], [[1, 1]]]
 
     run(body)
 
@@ -173,10 +185,10 @@ def test_without_dynamic_batching_requests_run_alone_and_spread():
 def test_an_idle_scheduler_dispatches_at_once_and_a_busy_one_gathers():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
-        scheduler.submit(_request([[0, 0]]), _finish)
+        scheduler.submit(_request([[0, 0]]))
         assert len(instance.batches) == 1  # no loop turn needed
-        scheduler.submit(_request([[1, 1]]), _finish)
-        scheduler.submit(_request([[2, 2]]), _finish)
+        scheduler.submit(_request([[1, 1]]))
+        scheduler.submit(_request([[2, 2]]))
         instance.finish()
         await _turn()
         assert instance.batches[1].tolist() == [[1, 1], [2, 2]]
@@ -187,7 +199,7 @@ def test_an_idle_scheduler_dispatches_at_once_and_a_busy_one_gathers():
 def test_queue_delay_collects_a_batch():
     async def body():
         scheduler, (instance,), clock = scenario("max_queue_delay_microseconds = 1000")
-        futures = [scheduler.submit(_request([[i, -i]]), _finish) for i in range(3)]
+        futures = [scheduler.submit(_request([[i, -i]])) for i in range(3)]
         await _turn()
         assert instance.batches == []
         clock.advance(999 * US)
@@ -199,7 +211,7 @@ def test_queue_delay_collects_a_batch():
         instance.finish()
         await _turn()
         for i, future in enumerate(futures):
-            assert future.result().tolist() == [[i, -i]]  # each gets its own slice back
+            assert _result(future).tolist() == [[i, -i]]  # each gets its own slice back
 
     run(body)
 
@@ -210,7 +222,7 @@ def test_preferred_size_leaves_at_once_and_the_rest_waits():
             "preferred_batch_size = [2]\nmax_queue_delay_microseconds = 10000", capacity=2
         )
         for i in range(3):
-            scheduler.submit(_request([[i, i]]), _finish)
+            scheduler.submit(_request([[i, i]]))
         await _turn()
         assert [b.shape[0] for b in instance.batches] == [2]
         clock.advance(10_000 * US)
@@ -223,9 +235,9 @@ def test_preferred_size_leaves_at_once_and_the_rest_waits():
 def test_requests_queue_while_busy_and_leave_together():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
-        scheduler.submit(_request([[0, 0]]), _finish)
+        scheduler.submit(_request([[0, 0]]))
         await _turn()
-        later = [scheduler.submit(_request([[i, i]]), _finish) for i in range(1, 5)]
+        later = [scheduler.submit(_request([[i, i]])) for i in range(1, 5)]
         await _turn()
         assert len(instance.batches) == 1
         instance.finish()
@@ -233,7 +245,7 @@ def test_requests_queue_while_busy_and_leave_together():
         assert instance.batches[1].tolist() == [[1, 1], [2, 2], [3, 3], [4, 4]]
         instance.finish()
         await _turn()
-        assert [f.result().tolist() for f in later] == [[[i, i]] for i in range(1, 5)]
+        assert [_result(f).tolist() for f in later] == [[[i, i]] for i in range(1, 5)]
 
     run(body)
 
@@ -241,8 +253,8 @@ def test_requests_queue_while_busy_and_leave_together():
 def test_multi_item_requests_are_packed_whole():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0", max_batch=4)
-        scheduler.submit(_request(np.zeros((3, 2))), _finish)
-        scheduler.submit(_request(np.ones((2, 2))), _finish)
+        scheduler.submit(_request(np.zeros((3, 2))))
+        scheduler.submit(_request(np.ones((2, 2))))
         await _turn()
         instance.finish()
         await _turn()
@@ -254,9 +266,9 @@ def test_multi_item_requests_are_packed_whole():
 def test_only_matching_shapes_share_a_batch():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0", dims="[-1]")
-        scheduler.submit(_request([[0, 0]]), _finish)  # occupies the instance
+        scheduler.submit(_request([[0, 0]]))  # occupies the instance
         for values in ([[1, 2]], [[3, 4]], [[5, 6, 7]]):
-            scheduler.submit(_request(values), _finish)
+            scheduler.submit(_request(values))
         await _turn()
         instance.finish()
         await _turn()
@@ -270,12 +282,12 @@ def test_only_matching_shapes_share_a_batch():
 def test_queue_full_is_refused_with_a_clear_error():
     async def body():
         scheduler, _, _ = scenario("max_queue_size = 2")
-        scheduler.submit(_request([[0, 0]]), _finish)
+        scheduler.submit(_request([[0, 0]]))
         await _turn()  # the first one runs; two may wait
-        scheduler.submit(_request([[1, 1]]), _finish)
-        scheduler.submit(_request([[2, 2]]), _finish)
+        scheduler.submit(_request([[1, 1]]))
+        scheduler.submit(_request([[2, 2]]))
         with pytest.raises(SchedulerError, match=r"queue full \(2 requests waiting"):
-            scheduler.submit(_request([[3, 3]]), _finish)
+            scheduler.submit(_request([[3, 3]]))
 
     run(body)
 
@@ -283,10 +295,10 @@ def test_queue_full_is_refused_with_a_clear_error():
 def test_expired_requests_fail_and_never_run():
     async def body():
         scheduler, (instance,), clock = scenario("default_timeout_microseconds = 500")
-        scheduler.submit(_request([[0, 0]]), _finish)
+        scheduler.submit(_request([[0, 0]]))
         await _turn()
-        waiting = scheduler.submit(_request([[1, 1]]), _finish)
-        patient = scheduler.submit(_request([[2, 2]], timeout_us=5000), _finish)
+        waiting = scheduler.submit(_request([[1, 1]]))
+        patient = scheduler.submit(_request([[2, 2]], timeout_us=5000))
         clock.advance(600 * US)
         await _turn()
         with pytest.raises(SchedulerError, match="timed out in the queue after 600 us"):
@@ -296,7 +308,7 @@ def test_expired_requests_fail_and_never_run():
         assert instance.batches[1].tolist() == [[2, 2]]
         instance.finish()
         await _turn()
-        assert patient.result().tolist() == [[2, 2]]
+        assert _result(patient).tolist() == [[2, 2]]
 
     run(body)
 
@@ -306,10 +318,10 @@ def test_higher_priority_leaves_first():
         scheduler, (instance,), _ = scenario(
             "priority_levels = 2\ndefault_priority_level = 2", max_batch=1
         )
-        scheduler.submit(_request([[0, 0]]), _finish)
+        scheduler.submit(_request([[0, 0]]))
         await _turn()
-        scheduler.submit(_request([[1, 1]]), _finish)  # default level 2
-        scheduler.submit(_request([[2, 2]], priority=1), _finish)
+        scheduler.submit(_request([[1, 1]]))  # default level 2
+        scheduler.submit(_request([[2, 2]], priority=1))
         instance.finish()
         await _turn()
         instance.finish()
@@ -325,8 +337,8 @@ def test_preserve_ordering_holds_later_batches(ordered):
         scheduler, (a, b), _ = scenario(
             f"preserve_ordering = {str(ordered).lower()}", instances=2, max_batch=1
         )
-        first = scheduler.submit(_request([[1, 1]]), _finish)
-        second = scheduler.submit(_request([[2, 2]]), _finish)
+        first = scheduler.submit(_request([[1, 1]]))
+        second = scheduler.submit(_request([[2, 2]]))
         await _turn()
         b.finish()
         await _turn()
@@ -341,17 +353,17 @@ def test_preserve_ordering_holds_later_batches(ordered):
 def test_cancelled_requests_do_not_run():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
-        scheduler.submit(_request([[0, 0]]), _finish)
+        scheduler.submit(_request([[0, 0]]))
         await _turn()
-        gone = scheduler.submit(_request([[1, 1]]), _finish)
-        kept = scheduler.submit(_request([[2, 2]]), _finish)
+        gone = scheduler.submit(_request([[1, 1]]))
+        kept = scheduler.submit(_request([[2, 2]]))
         gone.cancel()
         instance.finish()
         await _turn()
         assert instance.batches[1].tolist() == [[2, 2]]
         instance.finish()
         await _turn()
-        assert kept.result().tolist() == [[2, 2]]
+        assert _result(kept).tolist() == [[2, 2]]
 
     run(body)
 
@@ -359,15 +371,15 @@ def test_cancelled_requests_do_not_run():
 def test_a_failed_batch_fails_exactly_its_requests():
     async def body():
         scheduler, (a, b), _ = scenario(None, instances=2)
-        doomed = scheduler.submit(_request([[1, 1]]), _finish)
-        fine = scheduler.submit(_request([[2, 2]]), _finish)
+        doomed = scheduler.submit(_request([[1, 1]]))
+        fine = scheduler.submit(_request([[2, 2]]))
         await _turn()
         a.fail("ValueError: boom")
         b.finish()
         await _turn()
         with pytest.raises(InstanceError, match="model 'm' version 1: ValueError: boom"):
             doomed.result()
-        assert fine.result().tolist() == [[2, 2]]
+        assert _result(fine).tolist() == [[2, 2]]
 
     run(body)
 
@@ -375,16 +387,16 @@ def test_a_failed_batch_fails_exactly_its_requests():
 def test_drain_waits_for_running_work_and_refuses_new():
     async def body():
         scheduler, (instance,), _ = scenario(None)
-        running = scheduler.submit(_request([[1, 1]]), _finish)
+        running = scheduler.submit(_request([[1, 1]]))
         await _turn()
         drained = asyncio.ensure_future(scheduler.drain())
         await _turn()
         assert not drained.done()
         with pytest.raises(SchedulerError, match="is unloading"):
-            scheduler.submit(_request([[2, 2]]), _finish)
+            scheduler.submit(_request([[2, 2]]))
         instance.finish()
         await _turn()
-        assert drained.done() and running.result().tolist() == [[1, 1]]
+        assert drained.done() and _result(running).tolist() == [[1, 1]]
 
     run(body)
 
@@ -394,15 +406,15 @@ def test_a_busy_instance_takes_a_full_batch_to_run_next_but_not_one_that_can_gro
         scheduler, (instance,), _ = scenario(
             "max_queue_delay_microseconds = 0", max_batch=2, staging=1
         )
-        futures = [scheduler.submit(_request([[0, 0]]), _finish)]
-        futures.append(scheduler.submit(_request([[1, 1]]), _finish))
+        futures = [scheduler.submit(_request([[0, 0]]))]
+        futures.append(scheduler.submit(_request([[1, 1]])))
         await _turn()
         assert len(instance.batches) == 1  # [1, 1] could still grow: it waits
-        futures.append(scheduler.submit(_request([[2, 2]]), _finish))
+        futures.append(scheduler.submit(_request([[2, 2]])))
         await _turn()
         assert instance.batches[1].tolist() == [[1, 1], [2, 2]]  # full: staged
         assert scheduler.pending == 2  # staged, not running: still awaiting execution
-        futures += [scheduler.submit(_request([[i, i]]), _finish) for i in (3, 4)]
+        futures += [scheduler.submit(_request([[i, i]])) for i in (3, 4)]
         await _turn()
         assert len(instance.batches) == 2  # one running, one staged: no room
         instance.finish()
@@ -411,7 +423,7 @@ def test_a_busy_instance_takes_a_full_batch_to_run_next_but_not_one_that_can_gro
         instance.finish()
         instance.finish()
         await _turn()
-        assert [f.result().tolist() for f in futures] == [[[i, i]] for i in range(5)]
+        assert [_result(f).tolist() for f in futures] == [[[i, i]] for i in range(5)]
 
     run(body)
 
@@ -419,7 +431,7 @@ def test_a_busy_instance_takes_a_full_batch_to_run_next_but_not_one_that_can_gro
 def test_a_batch_handed_back_unstarted_runs_next_and_fails_nobody():
     async def body():
         scheduler, (instance,), _ = scenario(None, staging=1)
-        crashed, staged, queued = (scheduler.submit(_request([[i, i]]), _finish) for i in range(3))
+        crashed, staged, queued = (scheduler.submit(_request([[i, i]])) for i in range(3))
         await _turn()
         assert len(instance.batches) == 2
         # The process died running the first batch; the staged one never began.
@@ -432,7 +444,7 @@ def test_a_batch_handed_back_unstarted_runs_next_and_fails_nobody():
         await _turn()
         with pytest.raises(InstanceError, match="SIGKILL"):
             crashed.result()
-        assert staged.result().tolist() == [[1, 1]] and queued.result().tolist() == [[2, 2]]
+        assert _result(staged).tolist() == [[1, 1]] and _result(queued).tolist() == [[2, 2]]
         assert scheduler.pending == 0
 
     run(body)

@@ -1,10 +1,10 @@
-"""Streamed responses without processes: the stream's buffer and backpressure, the
-scheduler handing a decoupled batch's responses to each request, cancelling it when every
-client has gone, and the generate extension's request rules."""
+"""Streamed responses without processes: the gRPC outbox's buffer and backpressure, the
+scheduler handing a decoupled batch's responses to each request as leases, holding the
+instance until they are released, cancelling it when every client has gone, and the
+generate extension's request rules."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import numpy as np
@@ -12,10 +12,17 @@ import pytest
 
 from reposerve.config import parse_model_config
 from reposerve.errors import ProtocolError, SchedulerError
-from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause, StreamedResponse
+from reposerve.grpc.outbox import Outbox
+from reposerve.instance.outcomes import (
+    BatchFailure,
+    BatchOutcome,
+    FailureCause,
+    SlotHold,
+    StreamedResponse,
+)
 from reposerve.protocol.generate import decode_generate, encode_generate
 from reposerve.scheduler.batcher import Scheduler
-from reposerve.scheduler.stream import ResponseStream
+from reposerve.scheduler.lease import Lease, LeaseStream
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor
 from tests.unit.test_scheduler import FakeClock, _config, _request, _turn, run
@@ -23,67 +30,81 @@ from tests.unit.test_scheduler import FakeClock, _config, _request, _turn, run
 pytestmark = pytest.mark.unit
 
 
-async def _drain(stream: ResponseStream) -> list:
+async def _drain(stream) -> list:
     return [response async for response in stream]
 
 
-def test_a_stream_gives_its_responses_in_order_then_its_error():
+async def _values(stream: LeaseStream) -> list:
+    """Every response left, each lease read and released."""
+    return [_value(lease) async for lease in stream]
+
+
+def _value(lease: Lease) -> list[float]:
+    with lease:
+        return np.frombuffer(lease.outputs["Y"].raw, np.float32).tolist()
+
+
+def test_an_outbox_gives_its_responses_in_order_then_its_error():
     async def body():
-        stream: ResponseStream[int] = ResponseStream(limit=2)
-        stream.put(1)
-        stream.put(2)
-        stream.end(SchedulerError("gone"))
-        stream.put(3)  # after the end: dropped
+        outbox: Outbox[int] = Outbox(limit=2)
+        outbox.put(1)
+        outbox.put(2)
+        outbox.end(SchedulerError("gone"))
+        outbox.put(3)  # after the end: dropped
         received = []
         with pytest.raises(SchedulerError, match="gone"):
-            async for response in stream:
+            async for response in outbox:
                 received.append(response)
         assert received == [1, 2]
 
     run(body)
 
 
-def test_a_full_stream_calls_back_once_its_reader_makes_room():
+def test_a_full_outbox_calls_back_once_its_reader_makes_room():
     async def body():
-        stream: ResponseStream[int] = ResponseStream(limit=2)
+        outbox: Outbox[int] = Outbox(limit=2)
         called = []
-        stream.put(1)
-        stream.when_room(lambda: called.append("at once"))  # not full yet
-        stream.put(2)
-        assert stream.full
-        stream.when_room(lambda: called.append("later"))
+        outbox.put(1)
+        outbox.when_room(lambda: called.append("at once"))  # not full yet
+        outbox.put(2)
+        assert outbox.full
+        outbox.when_room(lambda: called.append("later"))
         assert called == ["at once"]
-        assert await anext(stream) == 1
+        assert await anext(outbox) == 1
         assert called == ["at once", "later"]
 
     run(body)
 
 
-def test_cancelling_a_stream_tells_its_producer_unless_it_had_ended():
+def test_cancelling_a_lease_stream_releases_its_leases_and_tells_its_producer_unless_ended():
     async def body():
-        cancelled = []
-        live: ResponseStream[int] = ResponseStream()
+        cancelled, freed = [], []
+        live = LeaseStream()
         live.on_cancel = lambda: cancelled.append("live")
-        live.put(1)
+        live.put(Lease({}, {}, SlotHold(lambda: freed.append("taken")).share()))
         live.cancel()
-        assert not live.full and await _drain(live) == []
-        ended: ResponseStream[int] = ResponseStream()
+        assert await _drain(live) == []
+        assert freed == [] and cancelled == ["live"]  # the slot's first share is not its
+        ended = LeaseStream()
         ended.on_cancel = lambda: cancelled.append("ended")
         ended.end()
+        ended.put(Lease({}, {}, SlotHold(lambda: freed.append("late"))))  # after the end
         ended.cancel()
-        assert cancelled == ["live"]
+        assert cancelled == ["live"] and freed == ["late"]
 
     run(body)
 
 
 class DecoupledStandIn:
-    """An instance of a decoupled model: the test sends each response and ends batches."""
+    """An instance of a decoupled model: the test sends each response and ends batches.
+    ``resumed`` counts the responses the scheduler let it go on from."""
 
     per_request = False
 
     def __init__(self) -> None:
         self.batches: list[tuple[np.ndarray, Callable, Callable]] = []
         self.cancelled: list[int] = []
+        self.resumed = 0
 
     @property
     def in_flight(self) -> int:
@@ -99,15 +120,19 @@ class DecoupledStandIn:
         self.batches.append((batch, on_done, on_response))
         return 7 + len(self.batches)
 
-    def respond(self, step: float, resume: Callable[[], None]) -> bool:
+    def respond(self, step: float, **response) -> bool:
+        """Send a response; whether the instance may go on at once."""
         batch, _, on_response = self.batches[0]
         values = batch + step
         outputs = {"Y": Tensor("FP32", values.shape, memoryview(values.tobytes()))}
-        return on_response(StreamedResponse(outputs), resume)
+        return on_response(StreamedResponse(outputs, **response), self._resume)
+
+    def _resume(self) -> None:
+        self.resumed += 1
 
     def end(self, outcome: BatchOutcome | BatchFailure | None = None) -> None:
         _, on_done, _ = self.batches.pop(0)
-        on_done(outcome or BatchOutcome({}, 0))
+        on_done(outcome or BatchOutcome({}, 0, SlotHold(lambda: None)))
 
     def cancel(self, batch_id: int) -> None:
         self.cancelled.append(batch_id)
@@ -121,56 +146,45 @@ def _decoupled(batching: str = "preferred_batch_size = [2]\nmax_queue_delay_micr
     return scheduler, instance
 
 
-def _submit_two(scheduler: Scheduler) -> tuple[list[ResponseStream], list[asyncio.Future]]:
+def _stream_two(scheduler: Scheduler) -> list[LeaseStream]:
     """Two streamed requests, [[0, 0]] and [[1, 1]]."""
-    streams = [ResponseStream() for _ in range(2)]
-    futures = [
-        scheduler.submit(_request([[index, index]]), _value, stream)
-        for index, stream in enumerate(streams)
-    ]
-    return streams, futures
-
-
-def _value(outputs: dict[str, Tensor], parameters: dict) -> list[float]:
-    return np.frombuffer(outputs["Y"].raw, np.float32).tolist()
+    return [scheduler.stream(_request([[index, index]])) for index in range(2)]
 
 
 def test_each_request_of_a_decoupled_batch_gets_its_rows_of_every_response_in_order():
     async def body():
         scheduler, instance = _decoupled()
-        streams = [ResponseStream(limit=8) for _ in range(2)]
-        futures = [
-            scheduler.submit(_request([[index, index]]), _value, stream)
-            for index, stream in enumerate(streams)
-        ]
+        streams = _stream_two(scheduler)
         await _turn()
         (batch,) = [batch for batch, _, _ in instance.batches]
         assert batch.tolist() == [[0, 0], [1, 1]]  # batched together
+        received: list[list] = [[], []]
         for step in range(3):
-            assert instance.respond(10 * step, lambda: None)
+            instance.respond(10 * step)
+            for index, stream in enumerate(streams):
+                received[index].append(_value(await anext(stream)))
         instance.end()
-        await asyncio.gather(*futures)
-        for stream in streams:
-            stream.end()
-        assert await _drain(streams[0]) == [[0, 0], [10, 10], [20, 20]]
-        assert await _drain(streams[1]) == [[1, 1], [11, 11], [21, 21]]
+        for index, stream in enumerate(streams):
+            received[index] += await _values(stream)
+        assert received == [[[0, 0], [10, 10], [20, 20]], [[1, 1], [11, 11], [21, 21]]]
+        assert instance.resumed == 3
 
     run(body)
 
 
-def test_a_full_stream_holds_the_instance_until_every_full_one_has_room():
+def test_a_response_holds_the_instance_until_every_lease_of_it_is_released():
     async def body():
         scheduler, instance = _decoupled()
-        streams = [ResponseStream(limit=1) for _ in range(2)]
-        for index, stream in enumerate(streams):
-            scheduler.submit(_request([[index, index]]), _value, stream)
+        streams = _stream_two(scheduler)
         await _turn()
-        resumed = []
-        assert not instance.respond(0, lambda: resumed.append(True))  # both are full now
-        assert await anext(streams[0]) == [0, 0]
-        assert resumed == []  # the other still holds its response
-        assert await anext(streams[1]) == [1, 1]
-        assert resumed == [True]
+        assert not instance.respond(0)  # its outputs are in the slot the next would use
+        first = await anext(streams[0])
+        assert _value(first) == [0, 0]
+        assert instance.resumed == 0  # the other stream still holds its lease
+        second = await anext(streams[1])
+        assert instance.resumed == 0  # taken is not released
+        second.release()
+        assert instance.resumed == 1
 
     run(body)
 
@@ -178,15 +192,16 @@ def test_a_full_stream_holds_the_instance_until_every_full_one_has_room():
 def test_a_decoupled_batch_is_cancelled_once_all_its_clients_have_gone():
     async def body():
         scheduler, instance = _decoupled()
-        streams, futures = _submit_two(scheduler)
+        streams = _stream_two(scheduler)
         await _turn()
         streams[0].cancel()
         assert instance.cancelled == []  # the other client still reads
-        assert instance.respond(1, lambda: None)
+        instance.respond(1)
+        assert instance.resumed == 0  # the other client's lease is out
         streams[1].cancel()
-        assert instance.cancelled == [8]
+        assert instance.cancelled == [8] and instance.resumed == 1  # released by the cancel
         instance.end()  # the instance ends the batch after the cancel
-        assert all(future.cancelled() for future in futures)
+        assert [await _drain(stream) for stream in streams] == [[], []]
         await scheduler.drain()
 
     run(body)
@@ -198,15 +213,16 @@ def test_a_decoupled_batch_failing_after_a_response_is_not_run_again():
 
     async def body():
         scheduler, instance = _decoupled()
-        streams, futures = _submit_two(scheduler)
+        streams = _stream_two(scheduler)
         await _turn()
-        assert instance.respond(0, lambda: None)
+        instance.respond(0)
         instance.end(BatchFailure("boom", FailureCause.MODEL))
         await _turn()
         assert instance.batches == []
-        for future in futures:
+        for index, stream in enumerate(streams):
+            assert _value(await anext(stream)) == [index, index]
             with pytest.raises(Exception, match="boom"):
-                await future
+                await anext(stream)
 
     run(body)
 
@@ -376,40 +392,38 @@ ORDERED = "preserve_ordering = true"
 def test_under_preserve_ordering_a_cancelled_stream_holds_back_no_later_one():
     async def body():
         scheduler, instance = _decoupled(ORDERED)
-        first, second = ResponseStream(), ResponseStream()
-        scheduler.submit(_request([[0, 0]]), _value, first)
+        first = scheduler.stream(_request([[0, 0]]))
         await _turn()
         first.cancel()  # its client leaves while its batch runs
         instance.end()
-        later = scheduler.submit(_request([[1, 1]]), _value, second)
+        later = scheduler.stream(_request([[1, 1]]))
         await _turn()
-        assert instance.respond(0, lambda: None)
+        instance.respond(0)
         instance.end()
-        await _turn()
-        assert later.done() and later.result() is None
+        assert await _values(later) == [[1, 1]]  # and it ended
 
     run(body)
 
 
-def test_a_request_whose_response_cannot_be_made_fails_once_and_stops_its_generation():
-    """Finishing a response fails for the only request (say, NaN in generate's JSON): it
-    ends with that error, counted once, and the batch is cancelled: nobody wants more."""
+def test_a_client_that_gives_up_mid_stream_stops_its_generation_counted_once():
+    """Say its response cannot be encoded (NaN in generate's JSON): the front releases
+    the lease and cancels the stream; nobody wants more, so the batch is cancelled, and
+    the request counts as one failure."""
 
     async def body():
         scheduler, instance = _decoupled(ORDERED)
-        stream = ResponseStream()
-
-        def unencodable(outputs: dict[str, Tensor], parameters: dict) -> list[float]:
-            raise ProtocolError("output 'Y' holds NaN")
-
-        future = scheduler.submit(_request([[0, 0]]), unencodable, stream)
+        stream = scheduler.stream(_request([[0, 0]]))
         await _turn()
-        instance.respond(0, lambda: None)
+        instance.respond(0)
+        lease = await anext(stream)
+        with pytest.raises(ProtocolError), lease:  # the front's encoding fails
+            raise ProtocolError("output 'Y' holds NaN")
+        assert instance.resumed == 1
+        stream.cancel()
         assert instance.cancelled == [8]
         instance.end(BatchFailure("it went on and failed", FailureCause.INSTANCE))
         await _turn()
-        with pytest.raises(ProtocolError, match="NaN"):
-            future.result()
+        assert await _drain(stream) == []
         assert sum(scheduler._statistics.failures.values()) == 1
 
     run(body)
@@ -418,9 +432,7 @@ def test_a_request_whose_response_cannot_be_made_fails_once_and_stops_its_genera
 def test_a_rerun_to_isolate_a_fault_leaves_out_requests_whose_clients_left():
     async def body():
         scheduler, instance = _decoupled()
-        streams = [ResponseStream() for _ in range(2)]
-        for index, stream in enumerate(streams):
-            scheduler.submit(_request([[index, index]]), _value, stream)
+        streams = _stream_two(scheduler)
         await _turn()
         streams[0].cancel()  # the other client stays: the batch goes on
         instance.end(BatchFailure("boom", FailureCause.MODEL))  # before any response
