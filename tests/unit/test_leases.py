@@ -1,0 +1,208 @@
+"""Leases on outputs in shared memory, without processes: a batch's slot goes back to its
+instance only once every lease cut from it is released, and no way a caller can leave
+(cancelled after its lease was set, a client gone mid-stream, an error while encoding)
+keeps a slot."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import msgspec
+import numpy as np
+import pytest
+
+from reposerve.errors import ProtocolError
+from reposerve.http.access import AccessPolicy
+from reposerve.http.generate import _documents
+from reposerve.http.infer import InferEndpoint
+from reposerve.instance.outcomes import BatchOutcome, SlotHold
+from reposerve.scheduler.batcher import Scheduler
+from reposerve.service import InferenceService
+from reposerve.statistics import ModelStatistics
+from reposerve.tensor import Tensor
+from tests.unit.test_scheduler import FakeClock, _config, _request, _result, _turn, run, scenario
+from tests.unit.test_streams import DecoupledStandIn
+
+pytestmark = pytest.mark.unit
+
+GATHER = "max_queue_delay_microseconds = 100"
+
+
+def test_a_slot_is_given_back_only_once_every_lease_of_its_batch_is_released():
+    async def body():
+        scheduler, (instance,), clock = scenario(GATHER)
+        futures = [scheduler.submit(_request([[i, i]])) for i in range(3)]
+        clock.advance(100_000)
+        await _turn()
+        assert instance.batches[0].shape == (3, 2)  # one batch, one slot
+        instance.finish()
+        await _turn()
+        leases = [future.result() for future in futures]
+        assert [lease.held for lease in leases] == [True] * 3 and instance.freed == []
+        leases[2].release()
+        leases[0].release()
+        assert instance.freed == []  # one lease still reads the slot
+        leases[0].release()  # twice is harmless, and frees nothing more
+        assert instance.freed == []
+        leases[1].release()
+        assert instance.freed == [0]
+
+    run(body)
+
+
+def test_a_caller_cancelled_after_its_lease_was_set_releases_it():
+    async def body():
+        scheduler, (instance,), _ = scenario(None)
+
+        async def caller() -> None:
+            with await scheduler.submit(_request([[1, 1]])):
+                pytest.fail("a cancelled caller never reads its lease")
+
+        task = asyncio.ensure_future(caller())
+        await _turn()
+        instance.finish()  # the lease is set; the caller has not resumed yet
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert instance.freed == [0]
+
+    run(body)
+
+
+def test_a_caller_gone_before_its_batch_ended_holds_nothing_and_the_rest_read_on():
+    async def body():
+        scheduler, (instance,), clock = scenario(GATHER)
+        gone, kept = (scheduler.submit(_request([[i, i]])) for i in range(2))
+        clock.advance(100_000)
+        await _turn()
+        gone.cancel()  # its client left while its batch ran
+        instance.finish()
+        await _turn()
+        assert instance.freed == []  # the other request's lease still reads the slot
+        assert _result(kept).tolist() == [[1, 1]]
+        assert instance.freed == [0]
+
+    run(body)
+
+
+def test_a_lease_held_back_for_ordering_is_copied_out_and_frees_its_slot_at_once():
+    async def body():
+        scheduler, (a, b), _ = scenario("preserve_ordering = true", instances=2, max_batch=1)
+        first, second = (scheduler.submit(_request([[i, i]])) for i in (1, 2))
+        await _turn()
+        b.finish()
+        await _turn()
+        assert not second.done() and b.freed == [0]  # waits for the first, in a copy
+        a.finish()
+        await _turn()
+        assert _result(first).tolist() == [[1, 1]] and _result(second).tolist() == [[2, 2]]
+        assert a.freed == [0]
+
+    run(body)
+
+
+def _model(scheduler: Scheduler, decoupled: bool) -> SimpleNamespace:
+    """What the service reads of a loaded model version."""
+    config = msgspec.structs.replace(_config(None), decoupled=decoupled)
+    return SimpleNamespace(
+        name="m",
+        config=config,
+        scheduler=scheduler,
+        output_names=("Y",),
+        labels={},
+        version_text="1",
+    )
+
+
+def _service(model: SimpleNamespace) -> InferenceService:
+    return InferenceService(SimpleNamespace(get=lambda name, version: model))
+
+
+def _decoupled_model() -> tuple[SimpleNamespace, DecoupledStandIn]:
+    instance = DecoupledStandIn()
+    config = _config(None)
+    scheduler = Scheduler(
+        "model 'm' version 1", config, [instance], ModelStatistics("m", 1), FakeClock()
+    )
+    return _model(scheduler, decoupled=True), instance
+
+
+GENERATE = b'{"X": [0, 0]}'
+
+
+def test_a_client_leaving_mid_stream_releases_the_response_it_had_not_taken():
+    async def body():
+        model, instance = _decoupled_model()
+        answers = _service(model).generate("m", None, GENERATE)
+        reading = asyncio.ensure_future(anext(answers))
+        await _turn()
+        instance.respond(0)
+        with await reading as answer:
+            assert [name for name, _, _ in answer.outputs] == ["Y"]
+        assert instance.resumed == 1
+        instance.respond(1)  # never taken
+        assert instance.resumed == 1
+        await answers.aclose()  # the client left
+        assert instance.resumed == 2 and instance.cancelled == [8]
+
+    run(body)
+
+
+def test_a_client_leaving_while_waiting_for_a_response_cancels_its_generation():
+    async def body():
+        model, instance = _decoupled_model()
+        documents = _documents(_service(model).generate("m", None, GENERATE), "m")
+        waiting = asyncio.ensure_future(anext(documents))
+        await _turn()
+        waiting.cancel()  # a disconnect while the front waits for the next response
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert instance.cancelled == [8]
+        instance.respond(0)  # what the model sent before it saw the cancel
+        assert instance.resumed == 1
+
+    run(body)
+
+
+def test_an_error_encoding_a_streamed_response_releases_it_and_stops_the_generation():
+    async def body():
+        model, instance = _decoupled_model()
+        documents = _documents(_service(model).generate("m", None, GENERATE), "m")
+        reading = asyncio.ensure_future(anext(documents))
+        await _turn()
+        instance.respond(np.nan)  # JSON cannot carry NaN
+        with pytest.raises(ProtocolError, match="output 'Y' holds NaN"):
+            await reading
+        assert instance.resumed == 1 and instance.cancelled == [8]
+
+    run(body)
+
+
+def test_an_error_encoding_a_response_releases_it_and_answers_the_error():
+    async def body():
+        scheduler, (instance,), _ = scenario(None)
+        endpoint = InferEndpoint(_service(_model(scheduler, False)), AccessPolicy([]), 1 << 20)
+        body = b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}'
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "path": "/v2/models/m/infer", "headers": []}
+        scope["path_params"] = {"model": "m"}
+        serving = asyncio.ensure_future(endpoint(scope, receive, send))
+        await _turn()
+        _, on_done, _ = instance._take(0)
+        nan = np.full((1, 2), np.nan, np.float32)
+        slot = SlotHold(lambda: instance.freed.append(0))
+        on_done(BatchOutcome({"Y": Tensor("FP32", nan.shape, memoryview(nan.tobytes()))}, 0, slot))
+        slot.release()
+        await serving
+        assert sent[0]["status"] == 400 and b"holds NaN" in sent[1]["body"]
+        assert instance.freed == [0]
+
+    run(body)
