@@ -16,11 +16,11 @@ releases it (``LeaseFuture``), and a cancelled stream releases what it still hol
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
 from reposerve.instance.outcomes import SlotHold
+from reposerve.scheduler.stream import Stream
 from reposerve.tensor import Tensor
 
 
@@ -95,65 +95,31 @@ def deliver(future: asyncio.Future, lease: Lease | None, error: BaseException | 
         future.set_exception(error)
 
 
-class LeaseStream:
+class LeaseStream(Stream[Lease]):
     """A decoupled request's responses, as leases, between the scheduler and a front.
     It holds the leases the front has not taken (one per batch response at most: the
-    instance waits for it to be released); cancelling it releases them and stops the
-    generation."""
+    instance waits for it to be released); what arrives after its end is released, and
+    cancelling it releases what it holds and stops the generation."""
 
     def __init__(self) -> None:
-        self._leases: deque[Lease] = deque()
-        self._ended = False
-        self._error: BaseException | None = None
-        self._reader: asyncio.Future[None] | None = None
+        super().__init__()
         self.cancelled = False
         self.on_cancel: Callable[[], None] | None = None  # the scheduler's, once queued
 
-    # -- the scheduler's side ------------------------------------------------------------
-
     def put(self, lease: Lease) -> None:
-        if self.cancelled or self._ended:
+        if self._ended:
             lease.release()
-            return
-        self._leases.append(lease)
-        self._wake()
-
-    def end(self, error: BaseException | None = None) -> None:
-        """No more responses; ``error``, if any, is raised to the reader after the rest."""
-        if not self._ended:
-            self._ended = True
-            self._error = error
-            self._wake()
-
-    # -- the front's side ----------------------------------------------------------------
+        else:
+            super().put(lease)
 
     def cancel(self) -> None:
         """The client has gone: release what is held and stop what is producing more."""
         if self.cancelled:
             return
         self.cancelled = True
-        while self._leases:
-            self._leases.popleft().release()
+        while self._items:
+            self._items.popleft().release()
+        # Stopped before it ends here: a Cancel ahead of the Resume spares one response.
         if self.on_cancel is not None and not self._ended:
             self.on_cancel()
-        self._wake()
-
-    def __aiter__(self) -> LeaseStream:
-        return self
-
-    async def __anext__(self) -> Lease:
-        """The next lease: the taker releases it. A reader cancelled while it waits
-        takes nothing (what arrives stays here, for ``cancel`` to release)."""
-        while not self._leases:
-            if self._ended or self.cancelled:
-                error, self._error = self._error, None
-                if error is not None:
-                    raise error
-                raise StopAsyncIteration
-            self._reader = asyncio.get_running_loop().create_future()
-            await self._reader
-        return self._leases.popleft()
-
-    def _wake(self) -> None:
-        if self._reader is not None and not self._reader.done():
-            self._reader.set_result(None)
+        self.end()

@@ -6,6 +6,7 @@ keeps a slot."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import msgspec
@@ -131,12 +132,20 @@ def _decoupled_model() -> tuple[SimpleNamespace, DecoupledStandIn]:
 GENERATE = b'{"X": [0, 0]}'
 
 
+async def _reading(documents: bool) -> tuple[DecoupledStandIn, AsyncIterator, asyncio.Future]:
+    """A generate request to a decoupled model: its instance, its answers (``documents``:
+    the HTTP front's JSON documents of them), and a task reading the first."""
+    model, instance = _decoupled_model()
+    answers = _service(model).generate("m", None, GENERATE)
+    responses = _documents(answers, "m") if documents else answers
+    reading = asyncio.ensure_future(anext(responses))
+    await _turn()
+    return instance, responses, reading
+
+
 def test_a_client_leaving_mid_stream_releases_the_response_it_had_not_taken():
     async def body():
-        model, instance = _decoupled_model()
-        answers = _service(model).generate("m", None, GENERATE)
-        reading = asyncio.ensure_future(anext(answers))
-        await _turn()
+        instance, answers, reading = await _reading(documents=False)
         instance.respond(0)
         with await reading as answer:
             assert [name for name, _, _ in answer.outputs] == ["Y"]
@@ -151,10 +160,7 @@ def test_a_client_leaving_mid_stream_releases_the_response_it_had_not_taken():
 
 def test_a_client_leaving_while_waiting_for_a_response_cancels_its_generation():
     async def body():
-        model, instance = _decoupled_model()
-        documents = _documents(_service(model).generate("m", None, GENERATE), "m")
-        waiting = asyncio.ensure_future(anext(documents))
-        await _turn()
+        instance, _, waiting = await _reading(documents=True)
         waiting.cancel()  # a disconnect while the front waits for the next response
         with pytest.raises(asyncio.CancelledError):
             await waiting
@@ -167,10 +173,7 @@ def test_a_client_leaving_while_waiting_for_a_response_cancels_its_generation():
 
 def test_an_error_encoding_a_streamed_response_releases_it_and_stops_the_generation():
     async def body():
-        model, instance = _decoupled_model()
-        documents = _documents(_service(model).generate("m", None, GENERATE), "m")
-        reading = asyncio.ensure_future(anext(documents))
-        await _turn()
+        instance, _, reading = await _reading(documents=True)
         instance.respond(np.nan)  # JSON cannot carry NaN
         with pytest.raises(ProtocolError, match="output 'Y' holds NaN"):
             await reading
