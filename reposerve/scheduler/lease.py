@@ -80,6 +80,10 @@ class LeaseFuture(asyncio.Future):
         except BaseException:
             if self.done() and not self.cancelled() and self.exception() is None:
                 self.result().release()
+            # The error's traceback keeps this frame: were the future (which keeps the
+            # error) still in it, the cycle would keep what the caller's frames hold
+            # (views on shared memory, their mappings' descriptors) until a collection.
+            del self
             raise
 
 

@@ -6,6 +6,8 @@ keeps a slot."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -13,7 +15,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from reposerve.errors import ProtocolError
+from reposerve.errors import InstanceError, ProtocolError
 from reposerve.http.access import AccessPolicy
 from reposerve.http.generate import _documents
 from reposerve.http.infer import InferEndpoint
@@ -69,6 +71,30 @@ def test_a_caller_cancelled_after_its_lease_was_set_releases_it():
         assert instance.freed == [0]
 
     run(body)
+
+
+def test_a_failed_request_leaves_no_cycle_to_keep_its_callers_memory():
+    """The error's traceback holds the awaiting frames (a model call's hold views on its
+    caller's shared memory): the future must not be in one of them, or the cycle keeps
+    them, and the memory's descriptors, until the collector runs."""
+
+    async def body():
+        scheduler, (instance,), _ = scenario(None)
+        future = scheduler.submit(_request([[1, 1]]))
+        await _turn()
+        instance.fail("ValueError: boom")
+        with pytest.raises(InstanceError, match="boom"):
+            await future
+        gone = weakref.ref(future)
+        del future
+        await _turn()  # its done callbacks run
+        assert gone() is None
+
+    gc.disable()
+    try:
+        run(body)
+    finally:
+        gc.enable()
 
 
 def test_a_caller_gone_before_its_batch_ended_holds_nothing_and_the_rest_read_on():
