@@ -12,7 +12,14 @@ from reposerve.errors import InstanceError, SchedulerError
 from reposerve.instance.outcomes import FailureCause
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.statistics import FailureReason, ModelStatistics
-from tests.unit.test_scheduler import US, FakeClock, StandInInstance, _config, _request, _result
+from tests.scheduler_fakes import (
+    US,
+    FakeClock,
+    StandInInstance,
+    lease_value,
+    make_request,
+    model_config,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +31,9 @@ def _scenario(batching: str | None, capacity: int = 1, summaries: bool = False):
     clock = FakeClock()
     instance = StandInInstance(capacity)
     statistics = ModelStatistics("m", 1, latency_summaries=summaries)
-    scheduler = Scheduler("model 'm' version 1", _config(batching), [instance], statistics, clock)
+    scheduler = Scheduler(
+        "model 'm' version 1", model_config(batching), [instance], statistics, clock
+    )
     return scheduler, instance, clock, statistics
 
 
@@ -44,11 +53,11 @@ def test_a_full_queue_and_a_queue_timeout_are_rejected():
         scheduler, instance, clock, statistics = _scenario(
             "max_queue_size = 1\ndefault_timeout_microseconds = 500"
         )
-        scheduler.submit(_request([[0, 0]]))
+        scheduler.submit(make_request([[0, 0]]))
         await _turn()  # runs; one may wait
-        waiting = scheduler.submit(_request([[1, 1]]))
+        waiting = scheduler.submit(make_request([[1, 1]]))
         with pytest.raises(SchedulerError, match="queue full"):
-            scheduler.submit(_request([[2, 2]]))
+            scheduler.submit(make_request([[2, 2]]))
         assert _counts(statistics) == {REJECTED: 1}
         clock.advance(600 * US)
         await _turn()
@@ -62,11 +71,11 @@ def test_a_full_queue_and_a_queue_timeout_are_rejected():
 def test_a_model_error_and_a_dead_instance_are_backend_failures():
     async def body():
         scheduler, instance, _, statistics = _scenario(None)
-        raised = scheduler.submit(_request([[1, 1]]))
+        raised = scheduler.submit(make_request([[1, 1]]))
         await _turn()
         instance.fail("ValueError: no", FailureCause.MODEL)
         await _turn()
-        died = scheduler.submit(_request([[2, 2]]))
+        died = scheduler.submit(make_request([[2, 2]]))
         await _turn()
         instance.fail("the instance process exited", FailureCause.INSTANCE)
         await _turn()
@@ -81,23 +90,23 @@ def test_a_model_error_and_a_dead_instance_are_backend_failures():
 def test_a_caller_gone_while_queued_is_canceled_and_unloading_is_other():
     async def body():
         scheduler, instance, _, statistics = _scenario("max_queue_delay_microseconds = 0")
-        scheduler.submit(_request([[0, 0]]))
+        scheduler.submit(make_request([[0, 0]]))
         await _turn()
-        gone = scheduler.submit(_request([[1, 1]]))
+        gone = scheduler.submit(make_request([[1, 1]]))
         gone.cancel()
         instance.finish()
         await _turn()
         assert _counts(statistics) == {CANCELED: 1}
-        scheduler.submit(_request([[2, 2]]))
+        scheduler.submit(make_request([[2, 2]]))
         await _turn()  # runs, so the next two wait
-        queued = scheduler.submit(_request([[3, 3]]))
-        dropped = scheduler.submit(_request([[4, 4]]))
+        queued = scheduler.submit(make_request([[3, 3]]))
+        dropped = scheduler.submit(make_request([[4, 4]]))
         queued.cancel()  # counted once, as canceled, although the abort finds it queued
         scheduler.abort(SchedulerError("model 'm' version 1 is unloading"))
         with pytest.raises(SchedulerError, match="unloading"):
             dropped.result()
         with pytest.raises(SchedulerError, match="unloading"):
-            scheduler.submit(_request([[5, 5]]))
+            scheduler.submit(make_request([[5, 5]]))
         assert _counts(statistics) == {CANCELED: 2, OTHER: 2}
 
     asyncio.run(body())
@@ -106,7 +115,7 @@ def test_a_caller_gone_while_queued_is_canceled_and_unloading_is_other():
 def test_latencies_are_recorded_only_when_the_summaries_are_shown():
     async def body():
         scheduler, instance, _, statistics = _scenario("max_queue_delay_microseconds = 0")
-        scheduler.submit(_request([[0, 0]]))
+        scheduler.submit(make_request([[0, 0]]))
         await _turn()
         instance.finish()
         await _turn()
@@ -121,16 +130,16 @@ def test_latencies_are_recorded_per_request_with_the_batch_compute_time():
         scheduler, instance, clock, statistics = _scenario(
             "max_queue_delay_microseconds = 0", summaries=True
         )
-        scheduler.submit(_request([[0, 0]]))
+        scheduler.submit(make_request([[0, 0]]))
         await _turn()
         clock.advance(100 * US)
-        later = [scheduler.submit(_request([[i, i]])) for i in (1, 2)]
+        later = [scheduler.submit(make_request([[i, i]])) for i in (1, 2)]
         clock.advance(300 * US)  # the two wait 300 us, the first has run 400 us
         instance.finish()
         await _turn()
         instance.finish()  # the two, batched
         await _turn()
-        assert [_result(future).tolist() for future in later] == [[[1, 1]], [[2, 2]]]
+        assert [lease_value(future).tolist() for future in later] == [[[1, 1]], [[2, 2]]]
         latencies = statistics.latencies
         assert latencies.request.count == latencies.queue.count == 3
         assert latencies.compute_infer.count == 3  # one batch of two counts twice

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from reposerve.instance.books import Books
+from reposerve.instance.outcomes import SlotHold
 from reposerve.instance.watchdog import Overran, Sleep, Watchdog, overdue
 
 pytestmark = pytest.mark.unit
@@ -51,7 +52,7 @@ class FakeLoop:
 
 
 def _send(books: Books, now: float) -> int:
-    return books.add(0, lambda outcome: None, None, None, now)
+    return books.add(0, SlotHold(lambda: None), lambda outcome: None, None, None, now)
 
 
 def test_nothing_running_is_never_overdue():

@@ -15,7 +15,7 @@ from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.policy import split_for_isolation
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor
-from tests.unit.test_scheduler import _config, _request, _result, _turn, run, scenario
+from tests.scheduler_fakes import lease_value, make_request, model_config, run, scenario, turn
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +62,7 @@ class JudgingInstance:
 async def _settle(futures) -> list:
     """Each future's result, or its exception."""
     await asyncio.wait(futures, timeout=10)
-    return [f.exception() or _result(f).tolist() for f in futures]
+    return [f.exception() or lease_value(f).tolist() for f in futures]
 
 
 def test_split_plan_halves_until_one():
@@ -77,7 +77,7 @@ def test_one_bad_request_fails_alone_and_seven_get_their_results(bad):
         instance = JudgingInstance()
         scheduler, statistics = _scheduler(instance)
         values = [-1.0 if i == bad else float(i) for i in range(8)]
-        futures = [scheduler.submit(_request([[v, v]])) for v in values]
+        futures = [scheduler.submit(make_request([[v, v]])) for v in values]
         outcomes = await _settle(futures)
         for i, outcome in enumerate(outcomes):
             if i == bad:
@@ -97,7 +97,7 @@ def test_one_bad_request_fails_alone_and_seven_get_their_results(bad):
 def test_invalid_input_becomes_that_error_for_the_bad_request_only():
     async def body():
         scheduler, _ = _scheduler(JudgingInstance(FailureCause.INVALID_INPUT))
-        futures = [scheduler.submit(_request([[v, v]])) for v in (1, -2, 3, -4)]
+        futures = [scheduler.submit(make_request([[v, v]])) for v in (1, -2, 3, -4)]
         outcomes = await _settle(futures)
         assert outcomes[0] == [[1, 1]] and outcomes[2] == [[3, 3]]
         for outcome in (outcomes[1], outcomes[3]):
@@ -112,7 +112,7 @@ def test_isolation_can_be_turned_off_for_models_with_side_effects():
     async def body():
         instance = JudgingInstance()
         scheduler, _ = _scheduler(instance, "[execution]\nisolate_failures = false")
-        futures = [scheduler.submit(_request([[v, v]])) for v in (1, -2, 3, 4)]
+        futures = [scheduler.submit(make_request([[v, v]])) for v in (1, -2, 3, 4)]
         outcomes = await _settle(futures)
         assert all(isinstance(outcome, InstanceError) for outcome in outcomes)
         assert len(instance.batches) == 1  # execute never ran twice
@@ -124,7 +124,7 @@ def test_a_dead_instance_is_not_retried_by_isolation():
     async def body():
         instance = JudgingInstance(FailureCause.INSTANCE)
         scheduler, _ = _scheduler(instance)
-        futures = [scheduler.submit(_request([[v, v]])) for v in (1, -2)]
+        futures = [scheduler.submit(make_request([[v, v]])) for v in (1, -2)]
         outcomes = await _settle(futures)
         assert all(isinstance(outcome, InstanceError) for outcome in outcomes)
         assert len(instance.batches) == 1
@@ -138,7 +138,7 @@ def test_isolation_keeps_the_order_under_preserve_ordering():
         order: list[int] = []
         futures = []
         for i, v in enumerate((1, -2, 3, 4)):
-            future = scheduler.submit(_request([[v, v]]))
+            future = scheduler.submit(make_request([[v, v]]))
             future.add_done_callback(lambda _, i=i: order.append(i))
             futures.append(future)
         await _settle(futures)
@@ -150,8 +150,8 @@ def test_isolation_keeps_the_order_under_preserve_ordering():
 def test_abort_answers_everything_queued_and_refuses_new():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
-        running = scheduler.submit(_request([[1, 1]]))
-        queued = [scheduler.submit(_request([[v, v]])) for v in (2, 3)]
+        running = scheduler.submit(make_request([[1, 1]]))
+        queued = [scheduler.submit(make_request([[v, v]])) for v in (2, 3)]
         assert scheduler.pending == 2
         scheduler.abort(SchedulerError("model 'm' version 1 was unloaded"))
         assert scheduler.pending == 0
@@ -159,10 +159,10 @@ def test_abort_answers_everything_queued_and_refuses_new():
             with pytest.raises(SchedulerError, match="was unloaded"):
                 future.result()
         with pytest.raises(SchedulerError, match="is unloading"):
-            scheduler.submit(_request([[4, 4]]))
+            scheduler.submit(make_request([[4, 4]]))
         instance.finish()  # the running batch keeps its instance until the owner stops it
-        await _turn()
-        assert _result(running).tolist() == [[1, 1]]
+        await turn()
+        assert lease_value(running).tolist() == [[1, 1]]
 
     run(body)
 
@@ -170,20 +170,20 @@ def test_abort_answers_everything_queued_and_refuses_new():
 def test_queued_requests_wait_for_a_replacement_when_every_instance_died():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
-        scheduler.submit(_request([[1, 1]]))
-        waiting = scheduler.submit(_request([[2, 2]]))
+        scheduler.submit(make_request([[1, 1]]))
+        waiting = scheduler.submit(make_request([[2, 2]]))
         instance.fail("instance 0 was killed by SIGKILL", FailureCause.INSTANCE)
         scheduler.remove_instance(instance)
-        await _turn()
+        await turn()
         assert not waiting.done() and not scheduler.serving
         with pytest.raises(SchedulerError, match="being restarted"):
-            scheduler.submit(_request([[3, 3]]))
+            scheduler.submit(make_request([[3, 3]]))
         replacement = type(instance)()
         scheduler.add_instance(replacement)
-        await _turn()
+        await turn()
         replacement.finish()
-        await _turn()
-        assert _result(waiting).tolist() == [[2, 2]]
+        await turn()
+        assert lease_value(waiting).tolist() == [[2, 2]]
 
     run(body)
 
@@ -194,19 +194,19 @@ def _scheduler(instance, execution: str = "", ordered: bool = False):
         f"preserve_ordering = {'true' if ordered else 'false'}\n{execution}"
     )
     statistics = ModelStatistics("m", 1)
-    scheduler = Scheduler("model 'm' version 1", _config(batching), [instance], statistics)
+    scheduler = Scheduler("model 'm' version 1", model_config(batching), [instance], statistics)
     return scheduler, statistics
 
 
 def test_drain_ends_when_the_last_queued_caller_gave_up():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
-        scheduler.submit(_request([[1, 1]]))
-        gone = scheduler.submit(_request([[2, 2]]))
+        scheduler.submit(make_request([[1, 1]]))
+        gone = scheduler.submit(make_request([[2, 2]]))
         drained = asyncio.ensure_future(scheduler.drain())
         gone.cancel()
         instance.finish()
-        await _turn()
+        await turn()
         assert drained.done() and scheduler.pending == 0
 
     run(body)

@@ -24,8 +24,16 @@ from reposerve.scheduler.batcher import Scheduler
 from reposerve.service import InferenceService
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor
-from tests.unit.test_scheduler import FakeClock, _config, _request, _result, _turn, run, scenario
-from tests.unit.test_streams import DecoupledStandIn
+from tests.scheduler_fakes import (
+    DecoupledStandIn,
+    FakeClock,
+    lease_value,
+    make_request,
+    model_config,
+    run,
+    scenario,
+    turn,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -35,12 +43,12 @@ GATHER = "max_queue_delay_microseconds = 100"
 def test_a_slot_is_given_back_only_once_every_lease_of_its_batch_is_released():
     async def body():
         scheduler, (instance,), clock = scenario(GATHER)
-        futures = [scheduler.submit(_request([[i, i]])) for i in range(3)]
+        futures = [scheduler.submit(make_request([[i, i]])) for i in range(3)]
         clock.advance(100_000)
-        await _turn()
+        await turn()
         assert instance.batches[0].shape == (3, 2)  # one batch, one slot
         instance.finish()
-        await _turn()
+        await turn()
         leases = [future.result() for future in futures]
         assert [lease.held for lease in leases] == [True] * 3 and instance.freed == []
         leases[2].release()
@@ -59,11 +67,11 @@ def test_a_caller_cancelled_after_its_lease_was_set_releases_it():
         scheduler, (instance,), _ = scenario(None)
 
         async def caller() -> None:
-            with await scheduler.submit(_request([[1, 1]])):
+            with await scheduler.submit(make_request([[1, 1]])):
                 pytest.fail("a cancelled caller never reads its lease")
 
         task = asyncio.ensure_future(caller())
-        await _turn()
+        await turn()
         instance.finish()  # the lease is set; the caller has not resumed yet
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -80,14 +88,14 @@ def test_a_failed_request_leaves_no_cycle_to_keep_its_callers_memory():
 
     async def body():
         scheduler, (instance,), _ = scenario(None)
-        future = scheduler.submit(_request([[1, 1]]))
-        await _turn()
+        future = scheduler.submit(make_request([[1, 1]]))
+        await turn()
         instance.fail("ValueError: boom")
         with pytest.raises(InstanceError, match="boom"):
             await future
         gone = weakref.ref(future)
         del future
-        await _turn()  # its done callbacks run
+        await turn()  # its done callbacks run
         assert gone() is None
 
     gc.disable()
@@ -100,14 +108,14 @@ def test_a_failed_request_leaves_no_cycle_to_keep_its_callers_memory():
 def test_a_caller_gone_before_its_batch_ended_holds_nothing_and_the_rest_read_on():
     async def body():
         scheduler, (instance,), clock = scenario(GATHER)
-        gone, kept = (scheduler.submit(_request([[i, i]])) for i in range(2))
+        gone, kept = (scheduler.submit(make_request([[i, i]])) for i in range(2))
         clock.advance(100_000)
-        await _turn()
+        await turn()
         gone.cancel()  # its client left while its batch ran
         instance.finish()
-        await _turn()
+        await turn()
         assert instance.freed == []  # the other request's lease still reads the slot
-        assert _result(kept).tolist() == [[1, 1]]
+        assert lease_value(kept).tolist() == [[1, 1]]
         assert instance.freed == [0]
 
     run(body)
@@ -116,14 +124,14 @@ def test_a_caller_gone_before_its_batch_ended_holds_nothing_and_the_rest_read_on
 def test_a_lease_held_back_for_ordering_is_copied_out_and_frees_its_slot_at_once():
     async def body():
         scheduler, (a, b), _ = scenario("preserve_ordering = true", instances=2, max_batch=1)
-        first, second = (scheduler.submit(_request([[i, i]])) for i in (1, 2))
-        await _turn()
+        first, second = (scheduler.submit(make_request([[i, i]])) for i in (1, 2))
+        await turn()
         b.finish()
-        await _turn()
+        await turn()
         assert not second.done() and b.freed == [0]  # waits for the first, in a copy
         a.finish()
-        await _turn()
-        assert _result(first).tolist() == [[1, 1]] and _result(second).tolist() == [[2, 2]]
+        await turn()
+        assert lease_value(first).tolist() == [[1, 1]] and lease_value(second).tolist() == [[2, 2]]
         assert a.freed == [0]
 
     run(body)
@@ -131,7 +139,7 @@ def test_a_lease_held_back_for_ordering_is_copied_out_and_frees_its_slot_at_once
 
 def _model(scheduler: Scheduler, decoupled: bool) -> SimpleNamespace:
     """What the service reads of a loaded model version."""
-    config = msgspec.structs.replace(_config(None), decoupled=decoupled)
+    config = msgspec.structs.replace(model_config(None), decoupled=decoupled)
     return SimpleNamespace(
         name="m",
         config=config,
@@ -148,7 +156,7 @@ def _service(model: SimpleNamespace) -> InferenceService:
 
 def _decoupled_model() -> tuple[SimpleNamespace, DecoupledStandIn]:
     instance = DecoupledStandIn()
-    config = _config(None)
+    config = model_config(None)
     scheduler = Scheduler(
         "model 'm' version 1", config, [instance], ModelStatistics("m", 1), FakeClock()
     )
@@ -165,7 +173,7 @@ async def _reading(documents: bool) -> tuple[DecoupledStandIn, AsyncIterator, as
     answers = _service(model).generate("m", None, GENERATE)
     responses = _documents(answers, "m") if documents else answers
     reading = asyncio.ensure_future(anext(responses))
-    await _turn()
+    await turn()
     return instance, responses, reading
 
 
@@ -224,7 +232,7 @@ def test_an_error_encoding_a_response_releases_it_and_answers_the_error():
         scope = {"type": "http", "path": "/v2/models/m/infer", "headers": []}
         scope["path_params"] = {"model": "m"}
         serving = asyncio.ensure_future(endpoint(scope, receive, send))
-        await _turn()
+        await turn()
         _, on_done, _ = instance._take(0)
         nan = np.full((1, 2), np.nan, np.float32)
         slot = SlotHold(lambda: instance.freed.append(0))

@@ -5,8 +5,6 @@ generate extension's request rules."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pytest
 
@@ -15,17 +13,15 @@ from reposerve.errors import ProtocolError, SchedulerError
 from reposerve.grpc.outbox import Outbox
 from reposerve.instance.outcomes import (
     BatchFailure,
-    BatchOutcome,
     FailureCause,
     SlotHold,
-    StreamedResponse,
 )
 from reposerve.protocol.generate import decode_generate, encode_generate
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.lease import Lease, LeaseStream
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor
-from tests.unit.test_scheduler import FakeClock, _config, _request, _turn, run
+from tests.scheduler_fakes import DecoupledStandIn, FakeClock, make_request, model_config, run, turn
 
 pytestmark = pytest.mark.unit
 
@@ -95,67 +91,28 @@ def test_cancelling_a_lease_stream_releases_its_leases_and_tells_its_producer_un
     run(body)
 
 
-class DecoupledStandIn:
-    """An instance of a decoupled model: the test sends each response and ends batches.
-    ``resumed`` counts the responses the scheduler let it go on from."""
-
-    per_request = False
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[np.ndarray, Callable, Callable]] = []
-        self.cancelled: list[int] = []
-        self.resumed = 0
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.batches)
-
-    def has_capacity(self, staged: bool = False) -> bool:
-        return not self.batches
-
-    def run(self, inputs, on_done, on_start=None, requests=(), on_response=None) -> int:
-        (tensor,) = inputs
-        batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
-        assert on_response is not None
-        self.batches.append((batch, on_done, on_response))
-        return 7 + len(self.batches)
-
-    def respond(self, step: float, **response) -> bool:
-        """Send a response; whether the instance may go on at once."""
-        batch, _, on_response = self.batches[0]
-        values = batch + step
-        outputs = {"Y": Tensor("FP32", values.shape, memoryview(values.tobytes()))}
-        return on_response(StreamedResponse(outputs, **response), self._resume)
-
-    def _resume(self) -> None:
-        self.resumed += 1
-
-    def end(self, outcome: BatchOutcome | BatchFailure | None = None) -> None:
-        _, on_done, _ = self.batches.pop(0)
-        on_done(outcome or BatchOutcome({}, 0, SlotHold(lambda: None)))
-
-    def cancel(self, batch_id: int) -> None:
-        self.cancelled.append(batch_id)
-
-
 def _decoupled(batching: str = "preferred_batch_size = [2]\nmax_queue_delay_microseconds = 100"):
     instance = DecoupledStandIn()
     scheduler = Scheduler(
-        "model 'm' version 1", _config(batching), [instance], ModelStatistics("m", 1), FakeClock()
+        "model 'm' version 1",
+        model_config(batching),
+        [instance],
+        ModelStatistics("m", 1),
+        FakeClock(),
     )
     return scheduler, instance
 
 
 def _stream_two(scheduler: Scheduler) -> list[LeaseStream]:
     """Two streamed requests, [[0, 0]] and [[1, 1]]."""
-    return [scheduler.stream(_request([[index, index]])) for index in range(2)]
+    return [scheduler.stream(make_request([[index, index]])) for index in range(2)]
 
 
 def test_each_request_of_a_decoupled_batch_gets_its_rows_of_every_response_in_order():
     async def body():
         scheduler, instance = _decoupled()
         streams = _stream_two(scheduler)
-        await _turn()
+        await turn()
         (batch,) = [batch for batch, _, _ in instance.batches]
         assert batch.tolist() == [[0, 0], [1, 1]]  # batched together
         received: list[list] = [[], []]
@@ -176,7 +133,7 @@ def test_a_response_holds_the_instance_until_every_lease_of_it_is_released():
     async def body():
         scheduler, instance = _decoupled()
         streams = _stream_two(scheduler)
-        await _turn()
+        await turn()
         assert not instance.respond(0)  # its outputs are in the slot the next would use
         first = await anext(streams[0])
         assert _value(first) == [0, 0]
@@ -193,7 +150,7 @@ def test_a_decoupled_batch_is_cancelled_once_all_its_clients_have_gone():
     async def body():
         scheduler, instance = _decoupled()
         streams = _stream_two(scheduler)
-        await _turn()
+        await turn()
         streams[0].cancel()
         assert instance.cancelled == []  # the other client still reads
         instance.respond(1)
@@ -214,10 +171,10 @@ def test_a_decoupled_batch_failing_after_a_response_is_not_run_again():
     async def body():
         scheduler, instance = _decoupled()
         streams = _stream_two(scheduler)
-        await _turn()
+        await turn()
         instance.respond(0)
         instance.end(BatchFailure("boom", FailureCause.MODEL))
-        await _turn()
+        await turn()
         assert instance.batches == []
         for index, stream in enumerate(streams):
             assert _value(await anext(stream)) == [index, index]
@@ -392,12 +349,12 @@ ORDERED = "preserve_ordering = true"
 def test_under_preserve_ordering_a_cancelled_stream_holds_back_no_later_one():
     async def body():
         scheduler, instance = _decoupled(ORDERED)
-        first = scheduler.stream(_request([[0, 0]]))
-        await _turn()
+        first = scheduler.stream(make_request([[0, 0]]))
+        await turn()
         first.cancel()  # its client leaves while its batch runs
         instance.end()
-        later = scheduler.stream(_request([[1, 1]]))
-        await _turn()
+        later = scheduler.stream(make_request([[1, 1]]))
+        await turn()
         instance.respond(0)
         instance.end()
         assert await _values(later) == [[1, 1]]  # and it ended
@@ -412,8 +369,8 @@ def test_a_client_that_gives_up_mid_stream_stops_its_generation_counted_once():
 
     async def body():
         scheduler, instance = _decoupled(ORDERED)
-        stream = scheduler.stream(_request([[0, 0]]))
-        await _turn()
+        stream = scheduler.stream(make_request([[0, 0]]))
+        await turn()
         instance.respond(0)
         lease = await anext(stream)
         with pytest.raises(ProtocolError), lease:  # the front's encoding fails
@@ -422,7 +379,7 @@ def test_a_client_that_gives_up_mid_stream_stops_its_generation_counted_once():
         stream.cancel()
         assert instance.cancelled == [8]
         instance.end(BatchFailure("it went on and failed", FailureCause.INSTANCE))
-        await _turn()
+        await turn()
         assert await _drain(stream) == []
         assert sum(scheduler._statistics.failures.values()) == 1
 
@@ -433,10 +390,10 @@ def test_a_rerun_to_isolate_a_fault_leaves_out_requests_whose_clients_left():
     async def body():
         scheduler, instance = _decoupled()
         streams = _stream_two(scheduler)
-        await _turn()
+        await turn()
         streams[0].cancel()  # the other client stays: the batch goes on
         instance.end(BatchFailure("boom", FailureCause.MODEL))  # before any response
-        await _turn()
+        await turn()
         assert [batch.tolist() for batch, _, _ in instance.batches] == [[[1, 1]]]
 
     run(body)

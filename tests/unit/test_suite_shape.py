@@ -12,14 +12,6 @@ import pytest
 pytestmark = pytest.mark.unit
 
 TESTS = Path(__file__).resolve().parents[1]
-# These still share the scheduler tests' fakes (FakeClock, StandInInstance, _config, ...)
-# through tests/unit/test_scheduler.py, until their fakes move.
-KNOWN_EXCEPTIONS = {
-    "unit/test_scheduler.py",
-    "unit/test_streams.py",
-    "unit/test_isolation.py",
-    "unit/test_failure_reasons.py",
-}
 
 
 def _test_modules_imported(path: Path) -> list[str]:
@@ -42,8 +34,7 @@ def test_no_test_file_imports_from_another_test_file():
     offenders = {
         path.relative_to(TESTS).as_posix(): imported
         for path in sorted(TESTS.rglob("test_*.py"))
-        if path.relative_to(TESTS).as_posix() not in KNOWN_EXCEPTIONS
-        and (imported := _test_modules_imported(path))
+        if (imported := _test_modules_imported(path))
     }
     assert offenders == {}, (
         "test files import from other test files; move what they share into a module "
