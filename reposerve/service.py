@@ -221,7 +221,7 @@ class InferenceService:
         releases what it had not handed out."""
         selected = _selected_outputs(request, model.output_names)
         if not model.config.decoupled:
-            lease = await model.scheduler.submit(request)
+            lease = await model.scheduler.lease(request)
             yield _answer(model, request, selected, lease, final=True)  # answered once
             return
         stream = model.scheduler.stream(request)
@@ -241,7 +241,7 @@ class InferenceService:
                 kind=ErrorKind.UNSUPPORTED,
             )
         selected = _selected_outputs(request, model.output_names)
-        lease = await model.scheduler.submit(request)
+        lease = await model.scheduler.lease(request)
         return _answer(model, request, selected, lease, final=True)
 
     # -- repository control --------------------------------------------------------------

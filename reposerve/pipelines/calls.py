@@ -84,7 +84,7 @@ async def serve_call(
         if model.config.decoupled:
             refs, answered = await _stream(model, request, call, slot, start, link)
             return CallResult(call.call_id, slot.size, refs, answered)
-        with await model.scheduler.submit(request, call_depth=call.depth) as lease:
+        with await model.scheduler.lease(request, call_depth=call.depth) as lease:
             refs = _write(slot, start, lease.outputs)
             return CallResult(call.call_id, slot.size, refs, _parameters_text(lease.parameters))
     except ReposerveError as exc:

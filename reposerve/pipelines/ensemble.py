@@ -13,20 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from reposerve.config import ModelConfig, TensorConfig
 from reposerve.config.schema import EnsembleStep
 from reposerve.errors import ConfigError, InstanceError, ReposerveError, SchedulerError
 from reposerve.protocol.request import InferRequest
-from reposerve.scheduler.lease import Lease, LeaseFuture, deliver
+from reposerve.scheduler.lease import Lease, deliver, take
 from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor
 
 
 class StepScheduler(Protocol):
-    def submit(self, request: InferRequest, call_depth: int = 0) -> LeaseFuture: ...
+    def lease(self, request: InferRequest, call_depth: int = 0) -> Coroutine[Any, Any, Lease]: ...
 
 
 class StepModel(Protocol):
@@ -171,14 +171,18 @@ class EnsembleScheduler:
             return False
         return True
 
-    def submit(self, request: InferRequest, call_depth: int = 0) -> LeaseFuture:
-        """As a model's scheduler: the future resolves to a lease on the outputs (copies
-        of the steps' own: it holds no slot). ``call_depth``: the model calls that made
-        the request; its steps' are as deep."""
+    def lease(self, request: InferRequest, call_depth: int = 0) -> Coroutine[Any, Any, Lease]:
+        """As a model's scheduler: awaited, a lease on the outputs (copies of the steps'
+        own: it holds no slot). ``call_depth``: the model calls that made the request;
+        its steps' are as deep."""
+        return take(self.submit(request, call_depth))
+
+    def submit(self, request: InferRequest, call_depth: int = 0) -> asyncio.Future:
+        """Queue ``request`` now; the future resolves as ``lease`` does."""
         if self._closed:
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(f"{self._label} is unloading; retry on another version")
-        future = LeaseFuture()
+        future = asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(self._run(request, call_depth))
         self._running[future] = task
         self._idle.clear()
@@ -299,7 +303,7 @@ class EnsembleScheduler:
                 priority=0,
                 timeout_us=0,
             )
-            with await model.scheduler.submit(step_request, call_depth=call_depth) as lease:
+            with await model.scheduler.lease(step_request, call_depth=call_depth) as lease:
                 return {
                     name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
                     for name, tensor in lease.outputs.items()

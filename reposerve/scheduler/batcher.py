@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
+from typing import Any
 
 from reposerve.config import ModelConfig
 from reposerve.errors import InstanceError, InvalidInput, ReposerveError, SchedulerError
@@ -33,7 +34,7 @@ from reposerve.instance.outcomes import (
 )
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
-from reposerve.scheduler.lease import Lease, LeaseFuture, LeaseStream
+from reposerve.scheduler.lease import Lease, LeaseStream, take
 from reposerve.scheduler.ordering import Delivery
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
 from reposerve.scheduler.work import Batch, Executor, Queued, request_error, request_slice
@@ -95,10 +96,15 @@ class Scheduler:
         """Whether a live instance can take work (false while every one is restarting)."""
         return bool(self._instances)
 
-    def submit(self, request: InferRequest, call_depth: int = 0) -> LeaseFuture:
-        """Queue ``request``; the future resolves to a lease on its outputs (release it
-        once they are read: its batch's slot waits for every lease) or to an error.
-        ``call_depth``: the model calls that made it (0: a client's)."""
+    def lease(self, request: InferRequest, call_depth: int = 0) -> Coroutine[Any, Any, Lease]:
+        """Queue ``request`` now; awaited, a lease on its outputs (release it once they
+        are read: its batch's slot waits for every lease), or its error. ``call_depth``:
+        the model calls that made it (0: a client's)."""
+        return take(self.submit(request, call_depth))
+
+    def submit(self, request: InferRequest, call_depth: int = 0) -> asyncio.Future:
+        """Queue ``request`` now; the future resolves as ``lease`` does. Await it with
+        ``take``, which releases a lease its caller left before it could read it."""
         return self._enqueue(request, None, call_depth).future
 
     def stream(self, request: InferRequest, call_depth: int = 0) -> LeaseStream:
@@ -135,7 +141,7 @@ class Scheduler:
                 "dynamic_batching.max_queue_size); retry later"
             )
         key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
-        future = LeaseFuture()
+        future = asyncio.get_running_loop().create_future()
         item = Queued(request, future, key, self._clock.now(), stream, call_depth)
         future.add_done_callback(partial(self._tell_cancelled, item))
         timeout_us = request.timeout_us or self._default_timeout_us

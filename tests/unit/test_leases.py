@@ -21,6 +21,7 @@ from reposerve.http.generate import _documents
 from reposerve.http.infer import InferEndpoint
 from reposerve.instance.outcomes import BatchOutcome, SlotHold
 from reposerve.scheduler.batcher import Scheduler
+from reposerve.scheduler.lease import take
 from reposerve.service import InferenceService
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor
@@ -67,7 +68,7 @@ def test_a_caller_cancelled_after_its_lease_was_set_releases_it():
         scheduler, (instance,), _ = scenario(None)
 
         async def caller() -> None:
-            with await scheduler.submit(make_request([[1, 1]])):
+            with await scheduler.lease(make_request([[1, 1]])):
                 pytest.fail("a cancelled caller never reads its lease")
 
         task = asyncio.ensure_future(caller())
@@ -92,7 +93,7 @@ def test_a_failed_request_leaves_no_cycle_to_keep_its_callers_memory():
         await turn()
         instance.fail("ValueError: boom")
         with pytest.raises(InstanceError, match="boom"):
-            await future
+            await take(future)
         gone = weakref.ref(future)
         del future
         await turn()  # its done callbacks run
