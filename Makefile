@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: install serve test lint bench
 
 $(SERVING): pyproject.toml
-	@echo "installing reposerve with onnxruntime and torch into $(VENV) (the first time only)"
+	@echo "installing reposerve with onnxruntime and torch into $(VENV): the first start only, about 2 minutes (exporting the ResNet-50 examples included)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[onnx,torch,gpu]'
