@@ -3,7 +3,7 @@
 ``InferenceService`` takes and returns these values; each front encodes them in its own
 protocol: the HTTP front as the V2 JSON documents Triton answers (field names and order
 are Triton's, so a Struct's msgspec JSON is the document, byte for byte), the gRPC front
-as Triton's protobuf messages (``reposerve.grpc.messages``). They hold only builtins,
+as Triton's protobuf messages (``reposerve.grpc.operations``). They hold only builtins,
 bytes and Structs, so a front in another process sends and receives them as msgpack.
 
 Two are defined beside the code that keeps them and named here so that this module is

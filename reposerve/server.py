@@ -145,8 +145,8 @@ class Server:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, signalled.set)
         self.stop_serving = signalled.set
-        await self.open()
         try:
+            await self.open()  # a front that fails to start: those before it close too
             await self.leave(signalled)
         finally:
             await self.close()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -42,6 +42,8 @@ from reposerve.repository.scan import ConfigOverride, check_model_name
 from reposerve.scheduler.lease import Lease
 from reposerve.tensor import Tensor
 from reposerve.utilization import Usage
+
+T = TypeVar("T")
 
 # Request bodies at least this large are decoded in a worker thread, so that walking one
 # (its BYTES elements, its JSON numbers) never stalls the event loop that serves everyone.
@@ -227,7 +229,7 @@ class InferenceService:
         stream = model.scheduler.stream(request)
         try:
             async for lease in stream:
-                yield _answer(model, request, selected, lease, final=False)
+                yield _answer(model, request, selected, lease, final=lease.final)
         finally:
             stream.cancel()  # nothing left to stop once it has ended
 
@@ -333,11 +335,24 @@ def _selected_outputs(request: InferRequest, declared: tuple[str, ...]) -> list[
     ]
 
 
+async def encoded(
+    answers: AsyncIterator[Answer], encode: Callable[[Answer], T]
+) -> AsyncIterator[T]:
+    """Each answer as ``encode`` makes it, released as soon as it is encoded. Closing this
+    closes ``answers`` (which stops a generation the client no longer wants)."""
+    async with contextlib.aclosing(answers):
+        async for answer in answers:
+            with answer:
+                message = encode(answer)
+            yield message
+
+
 class Answer:
     """One response to a request, as it asked: ``outputs`` as (output, tensor, binary) in
     response order, views on the batch's shared memory until ``release`` (or the end of
-    a ``with`` block), and the response's parameters. ``final``: the last response of a
-    model that answers once (a decoupled model's stream ends after its last instead)."""
+    a ``with`` block), and the response's parameters. ``final``: the request's last
+    response (a model that answers once; a decoupled one's that the model sent with the
+    final flag: one that sends the flag alone ends its stream with no answer)."""
 
     __slots__ = ("outputs", "parameters", "final", "version", "request_id", "_lease")
 

@@ -196,12 +196,13 @@ class DecoupledStandIn:
         self.batches.append((batch, on_done, on_response))
         return 7 + len(self.batches)
 
-    def respond(self, step: float, **response) -> bool:
-        """Send a response; whether the instance may go on at once."""
+    def respond(self, step: float, **response) -> None:
+        """Send a response (``resumed`` counts it once the scheduler lets the instance go
+        on)."""
         batch, _, on_response = self.batches[0]
         values = batch + step
         outputs = {"Y": Tensor("FP32", values.shape, memoryview(values.tobytes()))}
-        return on_response(StreamedResponse(outputs, **response), self._resume)
+        on_response(StreamedResponse(outputs, **response), self._resume)
 
     def _resume(self) -> None:
         self.resumed += 1

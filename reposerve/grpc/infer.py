@@ -9,12 +9,14 @@ answers gRPC outputs in ``raw_output_contents`` always; so does this.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from reposerve.datatypes import pack_bytes
 from reposerve.errors import ProtocolError
+from reposerve.service import Answer
 from reposerve.tensor import Tensor
 
 # Triton's InferTensorContents field for each datatype (FP16 and BF16 have none: raw only).
@@ -115,17 +117,16 @@ def wants_empty_final(request: Any) -> bool:
     return value.bool_param
 
 
-def stream_encoder(stream_class: Any, request: Any) -> Any:
-    """``encode(version, outputs, final, parameters)`` for ``stream_parts``: a
-    ``ModelStreamInferResponse`` whose ``ModelInferResponse`` is filled in place, marked
-    FINAL or not."""
+def stream_encoder(stream_class: Any, request: Any) -> Callable[[Answer], Any]:
+    """``encode(answer)`` of an answer from ``stream_parts``: a
+    ``ModelStreamInferResponse`` whose ``ModelInferResponse`` is filled in place (the
+    outputs' bytes copied, so the answer may be released after), marked FINAL or not."""
 
-    def encode(
-        version: str, outputs: list[tuple[str, Tensor]], final: bool, parameters: dict[str, Any]
-    ) -> Any:
+    def encode(answer: Answer) -> Any:
         response = stream_class()
-        _fill(response.infer_response, request, version, outputs, parameters)
-        response.infer_response.parameters[FINAL].bool_param = final
+        infer_response = response.infer_response
+        _fill(infer_response, request, answer.version, answer.tensors, answer.parameters)
+        infer_response.parameters[FINAL].bool_param = answer.final
         return response
 
     return encode
@@ -143,14 +144,14 @@ def stream_ending(stream_class: Any, request: Any, error: str = "") -> Any:
     return response
 
 
-def response_encoder(response_class: Any, request: Any) -> Any:
-    """``encode(version, outputs, parameters)`` for ``InferenceService.infer_parts``: the
-    ``ModelInferResponse``, every output in ``raw_output_contents``. It runs while the
-    output tensors are valid, so their bytes are copied into the message here."""
+def response_encoder(response_class: Any, request: Any) -> Callable[[Answer], Any]:
+    """``encode(answer)`` of an answer from ``infer_parts``: the ``ModelInferResponse``,
+    every output in ``raw_output_contents``, its bytes copied into the message (so the
+    answer may be released after)."""
 
-    def encode(version: str, outputs: list[tuple[str, Tensor]], parameters: dict[str, Any]) -> Any:
+    def encode(answer: Answer) -> Any:
         response = response_class()
-        _fill(response, request, version, outputs, parameters)
+        _fill(response, request, answer.version, answer.tensors, answer.parameters)
         return response
 
     return encode

@@ -8,7 +8,6 @@ next, so a slow client slows its own requests and nothing buffers without bound.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import TypeVar
 
 from reposerve.scheduler.stream import Stream
@@ -20,28 +19,18 @@ class Outbox(Stream[T]):
     def __init__(self, limit: int) -> None:
         super().__init__()
         self._limit = limit
-        self._on_room: list[Callable[[], None]] = []
-
-    @property
-    def full(self) -> bool:
-        return len(self._items) >= self._limit
-
-    def when_room(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the outbox is not full (now, if it is not)."""
-        if self.full:
-            self._on_room.append(callback)
-        else:
-            callback()
+        self._waiting: list[asyncio.Future[None]] = []
 
     async def room(self) -> None:
         """Wait until the outbox is not full."""
-        if self.full:
+        if len(self._items) >= self._limit:
             ready = asyncio.get_running_loop().create_future()
-            self.when_room(lambda: ready.done() or ready.set_result(None))
+            self._waiting.append(ready)
             await ready
 
     def _taken(self) -> None:
-        if self._on_room and not self.full:
-            callbacks, self._on_room = self._on_room, []
-            for callback in callbacks:
-                callback()
+        if self._waiting and len(self._items) < self._limit:
+            waiting, self._waiting = self._waiting, []
+            for ready in waiting:
+                if not ready.done():
+                    ready.set_result(None)

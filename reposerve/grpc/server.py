@@ -74,7 +74,7 @@ class Handlers(Operations):
         with await self.service.infer_parts(
             request.model_name, request.model_version or None, header, raws
         ) as answer:  # encoded straight from the instance's memory, then let go
-            return encode(answer.version, answer.tensors, answer.parameters)
+            return encode(answer)
 
     async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
         """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever

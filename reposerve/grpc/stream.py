@@ -32,7 +32,7 @@ from reposerve.grpc.infer import (
     wants_empty_final,
 )
 from reposerve.grpc.outbox import Outbox
-from reposerve.service import Answer, InferenceService
+from reposerve.service import InferenceService, encoded
 
 log = logging.getLogger("reposerve.grpc")
 
@@ -63,7 +63,7 @@ async def serve_stream(
                 raise ProtocolError(request.error)
             empty_final = wants_empty_final(request)
             header, raws = request_parts(request)
-            responses = _encoded(
+            responses = encoded(
                 service.stream_parts(
                     request.model_name, request.model_version or None, header, raws
                 ),
@@ -116,14 +116,3 @@ async def serve_stream(
         for task in list(running):
             task.cancel()
         await asyncio.gather(reader, *running, return_exceptions=True)
-
-
-async def _encoded(
-    answers: AsyncIterator[Answer], encode: Callable[..., Any]
-) -> AsyncIterator[Any]:
-    """Each answer as its response message, let go of as soon as it is encoded."""
-    async with contextlib.aclosing(answers):
-        async for answer in answers:
-            with answer:
-                response = encode(answer.version, answer.tensors, answer.final, answer.parameters)
-            yield response

@@ -26,7 +26,7 @@ from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import RETRY_AFTER, STATUS, error_body
 from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
 from reposerve.protocol.generate import encode_generate
-from reposerve.service import Answer, InferenceService
+from reposerve.service import Answer, InferenceService, encoded
 
 log = logging.getLogger("reposerve.http")
 T = TypeVar("T")
@@ -84,13 +84,13 @@ class GenerateEndpoint(InferEndpoint):
         await _send_json(send, 200, content)
 
 
-async def _documents(answers: AsyncIterator[Answer], model: str) -> AsyncIterator[bytes]:
+def _documents(answers: AsyncIterator[Answer], model: str) -> AsyncIterator[bytes]:
     """Each answer as its JSON document, let go of as soon as it is encoded."""
-    async with contextlib.aclosing(answers):
-        async for answer in answers:
-            with answer:
-                document = encode_generate(model, answer.version, answer.request_id, answer.tensors)
-            yield document
+
+    def document(answer: Answer) -> bytes:
+        return encode_generate(model, answer.version, answer.request_id, answer.tensors)
+
+    return encoded(answers, document)
 
 
 async def _only_response(responses: AsyncIterator[bytes], model: str) -> bytes:

@@ -51,8 +51,8 @@ def build(host: Host, settings: Settings) -> App:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await host.open()
         try:
+            await host.open()  # a front that fails to start: those before it close too
             yield
         finally:
             await host.close()

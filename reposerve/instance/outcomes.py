@@ -33,10 +33,6 @@ class SlotHold:
         self._shares = 1
         self._on_free = on_free
 
-    @property
-    def held(self) -> bool:
-        return self._shares > 0
-
     def share(self) -> SlotHold:
         self._shares += 1
         return self
@@ -98,7 +94,7 @@ OnStart = Callable[[], None]
 
 class StreamedResponse(msgspec.Struct):
     """One response of a decoupled batch: outputs are views on the slot, valid until the
-    instance goes on (``on_response`` returns True, or ``resume`` is called).
+    instance goes on (``resume`` is called).
     ``request``: the one request it answers (its rows), -1 for all; ``final``: that
     request's last; ``failure``: that request failed."""
 
@@ -109,9 +105,9 @@ class StreamedResponse(msgspec.Struct):
     parameters: dict[str, Any] = {}
 
 
-OnResponse = Callable[[StreamedResponse, Callable[[], None]], bool]
-"""A decoupled batch's response and ``resume``: returns whether the instance may write the
-next one now; if not, it waits for ``resume``."""
+OnResponse = Callable[[StreamedResponse, Callable[[], None]], None]
+"""A decoupled batch's response and ``resume``: the instance writes the next one once
+``resume`` is called."""
 
 
 def views(view: memoryview, refs: list[TensorRef]) -> dict[str, Tensor]:

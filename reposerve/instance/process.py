@@ -26,7 +26,7 @@ from reposerve.backends.base import MetricFamilyGone, MetricState, ModelLog, Req
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError
 from reposerve.instance.arena import Slot, align
-from reposerve.instance.books import Books
+from reposerve.instance.books import Batch, Books
 from reposerve.instance.call_slots import CallSlots
 from reposerve.instance.custom_metrics import CustomMetrics
 from reposerve.instance.messages import (
@@ -144,10 +144,12 @@ class InstanceProcess:
             return False
         if self._slots.has_free:
             return True
-        # A new slot's fd goes out beside the socket's byte stream; only while nothing is
-        # queued in the transport does it keep its place among the frames.
+        # No slot is free, yet the books have room: a batch that ended still has leases
+        # out on its slot (the front encodes from it). A new one spares the next batch that
+        # wait, up to twice the batches it may hold. Its fd goes out beside the socket's
+        # byte stream; only while nothing is queued in the transport does it keep its place.
         return (
-            len(self._slots) < limit
+            len(self._slots) < 2 * self._books.limit(staged=True)
             and self._transport is not None
             and self._transport.get_write_buffer_size() == 0
         )
@@ -349,23 +351,13 @@ class InstanceProcess:
                 running = self._books.answered(batch_id, self._loop.time())
                 if running is None:  # it overran its timeout and was failed already
                     return
-                slot_index = running.slot
-                slot = self._slots[slot_index]
-                slot.remap(message.slot_size)
-                view = memoryview(slot.buffer)
-                answers = {
-                    answer.request: RequestOutputs(
-                        views(view, answer.outputs), response_parameters(answer.parameters)
+                try:
+                    outcome: BatchOutcome | BatchFailure = self._outcome(message, running)
+                except (OSError, ValueError) as exc:  # off the books already: answer it
+                    outcome = BatchFailure(
+                        f"{self.spec.label}: its outputs could not be read: {exc}",
+                        FailureCause.INSTANCE,
                     )
-                    for answer in message.answers
-                }
-                outcome = BatchOutcome(
-                    views(view, message.outputs),
-                    message.compute_ns,
-                    running.hold,
-                    message.failed,
-                    answers,
-                )
                 try:
                     running.on_done(outcome)
                 finally:
@@ -423,6 +415,21 @@ class InstanceProcess:
                         InstanceError(f"{self.spec.label}: load failed: {message.reason}")
                     )
 
+    def _outcome(self, message: Result, running: Batch) -> BatchOutcome:
+        """A finished batch's outputs, as views on its slot."""
+        slot = self._slots[running.slot]
+        slot.remap(message.slot_size)
+        view = memoryview(slot.buffer)
+        answers = {
+            answer.request: RequestOutputs(
+                views(view, answer.outputs), response_parameters(answer.parameters)
+            )
+            for answer in message.answers
+        }
+        return BatchOutcome(
+            views(view, message.outputs), message.compute_ns, running.hold, message.failed, answers
+        )
+
     def _on_response(self, message: Response) -> None:
         running = self._books.get(message.batch_id)
         if running is None:  # it overran its timeout and was failed already
@@ -454,8 +461,10 @@ class InstanceProcess:
             message.failure,
             response_parameters(message.parameters),
         )
-        if running.on_response is None or running.on_response(response, resume):
+        if running.on_response is None:
             resume()
+        else:
+            running.on_response(response, resume)
 
     def _on_closed(self) -> None:
         was = self.state

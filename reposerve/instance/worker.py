@@ -253,7 +253,7 @@ def main(argv: list[str]) -> int:
         signature = backend.signature()
         if signature is not None:
             config = complete_config(config, *signature, label=f"{load.model}/config.toml")
-        if load.backend == "python" and not (config.input or config.output):
+        if not (config.input or config.output):  # and its model file named none
             raise BackendError(
                 f"model '{load.model}': declares no tensors. Hint: declare [[input]] and "
                 "[[output]] in config.toml (input and output in config.pbtxt), or add them "

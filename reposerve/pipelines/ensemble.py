@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from reposerve.config import ModelConfig, TensorConfig
 from reposerve.config.schema import EnsembleStep
@@ -26,7 +26,7 @@ from reposerve.tensor import Tensor
 
 
 class StepScheduler(Protocol):
-    def lease(self, request: InferRequest, call_depth: int = 0) -> Coroutine[Any, Any, Lease]: ...
+    async def lease(self, request: InferRequest, call_depth: int = 0) -> Lease: ...
 
 
 class StepModel(Protocol):
@@ -171,11 +171,11 @@ class EnsembleScheduler:
             return False
         return True
 
-    def lease(self, request: InferRequest, call_depth: int = 0) -> Coroutine[Any, Any, Lease]:
-        """As a model's scheduler: awaited, a lease on the outputs (copies of the steps'
-        own: it holds no slot). ``call_depth``: the model calls that made the request;
-        its steps' are as deep."""
-        return take(self.submit(request, call_depth))
+    async def lease(self, request: InferRequest, call_depth: int = 0) -> Lease:
+        """As a model's scheduler: a lease on the outputs (copies of the steps' own: it
+        holds no slot). ``call_depth``: the model calls that made the request; its
+        steps' are as deep."""
+        return await take(self.submit(request, call_depth))
 
     def submit(self, request: InferRequest, call_depth: int = 0) -> asyncio.Future:
         """Queue ``request`` now; the future resolves as ``lease`` does."""

@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 
 from reposerve.config import ModelConfig
 from reposerve.errors import InstanceError, InvalidInput, ReposerveError, SchedulerError
@@ -96,11 +95,12 @@ class Scheduler:
         """Whether a live instance can take work (false while every one is restarting)."""
         return bool(self._instances)
 
-    def lease(self, request: InferRequest, call_depth: int = 0) -> Coroutine[Any, Any, Lease]:
-        """Queue ``request`` now; awaited, a lease on its outputs (release it once they
-        are read: its batch's slot waits for every lease), or its error. ``call_depth``:
-        the model calls that made it (0: a client's)."""
-        return take(self.submit(request, call_depth))
+    async def lease(self, request: InferRequest, call_depth: int = 0) -> Lease:
+        """Queue ``request``, then a lease on its outputs (release it once they are read:
+        its batch's slot waits for every lease), or its error. Nothing is queued until
+        it is awaited, so a coroutine dropped unawaited leaves no lease behind.
+        ``call_depth``: the model calls that made it (0: a client's)."""
+        return await take(self.submit(request, call_depth))
 
     def submit(self, request: InferRequest, call_depth: int = 0) -> asyncio.Future:
         """Queue ``request`` now; the future resolves as ``lease`` does. Await it with
@@ -108,9 +108,9 @@ class Scheduler:
         return self._enqueue(request, None, call_depth).future
 
     def stream(self, request: InferRequest, call_depth: int = 0) -> LeaseStream:
-        """Queue a decoupled model's ``request``: its responses come as leases (the
-        instance writes the next once the last is released); the stream ends after the
-        last, or with the request's error. Cancelling the stream cancels the request."""
+        """Queue a decoupled model's ``request``: its responses come as leases (see
+        ``LeaseStream`` for when the instance goes on to the next); the stream ends after
+        the last, or with the request's error. Cancelling the stream cancels the request."""
         stream = LeaseStream()
         item = self._enqueue(request, stream, call_depth)
         stream.on_cancel = partial(self._abandon, item)
@@ -214,6 +214,7 @@ class Scheduler:
             for item in items:
                 if item.future.cancelled():  # its client left while it waited
                     self._record_cancel(item)
+                    self._settle(item, None, None)  # its turn, under preserve_ordering
             if waiting:
                 self._launch(instance, waiting, rerun)
             else:
@@ -343,7 +344,7 @@ class Scheduler:
 
     def _responded(
         self, batch: Batch, response: StreamedResponse, resume: Callable[[], None]
-    ) -> bool:
+    ) -> None:
         """One response of a decoupled batch: each request's part (or the one request's,
         when it names one) goes to its stream as a lease. The instance goes on
         (``resume``) once every one of them is released."""
@@ -357,20 +358,21 @@ class Scheduler:
         else:
             parts = [(batch.items[response.request], response.outputs)]
         hold = SlotHold(partial(self._resumed, resume))  # its first share: this loop's
-        for item, outputs in parts:
-            stream = item.stream
-            if stream is None or item.future.done():
-                continue
-            if response.failure is not None:
-                self._fail(item, request_error(response.failure), FailureReason.BACKEND)
-                continue
-            if outputs or not response.final:
-                stream.put(Lease(outputs, response.parameters, hold.share(), response.final))
-            if response.final:  # its stream ends now, whatever the rest of the batch does
-                self._settle(item, None, None)
-        self._stop_if_abandoned(batch)
-        hold.release()
-        return False
+        try:
+            for item, outputs in parts:
+                stream = item.stream
+                if stream is None or item.future.done():
+                    continue
+                if response.failure is not None:
+                    self._fail(item, request_error(response.failure), FailureReason.BACKEND)
+                    continue
+                if outputs or not response.final:
+                    stream.put(Lease(outputs, response.parameters, hold.share(), response.final))
+                if response.final:  # its stream ends now, whatever the rest of the batch does
+                    self._settle(item, None, None)
+            self._stop_if_abandoned(batch)
+        finally:
+            hold.release()
 
     def _resumed(self, resume: Callable[[], None]) -> None:
         """A response's leases are all released: its instance goes on."""
@@ -430,28 +432,32 @@ class Scheduler:
         unserved = set(failed)
         # The leases' share in the slot: the scheduler's until every lease is handed out.
         hold = SlotHold(partial(self._released, outcome.slot.share()))
-        for index, item in enumerate(items):
-            failure = failed.get(index)
-            if failure is not None:
-                self._fail(item, request_error(failure), FailureReason.BACKEND)
-                continue
-            if item.stream is not None:  # its responses have gone out as they came
-                future = item.future
-                if future.cancelled():  # its client left
-                    self._record_cancel(item)
-                    unserved.add(index)
-                elif not future.done():
-                    self._settle(item, None, None)
-                elif future.exception() is not None:  # failed (and recorded) on its own
-                    unserved.add(index)
-                continue
-            answer = outcome.answers.get(index)
-            if answer is not None:  # the request's own outputs, as the model gave them
-                lease = Lease(answer.outputs, answer.parameters, hold.share())
-            else:
-                lease = Lease({name: cut[index] for name, cut in pieces.items()}, {}, hold.share())
-            self._settle(item, lease, None)
-        hold.release()
+        try:
+            for index, item in enumerate(items):
+                failure = failed.get(index)
+                if failure is not None:
+                    self._fail(item, request_error(failure), FailureReason.BACKEND)
+                    continue
+                if item.stream is not None:  # its responses have gone out as they came
+                    future = item.future
+                    if future.cancelled():  # its client left
+                        self._record_cancel(item)
+                        unserved.add(index)
+                    elif not future.done():
+                        self._settle(item, None, None)
+                    elif future.exception() is not None:  # failed (and recorded) on its own
+                        unserved.add(index)
+                    continue
+                answer = outcome.answers.get(index)
+                if answer is not None:  # the request's own outputs, as the model gave them
+                    lease = Lease(answer.outputs, answer.parameters, hold.share())
+                else:
+                    lease = Lease(
+                        {name: cut[index] for name, cut in pieces.items()}, {}, hold.share()
+                    )
+                self._settle(item, lease, None)
+        finally:
+            hold.release()
         finished = self._clock.now()
         served = [item for index, item in enumerate(items) if index not in unserved]
         request_ns = [finished - item.enqueued_ns for item in served]

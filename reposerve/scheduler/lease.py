@@ -5,8 +5,10 @@ gets a ``Lease``: its outputs as views on that slot and its response's parameter
 slot is written again only once every lease cut from it is released. So the caller
 encodes (or copies) straight out of shared memory, and results flow up as values: the
 scheduler never calls into the layer above it. A decoupled model's responses come as a
-``LeaseStream``, one lease per response; the instance writes the next response only once
-the last one's leases are released, which is the stream's backpressure.
+``LeaseStream``, one lease per response. A small response is copied out at once, while the
+stream holds only a few, so its instance goes straight on to the next; otherwise the
+instance writes the next response only once the last one's leases are released. Either
+way a slow reader holds its own generator: that is the stream's backpressure.
 
 No lease is left holding a slot when its caller goes: a future cancelled before its
 lease is set releases it (``deliver``), a caller cancelled after it was set but before
@@ -46,6 +48,10 @@ class Lease:
     @property
     def held(self) -> bool:
         return self._hold is not None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(tensor.raw) for tensor in self.outputs.values())
 
     def release(self) -> None:
         """Let the slot go (once; again is harmless). The outputs are invalid after it."""
@@ -99,11 +105,19 @@ def deliver(future: asyncio.Future, lease: Lease | None, error: BaseException | 
         future.set_exception(error)
 
 
+# A stream copies a response out of the slot (so its instance need not wait for the front
+# to encode it) while it holds fewer than this many, each at most this size: enough to
+# cover a trip through the front, few and small enough that a stalled client costs little.
+COPY_AHEAD = 4
+COPY_AHEAD_BYTES = 64 * 1024
+
+
 class LeaseStream(Stream[Lease]):
     """A decoupled request's responses, as leases, between the scheduler and a front.
-    It holds the leases the front has not taken (one per batch response at most: the
-    instance waits for it to be released); what arrives after its end is released, and
-    cancelling it releases what it holds and stops the generation."""
+    It holds the leases the front has not taken: a few small ones copied out of the
+    slot, then at most one that holds it (its instance waits for it to be released);
+    what arrives after its end is released, and cancelling it releases what it holds and
+    stops the generation."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -113,8 +127,10 @@ class LeaseStream(Stream[Lease]):
     def put(self, lease: Lease) -> None:
         if self._ended:
             lease.release()
-        else:
-            super().put(lease)
+            return
+        if lease.held and len(self._items) < COPY_AHEAD and lease.nbytes <= COPY_AHEAD_BYTES:
+            lease = lease.detach()
+        super().put(lease)
 
     def cancel(self) -> None:
         """The client has gone: release what is held and stop what is producing more."""

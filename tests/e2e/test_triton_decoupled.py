@@ -89,6 +89,29 @@ REPEAT_ASYNC = """
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+# The same, its last response sent with the FINAL flag (no flag-only response after it).
+REPEAT_LAST_FINAL = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                sender = request.get_response_sender()
+                for index, value in enumerate(values):
+                    last = index == len(values) - 1
+                    sender.send(
+                        pb_utils.InferenceResponse(output_tensors=[
+                            pb_utils.Tensor("OUT", np.array([value], np.int32)),
+                            pb_utils.Tensor("IDX", np.array([index], np.uint32)),
+                        ]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0,
+                    )
+            return None
+"""
+
 CONFIG = """
     backend: "python"
     max_batch_size: 0
@@ -109,7 +132,12 @@ CONFIG = """
 def triton_server(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("triton_decoupled")
     log = root / "repeat.log"
-    for name, code in (("repeat", REPEAT_THREADS), ("repeat_async", REPEAT_ASYNC)):
+    models = (
+        ("repeat", REPEAT_THREADS),
+        ("repeat_async", REPEAT_ASYNC),
+        ("repeat_last_final", REPEAT_LAST_FINAL),
+    )
+    for name, code in models:
         folder = root / "repository" / name
         (folder / "1").mkdir(parents=True)
         (folder / "config.pbtxt").write_text(textwrap.dedent(CONFIG.format(log=log)))
@@ -162,6 +190,25 @@ def test_a_tritons_decoupled_model_streams_each_requests_responses_in_order(trit
         values = [10 + step for step in range(length)]
         assert by_request[request_id] == [(value, False) for value in values] + [(None, True)]
     assert client.get_model_config(model).config.model_transaction_policy.decoupled
+
+
+def test_a_last_response_sent_final_is_marked_final_and_no_empty_one_follows(triton_server):
+    """As Triton: the response that carries the FINAL flag says triton_final_response;
+    the empty final response asked for is only for a flag sent alone."""
+    server, _ = triton_server
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        model, options = "repeat_last_final", {"enable_empty_final_response": True}
+        client.async_stream_infer(model, _inputs([1, 2, 3], 0), request_id="a", **options)
+        first = _collect(results, 3)
+        client.async_stream_infer(model, _inputs([4], 0), request_id="b", **options)
+        second = _collect(results, 1)  # an empty final for "a" would come first
+    finally:
+        client.stop_stream()
+    assert first == {"a": [(1, False), (2, False), (3, True)]}
+    assert second == {"b": [(4, True)]}
 
 
 def test_an_error_response_fails_only_its_request(triton_server):

@@ -12,10 +12,18 @@ from functools import partial
 import numpy as np
 import pytest
 
-from reposerve.instance.outcomes import BatchFailure, BatchOutcome, BatchTensor, FailureCause
+from reposerve.instance.messages import Result
+from reposerve.instance.outcomes import (
+    BatchFailure,
+    BatchOutcome,
+    BatchTensor,
+    FailureCause,
+    SlotHold,
+)
 from reposerve.instance.process import InstanceProcess, InstanceState
 from reposerve.instance.spec import InstanceSpec
-from tests.toy_models import CRASH, HANGS, vector_config
+from reposerve.tensor import Tensor
+from tests.toy_models import CRASH, HANGS, PLUS_ONE, vector_config
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +101,60 @@ def test_a_batch_past_the_timeout_is_failed_and_its_process_killed(python_model)
         FailureCause.NOT_STARTED,
     )
     assert instance.batch_fault and instance.ended == "was killed by SIGKILL"
+
+
+def test_a_result_whose_outputs_cannot_be_read_fails_its_batch_and_frees_its_slot(python_model):
+    """The process says its outputs fill more of the slot than the file holds: the batch
+    still gets one answer (a failure saying why), and its slot goes back."""
+    spec = python_model(PLUS_ONE, vector_config())
+
+    async def body() -> list[BatchOutcome | BatchFailure]:
+        instance = InstanceProcess(spec, lambda _: None)
+        await instance.start(TIMEOUT_S)
+        answered: asyncio.Queue = asyncio.Queue()
+        try:
+            batch_id = instance.run(_item(1), answered.put_nowait)
+            instance._on_message(Result(batch_id, 1 << 40, [], 0))  # before its real one
+            outcomes = [await asyncio.wait_for(answered.get(), TIMEOUT_S)]
+            instance.run(_item(2), answered.put_nowait)  # the slot is free again
+            outcomes.append(await asyncio.wait_for(answered.get(), TIMEOUT_S))
+        finally:
+            await instance.stop(5)
+        return outcomes
+
+    lying, next_one = asyncio.run(body())
+    assert isinstance(lying, BatchFailure) and lying.cause is FailureCause.INSTANCE
+    assert "instance 0" in lying.message and "could not be read" in lying.message
+    assert isinstance(next_one, BatchOutcome)
+
+
+def test_a_batch_whose_outputs_are_still_read_leaves_the_next_batches_new_slots(python_model):
+    """A reader slow to let go of its batch's outputs (a front still encoding them) keeps
+    that slot, not the instance: the next batches get slots of their own, and what the
+    reader holds is not written over."""
+    spec = python_model(PLUS_ONE, vector_config())
+
+    async def body() -> list[list[float]]:
+        instance = InstanceProcess(spec, lambda _: None)
+        await instance.start(TIMEOUT_S)
+        answered: asyncio.Queue = asyncio.Queue()
+        held: list[tuple[SlotHold, Tensor]] = []
+
+        def keep(outcome: BatchOutcome | BatchFailure) -> None:
+            assert isinstance(outcome, BatchOutcome)
+            held.append((outcome.slot.share(), outcome.outputs["OUTPUT"]))
+            answered.put_nowait(None)
+
+        try:
+            for first in (10, 20, 30):
+                assert instance.has_capacity()
+                instance.run(_item(first), keep)
+                await asyncio.wait_for(answered.get(), TIMEOUT_S)
+            seen = [np.frombuffer(output.raw, np.float32)[:2].tolist() for _, output in held]
+        finally:
+            for share, _ in held:
+                share.release()
+            await instance.stop(5)
+        return seen
+
+    assert asyncio.run(body()) == [[11, 2], [21, 2], [31, 2]]

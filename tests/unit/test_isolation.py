@@ -147,6 +147,32 @@ def test_isolation_keeps_the_order_under_preserve_ordering():
     run(body)
 
 
+def test_under_preserve_ordering_a_rerun_whose_caller_left_holds_back_no_later_request():
+    async def body():
+        batching = "max_queue_delay_microseconds = 0\npreserve_ordering = true"
+        scheduler, (instance,), _ = scenario(batching)
+        first = scheduler.submit(make_request([[1, 1]]))
+        await turn()  # it runs alone; the next two queue behind it and batch together
+        kept, left = (scheduler.submit(make_request([[v, v]])) for v in (2, 3))
+        instance.finish()
+        await turn()
+        instance.fail("boom")  # the pair is rerun, one request at a time
+        await turn()
+        left.cancel()  # its caller leaves while its rerun waits for the first
+        instance.finish()
+        await turn()
+        assert not instance.running  # nobody wants the second rerun
+        later = scheduler.submit(make_request([[4, 4]]))
+        await turn()
+        instance.finish()
+        await turn()
+        assert lease_value(first).tolist() == [[1, 1]]
+        assert lease_value(kept).tolist() == [[2, 2]]
+        assert lease_value(later).tolist() == [[4, 4]]
+
+    run(body)
+
+
 def test_abort_answers_everything_queued_and_refuses_new():
     async def body():
         scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")

@@ -19,9 +19,9 @@ from reposerve.errors import InstanceError, ProtocolError
 from reposerve.http.access import AccessPolicy
 from reposerve.http.generate import _documents
 from reposerve.http.infer import InferEndpoint
-from reposerve.instance.outcomes import BatchOutcome, SlotHold
+from reposerve.instance.outcomes import BatchOutcome, SlotHold, StreamedResponse
 from reposerve.scheduler.batcher import Scheduler
-from reposerve.scheduler.lease import take
+from reposerve.scheduler.lease import COPY_AHEAD, COPY_AHEAD_BYTES, LeaseStream, take
 from reposerve.service import InferenceService
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor
@@ -178,17 +178,56 @@ async def _reading(documents: bool) -> tuple[DecoupledStandIn, AsyncIterator, as
     return instance, responses, reading
 
 
+async def _streaming() -> tuple[DecoupledStandIn, LeaseStream]:
+    """A decoupled model's instance and the lease stream of one request running on it."""
+    model, instance = _decoupled_model()
+    stream = model.scheduler.stream(make_request([[0, 0]]))
+    await turn()
+    return instance, stream
+
+
+def test_small_responses_are_copied_ahead_until_the_stream_holds_four():
+    async def body():
+        instance, stream = await _streaming()
+        for step in range(COPY_AHEAD):  # copied out: the instance goes straight on
+            instance.respond(step)
+            assert instance.resumed == step + 1
+        instance.respond(COPY_AHEAD)  # the stream is full: this one holds the slot
+        assert instance.resumed == COPY_AHEAD
+        for step in range(COPY_AHEAD + 1):
+            with await anext(stream) as lease:
+                assert lease.held == (step == COPY_AHEAD)
+                assert np.frombuffer(lease.outputs["Y"].raw, np.float32).tolist() == [step] * 2
+            assert instance.resumed == COPY_AHEAD + (step == COPY_AHEAD)
+
+    run(body)
+
+
+def test_a_large_response_is_not_copied_its_instance_waits_until_it_is_released():
+    async def body():
+        instance, stream = await _streaming()
+        _, _, on_response = instance.batches[0]
+        large = np.zeros((1, COPY_AHEAD_BYTES // 4 + 1), np.float32)
+        outputs = {"Y": Tensor("FP32", large.shape, memoryview(large.tobytes()))}
+        on_response(StreamedResponse(outputs), instance._resume)
+        assert instance.resumed == 0
+        with await anext(stream) as lease:
+            assert lease.held and lease.nbytes == large.nbytes
+        assert instance.resumed == 1
+
+    run(body)
+
+
 def test_a_client_leaving_mid_stream_releases_the_response_it_had_not_taken():
     async def body():
         instance, answers, reading = await _reading(documents=False)
-        instance.respond(0)
-        with await reading as answer:
-            assert [name for name, _, _ in answer.outputs] == ["Y"]
-        assert instance.resumed == 1
-        instance.respond(1)  # never taken
-        assert instance.resumed == 1
+        for step in range(COPY_AHEAD + 1):
+            instance.respond(step)
+        assert instance.resumed == COPY_AHEAD  # the last one holds the slot, never taken
+        with await reading:
+            pass
         await answers.aclose()  # the client left
-        assert instance.resumed == 2 and instance.cancelled == [8]
+        assert instance.resumed == COPY_AHEAD + 1 and instance.cancelled == [8]
 
     run(body)
 

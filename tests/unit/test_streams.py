@@ -5,6 +5,8 @@ generate extension's request rules."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ from reposerve.instance.outcomes import (
 )
 from reposerve.protocol.generate import decode_generate, encode_generate
 from reposerve.scheduler.batcher import Scheduler
-from reposerve.scheduler.lease import Lease, LeaseStream
+from reposerve.scheduler.lease import COPY_AHEAD, Lease, LeaseStream
 from reposerve.statistics import ModelStatistics
 from reposerve.tensor import Tensor
 from tests.scheduler_fakes import DecoupledStandIn, FakeClock, make_request, model_config, run, turn
@@ -56,18 +58,18 @@ def test_an_outbox_gives_its_responses_in_order_then_its_error():
     run(body)
 
 
-def test_a_full_outbox_calls_back_once_its_reader_makes_room():
+def test_a_full_outbox_makes_its_writer_wait_until_its_reader_makes_room():
     async def body():
         outbox: Outbox[int] = Outbox(limit=2)
-        called = []
         outbox.put(1)
-        outbox.when_room(lambda: called.append("at once"))  # not full yet
+        await outbox.room()  # not full yet: at once
         outbox.put(2)
-        assert outbox.full
-        outbox.when_room(lambda: called.append("later"))
-        assert called == ["at once"]
+        waiting = asyncio.ensure_future(outbox.room())
+        await turn()
+        assert not waiting.done()
         assert await anext(outbox) == 1
-        assert called == ["at once", "later"]
+        await turn()
+        assert waiting.done()
 
     run(body)
 
@@ -134,14 +136,21 @@ def test_a_response_holds_the_instance_until_every_lease_of_it_is_released():
         scheduler, instance = _decoupled()
         streams = _stream_two(scheduler)
         await turn()
-        assert not instance.respond(0)  # its outputs are in the slot the next would use
+        for step in range(COPY_AHEAD):
+            instance.respond(step)
+        assert instance.resumed == COPY_AHEAD  # small ones are copied out: it goes on
+        instance.respond(COPY_AHEAD)  # both streams are full: it waits
+        assert instance.resumed == COPY_AHEAD
+        for stream in streams:  # what was copied holds nothing
+            for _ in range(COPY_AHEAD):
+                assert not (await anext(stream)).held
         first = await anext(streams[0])
-        assert _value(first) == [0, 0]
-        assert instance.resumed == 0  # the other stream still holds its lease
+        assert _value(first) == [COPY_AHEAD, COPY_AHEAD]
+        assert instance.resumed == COPY_AHEAD  # the other stream still holds its lease
         second = await anext(streams[1])
-        assert instance.resumed == 0  # taken is not released
+        assert instance.resumed == COPY_AHEAD  # taken is not released
         second.release()
-        assert instance.resumed == 1
+        assert instance.resumed == COPY_AHEAD + 1
 
     run(body)
 
@@ -153,10 +162,12 @@ def test_a_decoupled_batch_is_cancelled_once_all_its_clients_have_gone():
         await turn()
         streams[0].cancel()
         assert instance.cancelled == []  # the other client still reads
-        instance.respond(1)
-        assert instance.resumed == 0  # the other client's lease is out
+        for step in range(COPY_AHEAD + 1):
+            instance.respond(step)
+        assert instance.resumed == COPY_AHEAD  # the other client's last lease is out
         streams[1].cancel()
-        assert instance.cancelled == [8] and instance.resumed == 1  # released by the cancel
+        assert instance.cancelled == [8]
+        assert instance.resumed == COPY_AHEAD + 1  # released by the cancel
         instance.end()  # the instance ends the batch after the cancel
         assert [await _drain(stream) for stream in streams] == [[], []]
         await scheduler.drain()
