@@ -189,6 +189,9 @@ class InstanceProcess:
         except InstanceError:
             self.kill()
             raise
+        finally:
+            if not self._ready.done():  # nobody waits for it now (timed out, or cancelled)
+                self._ready.cancel()
 
     def run(
         self,

@@ -6,12 +6,14 @@ its owner told how it ended."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 import pytest
 
+from reposerve.errors import InstanceError
 from reposerve.instance.messages import Result
 from reposerve.instance.outcomes import (
     BatchFailure,
@@ -158,3 +160,39 @@ def test_a_batch_whose_outputs_are_still_read_leaves_the_next_batches_new_slots(
         return seen
 
     assert asyncio.run(body()) == [[11, 2], [21, 2], [31, 2]]
+
+
+SLEEPS_IN_LOAD = """
+    import time
+
+    class Model:
+        def load(self, context):
+            time.sleep(60)
+
+        def execute(self, inputs):
+            return inputs
+"""
+
+
+def test_a_start_that_times_out_leaves_no_error_behind_for_the_loop(python_model):
+    """The process is killed past the load timeout; what its end reports after that goes
+    to nobody, and nothing is left for the loop to complain about."""
+    spec = python_model(SLEEPS_IN_LOAD, vector_config())
+
+    async def body() -> list[dict]:
+        complaints: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: complaints.append(context)
+        )
+        instance = InstanceProcess(spec, lambda _: None)
+        with pytest.raises(InstanceError, match="did not load within 1 s"):
+            await instance.start(1)
+        while not instance.ended:  # the exit report, which once failed the start again
+            await asyncio.sleep(0.05)
+        await instance.stop(5)
+        del instance  # its start's future goes with it: it says then if it held an error
+        gc.collect()
+        await asyncio.sleep(0)
+        return complaints
+
+    assert asyncio.run(body()) == []
