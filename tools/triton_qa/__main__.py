@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
 
+from . import server
 from .runner import main_run
 from .suites import SUITES
 
@@ -43,10 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(f"/tmp/triton_qa-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     names = args.suite or list(SUITES)
+    # A SIGTERM (a timeout around the run) unwinds like an error: the server goes too.
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     started = time.monotonic()
-    runner = main_run(
-        [SUITES[n] for n in names], args.server_repo, args.backend_repo, out, args.timeout
-    )
+    # A SIGTERM (a timeout around the run) unwinds like an error, and no server is left
+    # on Triton's ports for the next run.
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    try:
+        runner = main_run(
+            [SUITES[n] for n in names], args.server_repo, args.backend_repo, out, args.timeout
+        )
+    finally:
+        server.kill_all()
     totals = {s: sum(1 for c in runner.cases if c.status == s) for s in ("PASS", "FAIL", "SKIP")}
     print(f"{totals['PASS']} passed, {totals['FAIL']} failed, {totals['SKIP']} skipped")
     result = {

@@ -130,6 +130,9 @@ class Live:
             return ""
 
 
+_started: list[Live] = []  # every server this run started, for ``kill_all``
+
+
 def start(argv: list[str], cwd: Path, log: Path, env: dict[str, str]) -> Live:
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("w")
@@ -143,7 +146,15 @@ def start(argv: list[str], cwd: Path, log: Path, env: dict[str, str]) -> Live:
         start_new_session=True,
     )
     out.close()
-    return Live(proc=proc, log=log, cwd=cwd, argv=argv)
+    live = Live(proc=proc, log=log, cwd=cwd, argv=argv)
+    _started.append(live)
+    return live
+
+
+def kill_all() -> None:
+    """Whatever this run started and is still there (the run itself ended early)."""
+    for live in _started:
+        _kill_group(live.pid)
 
 
 def _get(path: str) -> int:
