@@ -90,7 +90,10 @@ def main() -> int:
             plot(report.results, path, report.scenario)
     if args.json:
         args.json.write_bytes(msgspec.json.format(msgspec.json.encode(reports)))
-    return 0
+    slides = [slide for report in reports for slide in report.slides]
+    for slide in slides:
+        print(f"overhead slid: {slide}", file=sys.stderr)
+    return 1 if slides else 0
 
 
 if __name__ == "__main__":

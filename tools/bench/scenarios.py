@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import textwrap
@@ -32,11 +33,14 @@ class Report(msgspec.Struct):
     scenario: str
     results: list[RunResult]
     facts: dict[str, float] = {}
+    # What fell below a floor the scenario keeps (the CLI then exits 1).
+    slides: list[str] = []
 
     def text(self) -> str:
         lines = [f"== {self.scenario} ({servers.environment_note()})"]
         lines += [result.line() for result in self.results]
         lines += [f"{key}: {value:.3f}" for key, value in self.facts.items()]
+        lines += [f"SLIDE {slide}" for slide in self.slides]
         return "\n".join(lines)
 
 
@@ -97,10 +101,31 @@ def _mean_batch(port: int, model: str) -> tuple[int, int]:
     return stats["inference_count"], stats["execution_count"]
 
 
-async def overhead(duration: float, concurrencies: tuple[int, ...] = (1, 8, 32)) -> Report:
-    """+1 on an FP32[16] vector: reposerve against the bare HTTP stacks and FastAPI."""
-    results: list[RunResult] = []
+# The least share of a bare Starlette echo's requests/s (same uvicorn, same run, rounds
+# interleaved) that reposerve's JSON path may answer at each concurrency before the
+# overhead benchmark reports a slide: 80 % of what the 2-core development machine
+# measured on 2026-12-03 (medians of two runs: 0.36, 0.45, 0.55), so noise passes and a
+# lost fifth does not. Raise them as overhead is won back.
+ECHO_FLOOR = {1: 0.29, 8: 0.36, 32: 0.44}
+ECHO = "starlette echo uvicorn"
+
+
+async def overhead(
+    duration: float, concurrencies: tuple[int, ...] = (1, 8, 32), rounds: int = 3
+) -> Report:
+    """+1 on an FP32[16] vector: reposerve against the bare HTTP stacks and FastAPI.
+    reposerve and the bare Starlette echo on uvicorn (the ceiling of the stack it runs
+    on) run in interleaved rounds, each pair back to back, so the ratio of the two does
+    not move with the machine; the median round's ratio is reported, and checked
+    against ``ECHO_FLOOR``."""
+    runs: dict[tuple[str, int], list[RunResult]] = {}
+    ratios: dict[str, list[float]] = {}
     facts: dict[str, float] = {}
+    json_payloads = _json_payloads("plus_one", 16)
+    ours = (
+        ("reposerve json", json_payloads),
+        ("reposerve binary", _binary_payloads("plus_one", 16)),
+    )
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         _model(root, "plus_one", _vector_config(16, 64, batching=True), """
@@ -109,53 +134,69 @@ async def overhead(duration: float, concurrencies: tuple[int, ...] = (1, 8, 32))
                     return {"OUTPUT": inputs["INPUT"] + 1}
         """)  # fmt: skip
         server = servers.reposerve(root)
+        echo = servers.asgi(ECHO, "tools.bench.baselines:starlette_echo", "uvicorn")
         try:
             facts["reposerve time to ready (s)"] = server.ready_s
             facts["reposerve idle memory, front + instance (MiB PSS)"] = server.memory_mib()
-            for label, payloads in (
-                ("reposerve json", _json_payloads("plus_one", 16)),
-                ("reposerve binary", _binary_payloads("plus_one", 16)),
-            ):
+            for _ in range(rounds):
                 for concurrency in concurrencies:
-                    before = _mean_batch(server.port, "plus_one")
-                    result = await closed_loop(
-                        label, HOST, server.port, payloads, concurrency, duration
+                    bare = await closed_loop(
+                        ECHO, HOST, echo.port, json_payloads, concurrency, duration
                     )
-                    after = _mean_batch(server.port, "plus_one")
-                    executions = max(after[1] - before[1], 1)
-                    facts[f"{label} c={concurrency} mean batch"] = (
-                        after[0] - before[0]
-                    ) / executions
-                    results.append(result)
+                    runs.setdefault((ECHO, concurrency), []).append(bare)
+                    for label, payloads in ours:
+                        before = _mean_batch(server.port, "plus_one")
+                        result = await closed_loop(
+                            label, HOST, server.port, payloads, concurrency, duration
+                        )
+                        after = _mean_batch(server.port, "plus_one")
+                        runs.setdefault((label, concurrency), []).append(result)
+                        facts[f"{label} c={concurrency} mean batch"] = (after[0] - before[0]) / max(
+                            after[1] - before[1], 1
+                        )
+                        key = f"c={concurrency} {label} / starlette echo throughput"
+                        ratios.setdefault(key, []).append(result.throughput / bare.throughput)
         finally:
             server.stop()
+            echo.stop()
+    results = [_median_run(found) for found in runs.values()]
+    facts.update({key: statistics.median(found) for key, found in ratios.items()})
     baselines = [
-        ("starlette echo uvicorn", "tools.bench.baselines:starlette_echo", "uvicorn"),
         ("starlette echo hypercorn", "tools.bench.baselines:starlette_echo", "hypercorn"),
         ("fastapi +1 in-process", "tools.bench.baselines:fastapi_plus_one", "uvicorn"),
     ]
-    payloads = _json_payloads("plus_one", 16)
     for label, app, http in baselines:
         baseline = servers.asgi(label, app, http)
         try:
             for concurrency in concurrencies:
                 results.append(
-                    await closed_loop(label, HOST, baseline.port, payloads, concurrency, duration)
+                    await closed_loop(
+                        label, HOST, baseline.port, json_payloads, concurrency, duration
+                    )
                 )
         finally:
             baseline.stop()
     by_key = {(r.label, r.concurrency): r for r in results}
     for concurrency in concurrencies:
-        ours = by_key[("reposerve json", concurrency)]
         fastapi = by_key[("fastapi +1 in-process", concurrency)]
-        echo = by_key[("starlette echo uvicorn", concurrency)]
         facts[f"c={concurrency} reposerve json / fastapi throughput"] = (
-            ours.throughput / fastapi.throughput
+            by_key[("reposerve json", concurrency)].throughput / fastapi.throughput
         )
-        facts[f"c={concurrency} reposerve json / starlette echo throughput"] = (
-            ours.throughput / echo.throughput
-        )
-    return Report("overhead", results, facts)
+    slides = [
+        f"c={concurrency}: reposerve json answered {ratio:.2f}x the bare echo's requests/s, "
+        f"under the floor of {ECHO_FLOOR[concurrency]:.2f}x"
+        for concurrency in concurrencies
+        if concurrency in ECHO_FLOOR
+        and (ratio := facts[f"c={concurrency} reposerve json / starlette echo throughput"])
+        < ECHO_FLOOR[concurrency]
+    ]
+    return Report("overhead", results, facts, slides)
+
+
+def _median_run(found: list[RunResult]) -> RunResult:
+    """The run of median throughput (the lower middle of an even count)."""
+    ordered = sorted(found, key=lambda run: run.throughput)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 async def batching(duration: float, concurrency: int = 64) -> Report:
