@@ -182,15 +182,21 @@ async def overhead(
         facts[f"c={concurrency} reposerve json / fastapi throughput"] = (
             by_key[("reposerve json", concurrency)].throughput / fastapi.throughput
         )
-    slides = [
-        f"c={concurrency}: reposerve json answered {ratio:.2f}x the bare echo's requests/s, "
-        f"under the floor of {ECHO_FLOOR[concurrency]:.2f}x"
-        for concurrency in concurrencies
-        if concurrency in ECHO_FLOOR
-        and (ratio := facts[f"c={concurrency} reposerve json / starlette echo throughput"])
-        < ECHO_FLOOR[concurrency]
-    ]
-    return Report("overhead", results, facts, slides)
+    return Report("overhead", results, facts, echo_slides(facts, ECHO_FLOOR))
+
+
+def echo_slides(facts: dict[str, float], floors: dict[int, float]) -> list[str]:
+    """What fell under its floor: reposerve's JSON requests/s as a share of the bare
+    echo's, at each concurrency that has a floor and was measured."""
+    slides = []
+    for concurrency, floor in floors.items():
+        ratio = facts.get(f"c={concurrency} reposerve json / starlette echo throughput")
+        if ratio is not None and ratio < floor:
+            slides.append(
+                f"c={concurrency}: reposerve json answered {ratio:.2f}x the bare echo's "
+                f"requests/s, under the floor of {floor:.2f}x"
+            )
+    return slides
 
 
 def _median_run(found: list[RunResult]) -> RunResult:
