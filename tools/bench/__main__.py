@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import uvloop
 
+from tools.bench.compare import compare
 from tools.bench.loadgen import RunResult, closed_loop, open_loop
 from tools.bench.plot import plot
 from tools.bench.scenarios import SCENARIOS, Report
@@ -48,10 +49,15 @@ def main() -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all", "load"])
+    parser.add_argument("scenario", choices=[*SCENARIOS, "all", "load", "compare"])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
     parser.add_argument("--plot", type=Path, help="draw the results to this PNG")
     parser.add_argument("--json", type=Path, help="write the full results as JSON")
+    parser.add_argument(
+        "--base",
+        default="HEAD",
+        help="compare: the git revision this checkout is measured against (default HEAD)",
+    )
     load = parser.add_argument_group("load: drive a running server")
     load.add_argument("--url", default="127.0.0.1:8000", help="HOST:PORT of the server")
     load.add_argument("--model", help="the model to call (its metadata shapes the requests)")
@@ -66,7 +72,10 @@ def main() -> int:
     load.add_argument("--batch", type=int, default=1, help="items per request (batched models)")
     load.add_argument("--shape", type=_shape, action="append", help="NAME:D1,D2 for -1 dims")
     args = parser.parse_args()
-    if args.scenario == "load":
+    if args.scenario == "compare":
+        reports = [uvloop.run(compare(args.base, args.duration))]
+        print(reports[0].text())
+    elif args.scenario == "load":
         if not args.model:
             parser.error("load needs --model")
         reports = [uvloop.run(_load(args))]

@@ -108,6 +108,13 @@ def _mean_batch(port: int, model: str) -> tuple[int, int]:
 # lost fifth does not. Raise them as overhead is won back.
 ECHO_FLOOR = {1: 0.29, 8: 0.36, 32: 0.44}
 ECHO = "starlette echo uvicorn"
+# The overhead workload's model: +1 on FP32[16], dynamically batched.
+PLUS_ONE_CONFIG = _vector_config(16, 64, batching=True)
+PLUS_ONE = """
+    class Model:
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"] + 1}
+"""
 
 
 async def overhead(
@@ -128,11 +135,7 @@ async def overhead(
     )
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        _model(root, "plus_one", _vector_config(16, 64, batching=True), """
-            class Model:
-                def execute(self, inputs):
-                    return {"OUTPUT": inputs["INPUT"] + 1}
-        """)  # fmt: skip
+        _model(root, "plus_one", PLUS_ONE_CONFIG, PLUS_ONE)
         server = servers.reposerve(root)
         echo = servers.asgi(ECHO, "tools.bench.baselines:starlette_echo", "uvicorn")
         try:
@@ -159,7 +162,7 @@ async def overhead(
         finally:
             server.stop()
             echo.stop()
-    results = [_median_run(found) for found in runs.values()]
+    results = [median_run(found) for found in runs.values()]
     facts.update({key: statistics.median(found) for key, found in ratios.items()})
     baselines = [
         ("starlette echo hypercorn", "tools.bench.baselines:starlette_echo", "hypercorn"),
@@ -199,7 +202,7 @@ def echo_slides(facts: dict[str, float], floors: dict[int, float]) -> list[str]:
     return slides
 
 
-def _median_run(found: list[RunResult]) -> RunResult:
+def median_run(found: list[RunResult]) -> RunResult:
     """The run of median throughput (the lower middle of an even count)."""
     ordered = sorted(found, key=lambda run: run.throughput)
     return ordered[(len(ordered) - 1) // 2]

@@ -32,14 +32,20 @@ class Launched:
         port: int,
         ready_path: str | None,
         log_path: Path | None = None,
+        tree: Path = ROOT,
     ) -> None:
+        """``tree``: the checkout whose code it runs (another revision's worktree)."""
         self.label = label
         self.port = port
         # A long run logs more than a pipe holds: with a log file nothing blocks on it.
         self._log = open(log_path, "wb") if log_path else subprocess.PIPE  # noqa: SIM115
         started = time.perf_counter()
         self.process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._log
+            command,
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree)},
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
         )
         while not self._ready(ready_path):
             if self.process.poll() is not None:
