@@ -418,8 +418,14 @@ class Scheduler:
             if item.batch is batch:
                 item.batch = None
         self._check_idle()
-        if self._queued or self._reruns:
-            self._wake()
+        if not (self._queued or self._reruns):
+            return
+        if isinstance(outcome, BatchFailure):
+            self._wake()  # once its instance's fate (a restart, a removal) is known
+        else:
+            # At once, not after the answered requests' tasks have encoded and sent their
+            # responses: the instance runs the next batch meanwhile.
+            self._dispatch()
 
     def _succeeded(self, batch: Batch, outcome: BatchOutcome) -> None:
         now = self._clock.now()

@@ -302,3 +302,26 @@ def test_a_batch_handed_back_unstarted_runs_next_and_fails_nobody():
         assert scheduler.pending == 0
 
     run(body)
+
+
+def test_the_next_batch_is_sent_before_the_answered_requests_read_their_outputs():
+    """The instance runs the next batch while the front encodes the last one's answers:
+    it is sent from the answer itself, not a turn of the loop later, behind every
+    answered request's task."""
+
+    async def body():
+        scheduler, (instance,), _ = scenario("max_queue_delay_microseconds = 0")
+        first = scheduler.submit(make_request([[1, 1]]))
+        await turn()
+        waiting = scheduler.submit(make_request([[2, 2]]))
+        await turn()
+        assert len(instance.batches) == 1
+        instance.finish()
+        # no turn of the loop yet: sent from within the answer
+        assert [batch.tolist() for batch in instance.batches] == [[[1, 1]], [[2, 2]]]
+        await turn()
+        instance.finish()
+        await turn()
+        assert lease_value(first).tolist() == [[1, 1]] and lease_value(waiting).tolist() == [[2, 2]]
+
+    run(body)
