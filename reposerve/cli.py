@@ -10,6 +10,7 @@ from pathlib import Path
 
 from reposerve.access import API_CATEGORIES
 from reposerve.errors import ConfigError
+from reposerve.fronts import default_workers, usable_cores
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
 from reposerve.repository.roots import all_model_names, find_root
 from reposerve.repository.scan import read_model
@@ -244,6 +245,15 @@ def serve_parser() -> argparse.ArgumentParser:
         help="serve Triton's gRPC protocol (GRPCInferenceService and grpc.health.v1; true)",
     )
     add("--grpc-port", type=int, default=8001, metavar="PORT", help="gRPC port (8001)")
+    for protocol in ("http", "grpc"):
+        add(
+            f"--{protocol}-workers",
+            type=_positive_int,
+            metavar="N",
+            help=f"{protocol.upper().replace('GRPC', 'gRPC')} front processes on the one port, "
+            "this one included, all feeding the same schedulers (default: 1 below 4 usable "
+            "cores, then one per two cores, at most 8)",
+        )
     add(
         "--grpc-address",
         default=None,
@@ -434,6 +444,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ssl_keyfile=args.ssl_keyfile,
         restricted=args.http_restricted_api,
         grpc_port=args.grpc_port if args.allow_grpc else None,
+        http_workers=args.http_workers or default_workers(usable_cores()),
+        grpc_workers=args.grpc_workers or default_workers(usable_cores()),
         grpc_address=args.grpc_address,
         grpc_use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
         grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Annotated, Literal, TextIO, get_args
 
@@ -20,6 +21,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from reposerve.errors import ProtocolError
+from reposerve.settings import Settings
 
 LogFormat = Literal["default", "ISO8601", "json"]
 
@@ -170,3 +172,20 @@ def _formatter(style: LogFormat) -> logging.Formatter:
     if style == "ISO8601":
         return _IsoFormatter()
     return _TextFormatter(_TEXT)
+
+
+def start_logging(settings: Settings) -> LogControl:
+    """Route this process's output (and its instances') as the --log-* flags say."""
+    if settings.log_file:
+        redirect_output(settings.log_file)
+    return LogControl(
+        LogSettings(
+            log_file=settings.log_file,
+            log_info=settings.log_info,
+            log_warning=settings.log_warning,
+            log_error=settings.log_error,
+            log_verbose_level=settings.log_verbose,
+            log_format=settings.log_format,  # type: ignore[arg-type]  # checked by the CLI
+        ),
+        sys.stderr,
+    )

@@ -20,16 +20,18 @@ import contextlib
 import gc
 import logging
 import signal
-import sys
+import socket
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import uvloop
 
+from reposerve.fronts import default_workers, usable_cores
+from reposerve.fronts.workers import FrontWorkers
 from reposerve.http.metrics import MetricsServer
-from reposerve.http.server import SEND_MARGIN_S, serve_http
-from reposerve.logs import LogControl, LogSettings, redirect_output
+from reposerve.http.server import SEND_MARGIN_S, listening_socket, serve_http
+from reposerve.logs import LogControl, start_logging
 from reposerve.repository import Repository
 from reposerve.repository.watch import RepositoryWatcher, snapshot
 from reposerve.service import InferenceService
@@ -48,8 +50,16 @@ class Server:
     start-up; the first call fixes the deadline and later calls share its task.
     """
 
-    def __init__(self, settings: Settings, logs: LogControl | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        logs: LogControl | None = None,
+        http_socket: socket.socket | None = None,
+    ) -> None:
+        """``http_socket``: the HTTP port's listening socket, when front processes share
+        it (--http-workers above 1)."""
         self.settings = settings
+        self.signals = (signal.SIGINT, signal.SIGTERM)
         repository = Repository(
             [root.resolve() for root in settings.model_repositories],
             load_timeout=settings.load_timeout_secs,
@@ -75,6 +85,7 @@ class Server:
         self._graceless = asyncio.Event()  # a second signal: no more waiting
         self._metrics: MetricsServer | None = None
         self._grpc: GrpcFront | None = None
+        self.fronts = FrontWorkers(self.service, settings, http_socket)
 
     # -- the fronts beside HTTP, and the models ------------------------------------------
 
@@ -83,7 +94,11 @@ class Server:
         settings = self.settings
         if settings.metrics_port is not None:
             self._metrics = MetricsServer(
-                self.service, settings.http_host, settings.metrics_port, settings.metrics
+                self.service,
+                settings.http_host,
+                settings.metrics_port,
+                settings.metrics,
+                self.fronts.families,
             )
             await self._metrics.start()
         if settings.grpc_port is not None:
@@ -92,6 +107,7 @@ class Server:
             grpc_front = GrpcFront(self.service, settings)
             await grpc_front.start()  # same event loop: no second process, no thread hop
             self._grpc = grpc_front
+        await self.fronts.start(None if self._grpc is None else self._grpc.port)
         if self._shutdown is None:  # a signal during start-up may have come first
             self._loading = asyncio.get_running_loop().create_task(self._start())
 
@@ -102,6 +118,8 @@ class Server:
             # Refuse new RPCs; running ones finish or get their error within the budget.
             await self._grpc.stop(self.settings.exit_timeout_secs + SEND_MARGIN_S)
         await stopping
+        # The fronts' last answers were given by the shutdown: they exit as they send them.
+        await self.fronts.wait(SEND_MARGIN_S)
         if self._metrics is not None:
             await self._metrics.close()
 
@@ -122,6 +140,7 @@ class Server:
     def begin_shutdown(self) -> asyncio.Task:
         if self._shutdown is None:
             deadline = time.monotonic() + self.settings.exit_timeout_secs
+            self.fronts.leave()  # they stop accepting, as this process's fronts do
             self._shutdown = asyncio.get_running_loop().create_task(self._stop(deadline))
         return self._shutdown
 
@@ -142,7 +161,7 @@ class Server:
         """Serve without an HTTP front: the loop is this server's until a signal."""
         signalled = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in self.signals:
             loop.add_signal_handler(signum, signalled.set)
         self.stop_serving = signalled.set
         try:
@@ -198,6 +217,7 @@ class Server:
             ", ".join(map(str, settings.model_repositories)),
             " and ".join(front_addresses(settings)),
         )
+        log.info("%s", fronts_line(settings))
         if polling:
             await RepositoryWatcher(service.repository, settings.repository_poll_secs).run(baseline)
 
@@ -216,20 +236,19 @@ def front_addresses(settings: Settings) -> list[str]:
     return addresses
 
 
-def start_logging(settings: Settings) -> LogControl:
-    """Route this process's output (and its instances') as the --log-* flags say."""
-    if settings.log_file:
-        redirect_output(settings.log_file)
-    return LogControl(
-        LogSettings(
-            log_file=settings.log_file,
-            log_info=settings.log_info,
-            log_warning=settings.log_warning,
-            log_error=settings.log_error,
-            log_verbose_level=settings.log_verbose,
-            log_format=settings.log_format,  # type: ignore[arg-type]  # checked by the CLI
-        ),
-        sys.stderr,
+def fronts_line(settings: Settings) -> str:
+    """How many processes serve each protocol, and where that number came from."""
+    counts = [
+        f"{protocol} {workers} process{'es' if workers > 1 else ''}"
+        for protocol, workers, port in (
+            ("HTTP", settings.http_workers, settings.http_port),
+            ("gRPC", settings.grpc_workers, settings.grpc_port),
+        )
+        if port is not None
+    ]
+    return (
+        f"fronts: {', '.join(counts)} (--http-workers, --grpc-workers; the default is "
+        f"{default_workers(usable_cores())} for {usable_cores()} usable cores)"
     )
 
 
@@ -261,9 +280,13 @@ def startup_table(service: InferenceService) -> str:
 
 def serve(settings: Settings) -> int:
     """Serve until a signal (exit status 0) or a failed start-up (1)."""
-    server = Server(settings, start_logging(settings))
+    logs = start_logging(settings)
+    sock = None
+    if settings.http_port is not None and settings.http_workers > 1:
+        sock = listening_socket(settings)  # before any front starts: one port for all
+    server = Server(settings, logs, sock)
     if settings.http_port is None:
         uvloop.run(server.run())
     else:
-        serve_http(server, settings)
+        serve_http(server, settings, sock)
     return server.exit_code

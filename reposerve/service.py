@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -21,7 +22,7 @@ from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import ConfigError, ErrorKind, ProtocolError, ReposerveError, RepositoryError
 from reposerve.instance.messages import CallFailure, CallResult, ModelControl
 from reposerve.logs import LogControl, LogSettings, LogUpdate
-from reposerve.metrics import MetricsOptions, VersionMetrics, render
+from reposerve.metrics import CustomFamily, MetricsOptions, VersionMetrics, render
 from reposerve.operations import (
     IndexEntry,
     IndexRequest,
@@ -114,15 +115,19 @@ class InferenceService:
 
     # -- metadata ------------------------------------------------------------------------
 
-    def server_metadata(self) -> ServerMetadata:
+    async def server_ready(self) -> bool:
+        """``ready`` for a front (which may ask from another process)."""
+        return self.ready()
+
+    async def server_metadata(self) -> ServerMetadata:
         return documents.server_metadata(self.server_name)
 
     # -- logging (Triton's logging extension) ----------------------------------------------
 
-    def log_settings(self) -> LogSettings:
+    async def log_settings(self) -> LogSettings:
         return self._log_control().settings
 
-    def update_log_settings(self, update: LogUpdate) -> LogSettings:
+    async def update_log_settings(self, update: LogUpdate) -> LogSettings:
         return self._log_control().update(update)
 
     def _log_control(self) -> LogControl:
@@ -130,12 +135,12 @@ class InferenceService:
             raise RepositoryError("log settings: this server does not manage its logging")
         return self._logs
 
-    def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
+    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
         model = self.repository.get(name, version)
         ready = [v.version for v in self.repository.versions(name) if v.state is ModelState.READY]
         return documents.model_metadata(name, ready, model.backend, model.config)
 
-    def model_config(self, name: str, version: str | None) -> ModelConfigDocument:
+    async def model_config(self, name: str, version: str | None) -> ModelConfigDocument:
         model = self.repository.get(name, version)
         return documents.config_document(name, model.backend, model.config)
 
@@ -146,7 +151,7 @@ class InferenceService:
             return False
         return await model.check_ready()
 
-    def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics:
+    async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics:
         if name is None:
             versions = self.repository.loaded()
         elif version:
@@ -155,8 +160,14 @@ class InferenceService:
             versions = self.repository.versions(name)
         return ModelStatistics([v.statistics.snapshot() for v in versions])
 
-    def metrics(self, options: MetricsOptions, usage: Usage | None = None) -> bytes:
-        """The Prometheus exposition; ``usage`` is the last CPU/GPU sample, if any."""
+    def metrics(
+        self,
+        options: MetricsOptions,
+        usage: Usage | None = None,
+        server: Iterable[CustomFamily] = (),
+    ) -> bytes:
+        """The Prometheus exposition; ``usage`` is the last CPU/GPU sample, if any;
+        ``server``: the server's own families beside the models' (its fronts')."""
         return render(
             (
                 VersionMetrics(
@@ -171,11 +182,14 @@ class InferenceService:
             ),
             options,
             usage,
-            (
-                family
-                for version in self.repository.loaded()
-                for instance in version.instances
-                for family in instance.custom_metrics.families()
+            itertools.chain(
+                server,
+                (
+                    family
+                    for version in self.repository.loaded()
+                    for instance in version.instances
+                    for family in instance.custom_metrics.families()
+                ),
             ),
         )
 
@@ -203,13 +217,13 @@ class InferenceService:
         model = self.repository.get(name, version)
         return await self._run(model, decode_parts(header, raws, model.config, name))
 
-    def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
+    async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
         """Triton's generate extension (``reposerve.protocol.generate``): the request is
         decoded now (its errors raise here); the answers come as they are made."""
         model = self.repository.get(name, version)
         return self._responses(model, decode_generate(body, model.config, name))
 
-    def stream_parts(
+    async def stream_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
     ) -> AsyncIterator[Answer]:
         """``infer_parts`` for a streaming call: any model; a decoupled model's answers
@@ -248,7 +262,7 @@ class InferenceService:
 
     # -- repository control --------------------------------------------------------------
 
-    def repository_index(self, request: IndexRequest) -> list[IndexEntry]:
+    async def repository_index(self, request: IndexRequest) -> list[IndexEntry]:
         return self.repository.index(ready_only=request.ready)
 
     async def load_model(self, request: LoadRequest) -> None:
@@ -347,6 +361,13 @@ async def encoded(
             yield message
 
 
+class Releasable(Protocol):
+    """What keeps an answer's outputs valid until released: a scheduler's ``Lease``, or a
+    front process's claim on the slot its answer was copied into."""
+
+    def release(self) -> None: ...
+
+
 class Answer:
     """One response to a request, as it asked: ``outputs`` as (output, tensor, binary) in
     response order, views on the batch's shared memory until ``release`` (or the end of
@@ -363,7 +384,7 @@ class Answer:
         final: bool,
         version: str,
         request_id: str | None,
-        lease: Lease,
+        lease: Releasable,
     ) -> None:
         self.outputs = outputs
         self.parameters = parameters
@@ -414,3 +435,46 @@ def _answer(
         lease.release()
         raise
     return Answer(chosen, lease.parameters, final, model.version_text, request.id, lease)
+
+
+class FrontService(Protocol):
+    """What a front calls: ``InferenceService`` in the server's own process, or
+    ``reposerve.fronts.remote.RemoteService`` in a front worker's."""
+
+    async def server_ready(self) -> bool: ...
+
+    async def server_metadata(self) -> ServerMetadata: ...
+
+    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata: ...
+
+    async def model_config(self, name: str, version: str | None) -> ModelConfigDocument: ...
+
+    async def model_ready(self, name: str, version: str | None) -> bool: ...
+
+    async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics: ...
+
+    async def repository_index(self, request: IndexRequest) -> list[IndexEntry]: ...
+
+    async def load_model(self, request: LoadRequest) -> None: ...
+
+    async def unload_model(self, request: UnloadRequest) -> None: ...
+
+    async def log_settings(self) -> LogSettings: ...
+
+    async def update_log_settings(self, update: LogUpdate) -> LogSettings: ...
+
+    async def infer(
+        self, name: str, version: str | None, body: bytes, header_length: int | None
+    ) -> Answer: ...
+
+    async def infer_parts(
+        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+    ) -> Answer: ...
+
+    async def generate(
+        self, name: str, version: str | None, body: bytes
+    ) -> AsyncIterator[Answer]: ...
+
+    async def stream_parts(
+        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+    ) -> AsyncIterator[Answer]: ...

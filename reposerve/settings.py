@@ -40,6 +40,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     restricted: list[RestrictedApi] = []
     # The gRPC front (reposerve.grpc): None turns it off (--allow-grpc false).
     grpc_port: int | None = 8001
+    # Front processes per protocol, the server's own included (reposerve.fronts.workers).
+    http_workers: int = 1
+    grpc_workers: int = 1
     grpc_address: str | None = None  # None: --http-host's
     grpc_use_ssl: bool = False
     grpc_use_ssl_mutual: bool = False  # clients must present a certificate --grpc-root-cert signed

@@ -1,7 +1,7 @@
 """The service's operations other than inference, as Triton's unary gRPC calls.
 
 Each call turns its request message into the operation's arguments (the Structs of
-``reposerve.operations``), calls ``InferenceService`` and builds its response message
+``reposerve.operations``), calls ``FrontService`` and builds its response message
 from the result field by field (``build``): no JSON between them, and a load's files stay
 the bytes that came (``bytes_param``). The model config is the one result that is a
 document, Triton's model-config JSON, which is its message's JSON mapping.
@@ -19,7 +19,7 @@ from reposerve.grpc import schema
 from reposerve.grpc.infer import parameter_value
 from reposerve.operations import IndexRequest
 from reposerve.protocol.repository import load_request, unload_request
-from reposerve.service import InferenceService
+from reposerve.service import FrontService
 
 
 def response(method: str, **fields: Any) -> Any:
@@ -73,7 +73,7 @@ def _file_content(value: object, where: str) -> bytes:
 class Operations:
     """One coroutine per call: (request message) -> response message."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: FrontService) -> None:
         self.service = service
 
     async def ModelReady(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
@@ -81,13 +81,15 @@ class Operations:
         return response("ModelReady", ready=ready)
 
     async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
-        return build("ServerMetadata", self.service.server_metadata())
+        return build("ServerMetadata", await self.service.server_metadata())
 
     async def ModelMetadata(self, request: Any) -> Any:  # noqa: N802
-        return build("ModelMetadata", self.service.model_metadata(request.name, _version(request)))
+        return build(
+            "ModelMetadata", await self.service.model_metadata(request.name, _version(request))
+        )
 
     async def ModelConfig(self, request: Any) -> Any:  # noqa: N802
-        document = self.service.model_config(request.name, _version(request))
+        document = await self.service.model_config(request.name, _version(request))
         message = response("ModelConfig")
         # Fields of Triton's that this server's ModelConfig message does not declare
         # (batch_input, ...) are dropped, as its clients would drop them.
@@ -95,11 +97,11 @@ class Operations:
         return message
 
     async def ModelStatistics(self, request: Any) -> Any:  # noqa: N802
-        statistics = self.service.model_statistics(request.name or None, _version(request))
+        statistics = await self.service.model_statistics(request.name or None, _version(request))
         return build("ModelStatistics", statistics)
 
     async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
-        entries = self.service.repository_index(IndexRequest(ready=request.ready))
+        entries = await self.service.repository_index(IndexRequest(ready=request.ready))
         message = response("RepositoryIndex")
         for entry in entries:
             _fill(message.models.add(), entry)

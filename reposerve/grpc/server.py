@@ -1,7 +1,7 @@
 """The gRPC front: ``inference.GRPCInferenceService`` (unary RPCs) and ``grpc.health.v1``
 on a ``grpc.aio`` server that shares the HTTP front's event loop.
 
-Each handler decodes its request message, calls ``InferenceService`` (the operations the
+Each handler decodes its request message, calls ``FrontService`` (the operations the
 HTTP front calls) and encodes the answer (``reposerve.grpc.operations``, ``.infer``); errors
 become the gRPC status codes Triton returns. Handlers are registered generically with the
 run-time message classes of ``reposerve.grpc.schema``: no generated stubs.
@@ -26,7 +26,7 @@ from reposerve.grpc.decoding import Reclaimer, Undecodable, deserializer, status
 from reposerve.grpc.infer import request_parts, response_encoder
 from reposerve.grpc.operations import Operations, response
 from reposerve.grpc.stream import serve_stream
-from reposerve.service import InferenceService
+from reposerve.service import FrontService
 from reposerve.settings import Settings
 
 log = logging.getLogger("reposerve.grpc")
@@ -64,7 +64,7 @@ class Handlers(Operations):
         return response("ServerLive", live=True)
 
     async def ServerReady(self, request: Any) -> Any:  # noqa: N802
-        return response("ServerReady", ready=self.service.ready())
+        return response("ServerReady", ready=await self.service.server_ready())
 
     async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
         header, raws = request_parts(request)
@@ -80,7 +80,7 @@ class Handlers(Operations):
         """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever
         ``service`` names: the probe asks about the whole server."""
         health = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
-        return health(status=1 if self.service.ready() else 2)  # SERVING / NOT_SERVING
+        return health(status=1 if await self.service.server_ready() else 2)  # SERVING / NOT_SERVING
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
@@ -152,7 +152,7 @@ def _unary(
 
 
 def _streaming(
-    service: InferenceService, policy: Policy, reclaimer: Reclaimer | None
+    service: FrontService, policy: Policy, reclaimer: Reclaimer | None
 ) -> grpc.RpcMethodHandler:
     _, request, _, category = schema.STREAM_METHOD
     checked = policy.guards(category)
@@ -178,7 +178,7 @@ def _streaming(
 
 
 def generic_handlers(
-    service: InferenceService, policy: Policy, reclaimer: Reclaimer | None = None
+    service: FrontService, policy: Policy, reclaimer: Reclaimer | None = None
 ) -> list[grpc.GenericRpcHandler]:
     handlers = Handlers(service)
     inference = {
@@ -211,10 +211,11 @@ def generic_handlers(
 class GrpcFront:
     """The gRPC server's start and stop, called from the HTTP server's lifespan."""
 
-    def __init__(self, service: InferenceService, settings: Settings) -> None:
+    def __init__(self, service: FrontService, settings: Settings) -> None:
         self._service = service
         self._settings = settings
         self._server: grpc.aio.Server | None = None
+        self.port = settings.grpc_port  # the one bound, once started (--grpc-port 0)
 
     @property
     def address(self) -> str:
@@ -254,6 +255,7 @@ class GrpcFront:
             )
         await server.start()
         self._server = server
+        self.port = port
         scheme = "grpcs" if settings.grpc_use_ssl else "grpc"
         host = self.address.rpartition(":")[0]
         log.info("gRPC front listening on %s://%s:%d", scheme, host, port)  # port 0: the one got

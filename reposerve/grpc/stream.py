@@ -32,7 +32,7 @@ from reposerve.grpc.infer import (
     wants_empty_final,
 )
 from reposerve.grpc.outbox import Outbox
-from reposerve.service import InferenceService, encoded
+from reposerve.service import FrontService, encoded
 
 log = logging.getLogger("reposerve.grpc")
 
@@ -41,7 +41,7 @@ OUTBOX_SIZE = 16
 
 
 async def serve_stream(
-    service: InferenceService,
+    service: FrontService,
     requests: AsyncIterator[Any],
     write: Callable[[Any], Awaitable[None]],
     end_on_error: bool = False,
@@ -64,7 +64,7 @@ async def serve_stream(
             empty_final = wants_empty_final(request)
             header, raws = request_parts(request)
             responses = encoded(
-                service.stream_parts(
+                await service.stream_parts(
                     request.model_name, request.model_version or None, header, raws
                 ),
                 stream_encoder(stream_class, request),

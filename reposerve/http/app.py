@@ -1,6 +1,6 @@
 """The Starlette app: the whole HTTP surface as one route list, and thin handlers.
 
-Handlers read the path and body, call ``InferenceService`` and shape the reply: request
+Handlers read the path and body, call ``FrontService`` and shape the reply: request
 bodies are decoded into the service's arguments (``reposerve.operations``) and its results
 encoded as V2 JSON. The only HTTP knowledge in reposerve lives in this package.
 """
@@ -31,7 +31,7 @@ from reposerve.protocol.repository import (
     decode_load_request,
     decode_unload_request,
 )
-from reposerve.service import InferenceService
+from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.http")
 
@@ -49,7 +49,7 @@ def _version(request: Request) -> str | None:
 
 
 class Handlers:
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: FrontService) -> None:
         self.service = service
 
     # Health answers carry the Open Inference Protocol's bodies (KServe's clients read
@@ -58,15 +58,17 @@ class Handlers:
         return _json(b'{"live":true}')
 
     async def ready(self, request: Request) -> Response:
-        if self.service.ready():
+        if await self.service.server_ready():
             return _json(b'{"ready":true}')
         return _json(b'{"ready":false}', 503)
 
     async def server_metadata(self, request: Request) -> Response:
-        return _json(encode(self.service.server_metadata()))
+        return _json(encode(await self.service.server_metadata()))
 
     async def model_metadata(self, request: Request) -> Response:
-        metadata = self.service.model_metadata(request.path_params["model"], _version(request))
+        metadata = await self.service.model_metadata(
+            request.path_params["model"], _version(request)
+        )
         return _json(encode(metadata))
 
     async def model_ready(self, request: Request) -> Response:
@@ -75,16 +77,16 @@ class Handlers:
         return _json(encode({"name": name, "ready": ready}), 200 if ready else 400)
 
     async def model_config(self, request: Request) -> Response:
-        document = self.service.model_config(request.path_params["model"], _version(request))
+        document = await self.service.model_config(request.path_params["model"], _version(request))
         return _json(encode(document.config))  # the config itself, unwrapped (Triton's)
 
     async def model_statistics(self, request: Request) -> Response:
         name = request.path_params.get("model")
-        return _json(encode(self.service.model_statistics(name, _version(request))))
+        return _json(encode(await self.service.model_statistics(name, _version(request))))
 
     async def repository_index(self, request: Request) -> Response:
         query = decode_index_request(await request.body())
-        return _json(encode(self.service.repository_index(query)))
+        return _json(encode(await self.service.repository_index(query)))
 
     async def load(self, request: Request) -> Response:
         name, body = request.path_params["model"], await request.body()
@@ -98,11 +100,11 @@ class Handlers:
         return _json(b"{}")
 
     async def log_settings(self, request: Request) -> Response:
-        return _json(encode(self.service.log_settings()))
+        return _json(encode(await self.service.log_settings()))
 
     async def update_log_settings(self, request: Request) -> Response:
         update = decode_log_update(await request.body())
-        return _json(encode(self.service.update_log_settings(update)))
+        return _json(encode(await self.service.update_log_settings(update)))
 
 
 def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
@@ -216,7 +218,7 @@ Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
 
 
 def create_app(
-    service: InferenceService,
+    service: FrontService,
     policy: AccessPolicy,
     max_body: int,
     lifespan: Lifespan | None = None,

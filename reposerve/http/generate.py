@@ -26,7 +26,7 @@ from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import RETRY_AFTER, STATUS, error_body
 from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
 from reposerve.protocol.generate import encode_generate
-from reposerve.service import Answer, InferenceService, encoded
+from reposerve.service import Answer, FrontService, encoded
 
 log = logging.getLogger("reposerve.http")
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class GenerateEndpoint(InferEndpoint):
 
     def __init__(
         self,
-        service: InferenceService,
+        service: FrontService,
         policy: AccessPolicy,
         max_body: int,
         stream: bool,
@@ -57,7 +57,7 @@ class GenerateEndpoint(InferEndpoint):
             parameters = scope["path_params"]
             model = parameters["model"]
             responses = _documents(
-                self._service.generate(model, parameters.get("version"), body), model
+                await self._service.generate(model, parameters.get("version"), body), model
             )
             watching = asyncio.ensure_future(_wait_for_disconnect(receive))
             async with contextlib.aclosing(responses):

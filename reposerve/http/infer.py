@@ -26,7 +26,7 @@ from reposerve.http.encoding import (
 )
 from reposerve.http.errors import RETRY_AFTER, STATUS, HttpError, error_body
 from reposerve.protocol.response import encode_response
-from reposerve.service import InferenceService
+from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.http")
 
@@ -38,7 +38,7 @@ _COMPRESS_IN_THREAD = 256 * 1024
 
 
 class InferEndpoint:
-    def __init__(self, service: InferenceService, policy: AccessPolicy, max_body: int) -> None:
+    def __init__(self, service: FrontService, policy: AccessPolicy, max_body: int) -> None:
         self._service = service
         self._policy = policy
         self._max_body = max_body

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Iterable
 
 from reposerve.http.errors import error_body
-from reposerve.metrics import CONTENT_TYPE, MetricsOptions
+from reposerve.metrics import CONTENT_TYPE, CustomFamily, MetricsOptions
 from reposerve.service import InferenceService
 from reposerve.utilization import UsageSampler
 
@@ -25,9 +26,16 @@ _READ_TIMEOUT_S = 10.0
 
 class MetricsServer:
     def __init__(
-        self, service: InferenceService, host: str, port: int, options: MetricsOptions
+        self,
+        service: InferenceService,
+        host: str,
+        port: int,
+        options: MetricsOptions,
+        server: Callable[[], Iterable[CustomFamily]] = tuple,
     ) -> None:
+        """``server``: the server's own metric families now (its fronts')."""
         self._service = service
+        self._server_families = server
         self._host = options.address or host
         self._port = port
         self._options = options
@@ -61,7 +69,7 @@ class MetricsServer:
         path = rest.split(b" ", 1)[0].split(b"?", 1)[0]
         if method == b"GET" and path == b"/metrics":
             usage = self._sampler.latest if self._sampler is not None else None
-            body = self._service.metrics(self._options, usage)
+            body = self._service.metrics(self._options, usage, self._server_families())
             status, media = b"200 OK", CONTENT_TYPE.encode()
         else:
             asked = f"{method.decode(errors='replace')} {path.decode(errors='replace')}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Protocol
@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from reposerve.http.access import AccessPolicy
 from reposerve.http.app import App, create_app
 from reposerve.http.connections import app_body_timeout, apply_hypercorn_limits, uvicorn_protocol
-from reposerve.service import InferenceService
+from reposerve.service import FrontService
 from reposerve.settings import Settings
 
 # The HTTP server waits this much longer than the shutdown budget for the last answers
@@ -30,8 +30,9 @@ SEND_MARGIN_S = 5.0
 class Host(Protocol):
     """What the HTTP front needs of the server it is attached to (``reposerve.server``)."""
 
-    service: InferenceService
+    service: FrontService
     stop_serving: Callable[[], None]
+    signals: tuple[int, ...]  # the signals that make it leave
 
     async def open(self) -> None: ...
 
@@ -63,8 +64,9 @@ def build(host: Host, settings: Settings) -> App:
     )
 
 
-def serve_http(host: Host, settings: Settings) -> None:
-    """Serve until a signal or a failed start-up ends ``host``."""
+def serve_http(host: Host, settings: Settings, sock: socket.socket | None = None) -> None:
+    """Serve until a signal or a failed start-up ends ``host``; on ``sock`` (a listening
+    socket shared with other fronts) when given, else on --http-host/--http-port."""
     app = build(host, settings)
     server = settings.http_server
     if server == "auto":
@@ -74,12 +76,22 @@ def serve_http(host: Host, settings: Settings) -> None:
             raise SystemExit(
                 "reposerve: uvicorn has no HTTP/2; use --http-server hypercorn or auto"
             )
-        _serve_uvicorn(app, host, settings)
+        _serve_uvicorn(app, host, settings, sock)
     else:
-        _serve_hypercorn(app, host, settings)
+        _serve_hypercorn(app, host, settings, sock)
 
 
-def _serve_uvicorn(app: App, host: Host, settings: Settings) -> None:
+def listening_socket(settings: Settings) -> socket.socket:
+    """The HTTP port's socket, bound and listening, for fronts to share."""
+    import uvicorn
+
+    assert settings.http_port is not None
+    sock = uvicorn.Config(None, host=settings.http_host, port=settings.http_port).bind_socket()
+    sock.listen(2048)
+    return sock
+
+
+def _serve_uvicorn(app: App, host: Host, settings: Settings, sock: socket.socket | None) -> None:
     import uvicorn
 
     class _GracefulServer(uvicorn.Server):
@@ -104,12 +116,12 @@ def _serve_uvicorn(app: App, host: Host, settings: Settings) -> None:
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in host.signals:
                 loop.add_signal_handler(signum, self.handle_exit, signum, None)
             try:
                 yield
             finally:
-                for signum in (signal.SIGINT, signal.SIGTERM):
+                for signum in host.signals:
                     loop.remove_signal_handler(signum)
 
     config = uvicorn.Config(
@@ -134,16 +146,18 @@ def _serve_uvicorn(app: App, host: Host, settings: Settings) -> None:
         server.should_exit = True
 
     host.stop_serving = stop_server
-    server.run()
+    server.run(sockets=None if sock is None else [sock])
 
 
-def _serve_hypercorn(app: App, host: Host, settings: Settings) -> None:
+def _serve_hypercorn(app: App, host: Host, settings: Settings, sock: socket.socket | None) -> None:
     import uvloop
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
     config = Config()
-    config.bind = [f"{settings.http_host}:{settings.http_port}"]
+    config.bind = [
+        f"{settings.http_host}:{settings.http_port}" if sock is None else f"fd://{sock.fileno()}"
+    ]
     config.accesslog = None
     apply_hypercorn_limits(config, settings)
     config.graceful_timeout = settings.exit_timeout_secs + SEND_MARGIN_S
@@ -155,7 +169,7 @@ def _serve_hypercorn(app: App, host: Host, settings: Settings) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in host.signals:
             loop.add_signal_handler(signum, stop.set)
         host.stop_serving = stop.set
 

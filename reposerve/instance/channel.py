@@ -19,6 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from reposerve.framing import FrameReader
 from reposerve.instance.messages import (
     AddSlot,
     CallFailure,
@@ -27,7 +28,6 @@ from reposerve.instance.messages import (
     Cancel,
     DropSlot,
     Execute,
-    FrameReader,
     FromInstance,
     ReadyQuery,
     Resume,

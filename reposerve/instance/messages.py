@@ -8,10 +8,9 @@ ancillary data alongside its first byte.
 
 from __future__ import annotations
 
-import struct
-
 import msgspec
 
+from reposerve import framing
 from reposerve.backends.base import (
     MetricFamilyGone,
     MetricState,
@@ -20,8 +19,6 @@ from reposerve.backends.base import (
     RequestSlice,
 )
 from reposerve.errors import ErrorKind
-
-FRAME_HEADER = struct.Struct("<I")
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -276,34 +273,6 @@ FromInstance = (
     | ModelLog
 )
 
-_encoder = msgspec.msgpack.Encoder()
-
 
 def encode_frame(message: ToInstance | FromInstance) -> bytes:
-    payload = _encoder.encode(message)
-    return FRAME_HEADER.pack(len(payload)) + payload
-
-
-class FrameReader:
-    """Splits a byte stream into decoded messages; fed whatever the socket returned."""
-
-    def __init__(self, message_type: object) -> None:
-        self._decoder = msgspec.msgpack.Decoder(message_type)
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list:
-        buffer = self._buffer
-        buffer += data
-        messages = []
-        start = 0
-        header_size = FRAME_HEADER.size
-        while len(buffer) - start >= header_size:
-            (length,) = FRAME_HEADER.unpack_from(buffer, start)
-            end = start + header_size + length
-            if end > len(buffer):
-                break
-            messages.append(self._decoder.decode(memoryview(buffer)[start + header_size : end]))
-            start = end
-        if start:
-            del buffer[:start]
-        return messages
+    return framing.encode(message)

@@ -25,6 +25,7 @@ import msgspec
 from reposerve.backends.base import MetricFamilyGone, MetricState, ModelLog, RequestSlice
 from reposerve.config import ModelConfig
 from reposerve.errors import ErrorKind, InstanceError
+from reposerve.framing import FrameReader
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.books import Batch, Books
 from reposerve.instance.call_slots import CallSlots
@@ -41,7 +42,6 @@ from reposerve.instance.messages import (
     Cancel,
     Execute,
     Failure,
-    FrameReader,
     FromInstance,
     Load,
     LoadFailed,

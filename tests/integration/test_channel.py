@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from reposerve.framing import FrameReader
 from reposerve.instance.arena import Slot
 from reposerve.instance.channel import Channel
 from reposerve.instance.messages import (
@@ -18,7 +19,6 @@ from reposerve.instance.messages import (
     CallResult,
     Cancel,
     Execute,
-    FrameReader,
     FromInstance,
     ReadyQuery,
     Result,

@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from reposerve.framing import FrameReader
 from reposerve.instance.arena import Slot
 from reposerve.instance.messages import (
     AddSlot,
     Cancel,
     Execute,
     Failure,
-    FrameReader,
     FromInstance,
     Load,
     LoadFailed,

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reposerve.framing import FrameReader
 from reposerve.instance.messages import (
     Execute,
     Failure,
-    FrameReader,
     FromInstance,
     Result,
     TensorRef,

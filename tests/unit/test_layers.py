@@ -1,6 +1,6 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert) -> server -> http -> grpc -> service -> repository -> pipelines -> scheduler
+cli (convert) -> server -> fronts -> http -> grpc -> service -> repository -> pipelines -> scheduler
 -> instance -> backends
 (the server object starts the fronts: HTTP, gRPC and metrics), and every layer may use the
 leaves (protocol, operations, config, errors, datatypes, tensor, statistics, settings,
@@ -22,6 +22,7 @@ ORDER = [
     "cli",
     "convert",
     "server",
+    "fronts",
     "http",
     "grpc",
     "service",
@@ -45,6 +46,7 @@ LEAVES = {
     "settings",
     "logs",
     "access",
+    "framing",
     "__init__",
 }
 # What each leaf may import besides the standard library and numpy/msgspec.
@@ -58,7 +60,8 @@ LEAF_RULES = {
     "utilization": set(),
     "metrics": {"statistics", "utilization"},
     "settings": {"metrics"},  # MetricsOptions, the metrics flags as one value
-    "logs": {"errors"},
+    "logs": {"errors", "settings"},  # start_logging: the --log-* flags
+    "framing": set(),
     "access": {"errors", "settings"},  # who may call which API, for every front
     "__init__": {"errors"},  # the package exports InvalidInput for model authors
     # the service's typed arguments and results, which a front in any process can import

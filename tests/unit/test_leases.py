@@ -171,7 +171,7 @@ async def _reading(documents: bool) -> tuple[DecoupledStandIn, AsyncIterator, as
     """A generate request to a decoupled model: its instance, its answers (``documents``:
     the HTTP front's JSON documents of them), and a task reading the first."""
     model, instance = _decoupled_model()
-    answers = _service(model).generate("m", None, GENERATE)
+    answers = await _service(model).generate("m", None, GENERATE)
     responses = _documents(answers, "m") if documents else answers
     reading = asyncio.ensure_future(anext(responses))
     await turn()

@@ -56,19 +56,19 @@ class _Service:
         self.calls.append(arguments)
         return self.result
 
-    def server_metadata(self) -> object:
+    async def server_metadata(self) -> object:
         return self._answer()
 
-    def model_metadata(self, name: str, version: str | None) -> object:
+    async def model_metadata(self, name: str, version: str | None) -> object:
         return self._answer(name, version)
 
-    def model_config(self, name: str, version: str | None) -> object:
+    async def model_config(self, name: str, version: str | None) -> object:
         return self._answer(name, version)
 
-    def model_statistics(self, name: str | None, version: str | None) -> object:
+    async def model_statistics(self, name: str | None, version: str | None) -> object:
         return self._answer(name, version)
 
-    def repository_index(self, request: IndexRequest) -> object:
+    async def repository_index(self, request: IndexRequest) -> object:
         return self._answer(request)
 
     async def load_model(self, request: LoadRequest) -> None:

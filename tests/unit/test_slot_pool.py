@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
+from reposerve.framing import FrameReader
 from reposerve.instance import slot_pool
-from reposerve.instance.messages import AddSlot, DropSlot, FrameReader, ToInstance
+from reposerve.instance.messages import AddSlot, DropSlot, ToInstance
 from reposerve.instance.slot_pool import KEEP, SlotPool
 
 pytestmark = pytest.mark.unit

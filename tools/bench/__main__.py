@@ -15,10 +15,14 @@ import msgspec
 import uvloop
 
 from tools.bench.compare import compare
+from tools.bench.fronts import fronts
 from tools.bench.loadgen import RunResult, closed_loop, open_loop
 from tools.bench.plot import plot
-from tools.bench.scenarios import SCENARIOS, Report
+from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
+from tools.bench.scenarios import Report
 from tools.bench.workload import payloads
+
+SCENARIOS = {**SCENARIO_TABLE, "fronts": fronts}
 
 
 def _shape(value: str) -> tuple[str, list[int]]:

@@ -1,0 +1,19 @@
+"""Front processes past the server's own: each serves HTTP and/or gRPC on the server's
+ports and runs every call through the server's process, which owns the repository, the
+schedulers and the instances (``workers`` starts them, ``core`` serves them, ``remote``
+is the service as they see it, ``worker`` is their program)."""
+
+from __future__ import annotations
+
+import os
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def default_workers(cores: int) -> int:
+    """Fronts for this many cores: one below four (the server's own process, with no
+    hop), then one per two cores up to eight, leaving the rest to the server's process,
+    the instances and the clients."""
+    return 1 if cores < 4 else min(8, cores // 2)

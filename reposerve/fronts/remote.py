@@ -1,0 +1,363 @@
+"""The service as a front process sees it: every operation is a call to the core over
+the front's socket (``reposerve.fronts.core`` serves it), and a request's bytes and its
+answers cross in one of this front's slots (``reposerve.fronts.frames``).
+
+A call holds its slot until its last frame has come and every answer made from it has
+been released (the front encodes straight out of the slot); then the slot serves the
+next call. A caller that gives up (a client that left) cancels the call in the core;
+the slot still waits for the call's last frame, so the core never writes into a slot
+that another call has taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+
+from reposerve.errors import ErrorKind, ReposerveError
+from reposerve.framing import FrameReader, encode
+from reposerve.fronts.frames import (
+    Answered,
+    Cancel,
+    Ended,
+    Failed,
+    FromFront,
+    Generate,
+    Infer,
+    InferParts,
+    Leave,
+    Operation,
+    Returned,
+    SlotOpened,
+    Started,
+    Taken,
+    ToFront,
+)
+from reposerve.fronts.operations import OPERATIONS
+from reposerve.instance.arena import Slot, align, grown_size
+from reposerve.operations import (
+    IndexEntry,
+    IndexRequest,
+    LoadRequest,
+    LogSettings,
+    LogUpdate,
+    ModelConfigDocument,
+    ModelMetadata,
+    ModelStatistics,
+    ServerMetadata,
+    UnloadRequest,
+)
+from reposerve.scheduler.stream import Stream
+from reposerve.service import Answer
+from reposerve.tensor import Tensor
+
+log = logging.getLogger("reposerve.fronts")
+
+_header_encoder = msgspec.msgpack.Encoder()
+
+
+class _Call:
+    """One call's frames as they come, and what holds its slot: its caller, until it
+    has made an answer of the first frame or given up, and each answer made."""
+
+    __slots__ = ("id", "slot", "frames", "held", "over", "_done")
+
+    def __init__(self, call_id: int, slot: int | None, done: Callable[[_Call], None]) -> None:
+        self.id = call_id
+        self.slot = slot
+        self.frames: Stream[ToFront] = Stream()
+        self.held = 1  # the caller's claim
+        self.over = False  # its last frame has come
+        self._done = done
+
+    def arrived(self, frame: ToFront, last: bool) -> None:
+        self.frames.put(frame)
+        if last:
+            self.over = True
+            self.frames.end()
+            self._settle()
+
+    def released(self) -> None:
+        self.held -= 1
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.over and not self.held:
+            self._done(self)
+
+
+class _Hold:
+    """An answer's claim on its call's slot (``Answer.release`` ends it): a streamed one
+    tells the core the space may be written again."""
+
+    __slots__ = ("_call", "_taken")
+
+    def __init__(self, call: _Call, taken: Callable[[], None] | None) -> None:
+        self._call: _Call | None = call
+        self._taken = taken
+
+    def release(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            if self._taken is not None:
+                self._taken()
+            call.released()
+
+
+class _Answers:
+    """A stream's answers as they come. Closed (or dropped) before its end, it cancels
+    the call in the core; either way it gives up the caller's claim once."""
+
+    def __init__(self, service: RemoteService, call: _Call, slot: Slot) -> None:
+        self._service = service
+        self._call = call
+        self._slot = slot
+        self._closer = weakref.finalize(self, service.let_go, call)
+
+    def __aiter__(self) -> _Answers:
+        return self
+
+    async def __anext__(self) -> Answer:
+        async for frame in self._call.frames:
+            if isinstance(frame, Failed):
+                raise ReposerveError(frame.message, ErrorKind(frame.kind))
+            if isinstance(frame, Answered):
+                self._call.held += 1
+                return self._service.answer(self._call, frame, self._slot, streamed=True)
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self._closer()
+
+
+class RemoteService(asyncio.Protocol):
+    """``FrontService`` over the socket to the core."""
+
+    def __init__(self, name: str, on_leave: Callable[[], None]) -> None:
+        self._name = name  # the slots' name prefix
+        self._on_leave = on_leave  # the core asks this front to leave (or is gone)
+        self._reader = FrameReader(ToFront)
+        self._transport: asyncio.Transport | None = None
+        self._calls: dict[int, _Call] = {}
+        self._next_call = 0
+        self._slots: list[Slot] = []
+        self._free: list[int] = []
+
+    # -- the socket ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        for frame in self._reader.feed(data):
+            match frame:
+                case Leave():
+                    self._on_leave()
+                case Answered(last=last):
+                    self._arrived(frame, last)
+                case Started() | Returned():
+                    self._arrived(frame, isinstance(frame, Returned))
+                case Failed() | Ended():
+                    self._arrived(frame, True)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        gone = Failed(0, "the server is shutting down", ErrorKind.UNAVAILABLE.value)
+        for call in list(self._calls.values()):
+            call.arrived(gone, True)
+        self._on_leave()
+
+    def _arrived(self, frame: ToFront, last: bool) -> None:
+        call = self._calls.get(frame.call)  # type: ignore[union-attr]  # Leave has none
+        if call is not None:
+            call.arrived(frame, last)
+
+    def _send(self, message: FromFront) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise ReposerveError("the server is shutting down", ErrorKind.UNAVAILABLE)
+        self._transport.write(encode(message))
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- calls and slots -----------------------------------------------------------------
+
+    def _open(self, needed: int | None) -> tuple[_Call, Slot | None]:
+        """A new call, with a slot of at least ``needed`` bytes unless None."""
+        self._next_call += 1
+        index = None if needed is None else self._take_slot(needed)
+        call = _Call(self._next_call, index, self._finish)
+        self._calls[call.id] = call
+        return call, None if index is None else self._slots[index]
+
+    def _finish(self, call: _Call) -> None:
+        del self._calls[call.id]
+        if call.slot is not None:
+            self._free.append(call.slot)
+
+    def _take_slot(self, needed: int) -> int:
+        if self._free:
+            index = self._free.pop()
+            self._slots[index].ensure(needed)
+            return index
+        slot = Slot.create(f"{self._name}-{len(self._slots)}", grown_size(needed))
+        self._slots.append(slot)
+        index = len(self._slots) - 1
+        try:
+            self._send(SlotOpened(index, slot.fd, slot.size))
+        except ReposerveError:
+            self._free.append(index)
+            raise
+        return index
+
+    async def _first(self, call: _Call) -> ToFront:
+        """The call's first frame; a caller that gives up cancels the call."""
+        try:
+            frame = await anext(call.frames)
+        except BaseException:
+            self.let_go(call)
+            raise
+        if isinstance(frame, Failed):
+            call.released()
+            raise ReposerveError(frame.message, ErrorKind(frame.kind))
+        return frame
+
+    def let_go(self, call: _Call) -> None:
+        """The caller gives up its claim; the call is cancelled unless it is over."""
+        if not call.over and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(encode(Cancel(call.id)))
+        call.released()
+
+    def answer(self, call: _Call, frame: Answered, slot: Slot, streamed: bool) -> Answer:
+        """The answer ``frame`` says, holding one of ``call``'s claims."""
+        if frame.slot_size > slot.size:  # the core grew it for the answer
+            slot.remap(frame.slot_size)
+        view = memoryview(slot.buffer)
+        outputs = [
+            (
+                ref.name,
+                Tensor(ref.datatype, ref.shape, view[ref.offset : ref.offset + ref.nbytes]),
+                ref.binary,
+            )
+            for ref in frame.outputs
+        ]
+        taken = (lambda: self._taken(call)) if streamed else None
+        return Answer(
+            outputs,
+            frame.parameters,
+            frame.final,
+            frame.version,
+            frame.request_id,
+            _Hold(call, taken),
+        )
+
+    def _taken(self, call: _Call) -> None:
+        if not call.over and self._transport is not None:
+            self._transport.write(encode(Taken(call.id)))
+
+    # -- inference -----------------------------------------------------------------------
+
+    async def infer(
+        self, name: str, version: str | None, body: bytes, header_length: int | None
+    ) -> Answer:
+        call, slot = self._open(len(body))
+        assert slot is not None
+        slot.buffer[: len(body)] = body
+        self._send(Infer(call.id, name, version, call.slot, slot.size, len(body), header_length))
+        frame = await self._first(call)
+        assert isinstance(frame, Answered)
+        return self.answer(call, frame, slot, streamed=False)
+
+    async def infer_parts(
+        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+    ) -> Answer:
+        call, slot = self._parts(name, version, header, raws, stream=False)
+        frame = await self._first(call)
+        assert isinstance(frame, Answered)
+        return self.answer(call, frame, slot, streamed=False)
+
+    async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
+        call, slot = self._open(len(body))
+        assert slot is not None
+        slot.buffer[: len(body)] = body
+        self._send(Generate(call.id, name, version, call.slot, slot.size, len(body)))
+        await self._first(call)  # Started: the request was decoded and taken
+        return _Answers(self, call, slot)
+
+    async def stream_parts(
+        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+    ) -> AsyncIterator[Answer]:
+        call, slot = self._parts(name, version, header, raws, stream=True)
+        await self._first(call)
+        return _Answers(self, call, slot)
+
+    def _parts(
+        self,
+        name: str,
+        version: str | None,
+        header: dict[str, Any],
+        raws: list[bytes],
+        stream: bool,
+    ) -> tuple[_Call, Slot]:
+        spans = []
+        offset = 0
+        for raw in raws:
+            spans.append((offset, len(raw)))
+            offset = align(offset + len(raw))
+        call, slot = self._open(offset)
+        assert slot is not None
+        buffer = slot.buffer
+        for (start, nbytes), raw in zip(spans, raws, strict=True):
+            buffer[start : start + nbytes] = raw
+        encoded = _header_encoder.encode(header)
+        self._send(InferParts(call.id, name, version, encoded, call.slot, slot.size, spans, stream))
+        return call, slot
+
+    # -- the other operations ------------------------------------------------------------
+
+    async def _operate(self, name: str, *args: Any) -> Any:
+        call, _ = self._open(None)
+        self._send(Operation(call.id, name, list(args)))
+        frame = await self._first(call)
+        call.released()
+        assert isinstance(frame, Returned)
+        return msgspec.msgpack.decode(frame.value, type=OPERATIONS[name][1])
+
+    async def server_ready(self) -> bool:
+        return await self._operate("server_ready")
+
+    async def server_metadata(self) -> ServerMetadata:
+        return await self._operate("server_metadata")
+
+    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
+        return await self._operate("model_metadata", name, version)
+
+    async def model_config(self, name: str, version: str | None) -> ModelConfigDocument:
+        return await self._operate("model_config", name, version)
+
+    async def model_ready(self, name: str, version: str | None) -> bool:
+        return await self._operate("model_ready", name, version)
+
+    async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics:
+        return await self._operate("model_statistics", name, version)
+
+    async def repository_index(self, request: IndexRequest) -> list[IndexEntry]:
+        return await self._operate("repository_index", request)
+
+    async def load_model(self, request: LoadRequest) -> None:
+        await self._operate("load_model", request)
+
+    async def unload_model(self, request: UnloadRequest) -> None:
+        await self._operate("unload_model", request)
+
+    async def log_settings(self) -> LogSettings:
+        return await self._operate("log_settings")
+
+    async def update_log_settings(self, update: LogUpdate) -> LogSettings:
+        return await self._operate("update_log_settings", update)

@@ -1,0 +1,39 @@
+"""How many front processes, and what each is told at its start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reposerve.fronts import default_workers
+from reposerve.fronts.workers import FrontSpec, decode_spec, encode_spec
+from reposerve.server import fronts_line
+from reposerve.settings import RestrictedApi, Settings
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("cores", "fronts"), [(1, 1), (2, 1), (3, 1), (4, 2), (8, 4), (16, 8), (64, 8)]
+)
+def test_the_default_leaves_small_machines_one_process_and_grows_with_cores(cores, fronts):
+    assert default_workers(cores) == fronts
+
+
+def test_a_front_is_told_every_setting_as_the_server_has_it():
+    settings = Settings(
+        model_repositories=(Path("/srv/a"), Path("/srv/b")),
+        http_workers=3,
+        grpc_workers=2,
+        restricted=[RestrictedApi(frozenset({"model-repository"}), "admin-key", "s3cret")],
+        http_port=0,
+    )
+    spec = FrontSpec(2, settings, link_fd=7, http_fd=5, grpc=False)
+    assert decode_spec(encode_spec(spec)) == spec
+
+
+def test_the_start_up_line_says_each_protocol_s_fronts():
+    line = fronts_line(Settings(http_workers=2, grpc_workers=1))
+    assert line.startswith("fronts: HTTP 2 processes, gRPC 1 process (--http-workers")
+    assert "gRPC" not in fronts_line(Settings(grpc_port=None)).split("(")[0]

@@ -1,0 +1,115 @@
+"""Front processes: the same server at 1, 2 and 4 fronts per protocol (--http-workers,
+--grpc-workers), in interleaved rounds of one run, each reported as a ratio to 1 front.
+
+Workloads: the overhead one (+1 on FP32[16]) over HTTP JSON and HTTP binary (our lean
+generator) and over gRPC and HTTP by perf_analyzer (one C++ client for both protocols);
+and a ResNet-sized request (a ~150 KB JPEG as BYTES, answered with FP32[1000] logits)
+over HTTP binary, which measures what a large body costs on its way through a front.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+from tools.bench import servers
+from tools.bench.loadgen import RunResult, closed_loop
+from tools.bench.protocols import perf_analyzer_run
+from tools.bench.scenarios import (
+    HOST,
+    PLUS_ONE,
+    PLUS_ONE_CONFIG,
+    Report,
+    _binary_payloads,
+    _jpeg_payloads,
+    _json_payloads,
+    _model,
+    median_run,
+)
+
+WORKERS = (1, 2, 4)
+LOGITS_CONFIG = """
+    max_batch_size = 16
+    [[input]]
+    name = "IMAGE"
+    datatype = "BYTES"
+    shape = [1]
+    [[output]]
+    name = "LOGITS"
+    datatype = "FP32"
+    shape = [1000]
+    [dynamic_batching]
+"""
+# Stands in for ResNet-50 after its request is decoded: the model's own time is not what
+# this measures, the 150 KB on its way in is.
+LOGITS = """
+    import numpy as np
+
+    class Model:
+        def execute(self, inputs):
+            images = inputs["IMAGE"]
+            logits = np.zeros((len(images), 1000), np.float32)
+            logits[:, 0] = [len(image[0]) for image in images]
+            return {"LOGITS": logits}
+"""
+
+
+async def fronts(
+    duration: float,
+    concurrencies: tuple[int, ...] = (1, 32),
+    workers: tuple[int, ...] = WORKERS,
+    rounds: int = 2,
+) -> Report:
+    runs: dict[tuple[str, int, int], list[RunResult]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        _model(root, "plus_one", PLUS_ONE_CONFIG, PLUS_ONE)
+        _model(root, "logits", LOGITS_CONFIG, LOGITS)
+        workloads = {
+            "http json": _json_payloads("plus_one", 16),
+            "http binary": _binary_payloads("plus_one", 16),
+            "jpeg 150 KB binary": _jpeg_payloads("logits", "LOGITS"),
+        }
+        launched = {}
+        try:
+            for count in workers:
+                grpc_port = servers.free_port()
+                flags = ["--http-workers", str(count), "--grpc-workers", str(count)]
+                server = servers.reposerve(root, *flags, "--grpc-port", str(grpc_port))
+                launched[count] = (server, grpc_port)
+            for _ in range(rounds):
+                for concurrency in concurrencies:
+                    for count, (server, grpc_port) in launched.items():
+                        label = f"{count} front{'s' if count > 1 else ''}"
+                        for name, payloads in workloads.items():
+                            result = await closed_loop(
+                                f"{label} {name}", HOST, server.port, payloads, concurrency,
+                                duration,
+                            )  # fmt: skip
+                            runs.setdefault((name, count, concurrency), []).append(result)
+                        for protocol, port in (("grpc", grpc_port), ("http", server.port)):
+                            analyzed = await perf_analyzer_run(
+                                f"{label} {protocol} (perf_analyzer)", protocol,
+                                f"{HOST}:{port}", "plus_one", concurrency, duration,
+                            )  # fmt: skip
+                            if analyzed is not None:
+                                key = (f"{protocol} (perf_analyzer)", count, concurrency)
+                                runs.setdefault(key, []).append(analyzed)
+        finally:
+            for server, _ in launched.values():
+                server.stop()
+    results = [median_run(found) for found in runs.values()]
+    facts: dict[str, float] = {}
+    for (name, count, concurrency), found in runs.items():
+        one = runs.get((name, 1, concurrency))
+        if count == 1 or not one:
+            continue
+        ratio = statistics.median(r.throughput for r in found) / statistics.median(
+            r.throughput for r in one
+        )
+        facts[f"c={concurrency} {name}: {count} fronts / 1 front throughput"] = ratio
+    for (name, count, concurrency), found in runs.items():
+        if concurrency == 1:
+            facts[f"c=1 {name}: {count} front(s) p50 (ms)"] = median_run(found).p50_ms
+    return Report("fronts", results, facts)
