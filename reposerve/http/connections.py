@@ -97,6 +97,41 @@ class _Flow(FlowControl):
         super().resume_reading()
 
 
+class _Corked:
+    """A transport that holds a write back until the next one (or the end of the loop's
+    turn) and sends the two together: uvicorn writes a response's head and its body
+    apart, which costs a second system call and sends the client a second segment to
+    wake for. Closing sends what is held first."""
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = data
+            self._loop.call_soon(self._flush)
+        else:
+            self._held = None
+            self._transport.writelines((held, data))
+
+    def _flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class GuardedHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol under the rules in this module's docstring."""
 
@@ -117,6 +152,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.flow = _Flow(transport, self.loop)
+        self.transport = _Corked(transport, self.loop)  # type: ignore[assignment]
         if not self.limits.admit(self):
             message = (
                 f"server at its limit of {self.limits.max_connections} connections, all "

@@ -15,14 +15,14 @@ import msgspec
 import uvloop
 
 from tools.bench.compare import compare
-from tools.bench.fronts import fronts
+from tools.bench.fronts import fronts, grpc_servers
 from tools.bench.loadgen import RunResult, closed_loop, open_loop
 from tools.bench.plot import plot
 from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
 from tools.bench.workload import payloads
 
-SCENARIOS = {**SCENARIO_TABLE, "fronts": fronts}
+SCENARIOS = {**SCENARIO_TABLE, "fronts": fronts, "grpc-servers": grpc_servers}
 
 
 def _shape(value: str) -> tuple[str, list[int]]:

@@ -10,6 +10,7 @@ over HTTP binary, which measures what a large body costs on its way through a fr
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -113,3 +114,43 @@ async def fronts(
         if concurrency == 1:
             facts[f"c=1 {name}: {count} front(s) p50 (ms)"] = median_run(found).p50_ms
     return Report("fronts", results, facts)
+
+
+async def grpc_servers(duration: float, concurrency: int = 32, rounds: int = 4) -> Report:
+    """What one gRPC call costs: reposerve's gRPC front against the bare ceiling of
+    grpcio (``tools.bench.grpc_baseline``: the same protocol, +1 in-process, nothing else)
+    on its asyncio server, which reposerve uses, and on its thread-pool server;
+    perf_analyzer drives all three in interleaved rounds."""
+    runs: dict[str, list[RunResult]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        _model(root, "plus_one", PLUS_ONE_CONFIG, PLUS_ONE)
+        grpc_port = servers.free_port()
+        launched = {
+            "reposerve grpc": (servers.reposerve(root, "--grpc-port", str(grpc_port)), grpc_port)
+        }
+        for mode in ("aio", "threads"):
+            port = servers.free_port()
+            command = [sys.executable, "-m", "tools.bench.grpc_baseline", mode, str(port)]
+            launched[f"bare grpcio {mode}"] = (servers.Launched(mode, command, port, None), port)
+        try:
+            for _ in range(rounds):
+                for label, (_, port) in launched.items():
+                    result = await perf_analyzer_run(
+                        label, "grpc", f"{HOST}:{port}", "plus_one", concurrency, duration
+                    )
+                    if result is not None:
+                        runs.setdefault(label, []).append(result)
+        finally:
+            for server, _ in launched.values():
+                server.stop()
+    medians = {
+        label: statistics.median(r.throughput for r in found) for label, found in runs.items()
+    }
+    facts = {}
+    if "bare grpcio aio" in medians:
+        for label, value in medians.items():
+            facts[f"c={concurrency} {label} / bare grpcio aio throughput"] = (
+                value / medians["bare grpcio aio"]
+            )
+    return Report("grpc-servers", [median_run(found) for found in runs.values()], facts)
