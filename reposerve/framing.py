@@ -3,6 +3,7 @@ length, then a msgpack-encoded (tagged) Struct."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import msgspec
@@ -40,3 +41,25 @@ class FrameReader:
         if start:
             del buffer[:start]
         return messages
+
+
+class Outgoing:
+    """Frames for one transport, sent together at the end of the loop's turn: a front
+    under load has many requests in a turn, and one system call carries them all."""
+
+    __slots__ = ("_transport", "_loop", "_frames")
+
+    def __init__(self, transport: asyncio.WriteTransport) -> None:
+        self._transport = transport
+        self._loop = asyncio.get_running_loop()
+        self._frames: list[bytes] = []
+
+    def send(self, frame: bytes) -> None:
+        if not self._frames:
+            self._loop.call_soon(self._flush)
+        self._frames.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._frames = self._frames, []
+        if not self._transport.is_closing():
+            self._transport.writelines(frames)

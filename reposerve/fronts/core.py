@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from reposerve.errors import ErrorKind, ReposerveError
-from reposerve.framing import FrameReader, encode
+from reposerve.framing import FrameReader, Outgoing, encode
 from reposerve.fronts.frames import (
     Answered,
     Cancel,
@@ -69,6 +69,7 @@ class FrontPeer(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self._outgoing = Outgoing(transport)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -91,7 +92,7 @@ class FrontPeer(asyncio.Protocol):
 
     def send(self, message: ToFront) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(encode(message))
+            self._outgoing.send(encode(message))
 
     def close(self) -> None:
         if self._transport is not None:

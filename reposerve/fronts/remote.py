@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from reposerve.errors import ErrorKind, ReposerveError
-from reposerve.framing import FrameReader, encode
+from reposerve.framing import FrameReader, Outgoing, encode
 from reposerve.fronts.frames import (
     Answered,
     Cancel,
@@ -152,6 +152,7 @@ class RemoteService(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self._outgoing = Outgoing(transport)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
         for frame in self._reader.feed(data):
@@ -180,7 +181,7 @@ class RemoteService(asyncio.Protocol):
     def _send(self, message: FromFront) -> None:
         if self._transport is None or self._transport.is_closing():
             raise ReposerveError("the server is shutting down", ErrorKind.UNAVAILABLE)
-        self._transport.write(encode(message))
+        self._outgoing.send(encode(message))
 
     def close(self) -> None:
         if self._transport is not None:
@@ -231,7 +232,7 @@ class RemoteService(asyncio.Protocol):
     def let_go(self, call: _Call) -> None:
         """The caller gives up its claim; the call is cancelled unless it is over."""
         if not call.over and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(encode(Cancel(call.id)))
+            self._outgoing.send(encode(Cancel(call.id)))
         call.released()
 
     def answer(self, call: _Call, frame: Answered, slot: Slot, streamed: bool) -> Answer:
@@ -259,7 +260,7 @@ class RemoteService(asyncio.Protocol):
 
     def _taken(self, call: _Call) -> None:
         if not call.over and self._transport is not None:
-            self._transport.write(encode(Taken(call.id)))
+            self._outgoing.send(encode(Taken(call.id)))
 
     # -- inference -----------------------------------------------------------------------
 

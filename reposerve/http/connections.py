@@ -128,6 +128,9 @@ class _Corked:
         self._flush()
         self._transport.close()
 
+    def is_closing(self) -> bool:  # asked several times a request: not through __getattr__
+        return self._transport.is_closing()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
