@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.server import Server, running_server, start_server
+from tests.server import Server, running_server, self_signed_certificate, start_server
 from tests.toy_models import (
     COUNTING_SYNC,
     PLUS_ONE,
@@ -246,6 +247,41 @@ def test_a_client_leaving_a_stream_on_the_second_front_stops_the_generation(fron
     client.close()
     assert wait_for(lambda: log.exists() and "cancelled" in log.read_text().split())
     assert log.read_text().split().count("yield") < 100
+
+
+def test_an_sse_client_leaving_the_second_front_stops_the_generation(fronts):
+    """(Last of the tests on the shared server: it closes its connection to front 1.)"""
+    _, clients, log = fronts
+    log.unlink(missing_ok=True)
+    body = {"COUNT": 1000, "DELAY": 0.02, "SIZE": 1}
+    with clients[1].stream("POST", "/v2/models/count/generate_stream", json=body) as reply:
+        assert reply.status_code == 200
+        events = (line for line in reply.iter_lines() if line)
+        assert [next(events) for _ in range(3)]
+    assert wait_for(lambda: log.exists() and "cancelled" in log.read_text().split())
+    assert log.read_text().split().count("yield") < 100
+
+
+@pytest.mark.parametrize(("flags", "version"), [(["--http2"], "HTTP/2"), ([], "HTTP/1.1")])
+def test_tls_through_every_front(repository, tmp_path, flags, version):
+    cert, key = self_signed_certificate(tmp_path)
+    write_model(repository, "plus_one", vector_config(size=4), PLUS_ONE)
+    tls = ("--ssl-certfile", cert, "--ssl-keyfile", key)
+    with running_server(repository, tmp_path, *TWO_FRONTS, *flags, *tls) as server:
+        trusted = ssl.create_default_context(cafile=cert)
+        fronts_seen = set()
+        for _ in range(40):  # new connections until both fronts answered one
+            before = front_calls(server)
+            with httpx.Client(http2=True, verify=trusted) as client:
+                answer = client.post(
+                    f"{server.url}/v2/models/plus_one/infer", json=vector_body(1.0)
+                )
+            assert answer.http_version == version
+            assert answer.json()["outputs"][0]["data"] == [2.0, 2.0, 3.0, 4.0]
+            fronts_seen.add(int(front_calls(server) > before))
+            if len(fronts_seen) == 2:
+                break
+        assert fronts_seen == {0, 1}
 
 
 def test_a_killed_front_costs_only_its_own_connections_and_is_replaced(repository, tmp_path):
