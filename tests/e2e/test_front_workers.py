@@ -352,3 +352,20 @@ def test_sigterm_answers_what_every_front_accepted_and_every_process_exits(repos
         for client in clients.values():
             client.close()
         server.stop()
+
+
+def test_in_the_shutdown_grace_every_front_says_not_ready_and_still_serves(repository, tmp_path):
+    write_model(repository, "plus_one", vector_config(size=4), PLUS_ONE)
+    server = start_server(repository, tmp_path, *TWO_FRONTS, "--shutdown-grace-secs", "4")
+    clients = pinned_clients(server)
+    try:
+        server.process.send_signal(signal.SIGTERM)
+        for client in clients.values():
+            assert wait_for(lambda c=client: c.get("/v2/health/ready").status_code == 503)
+            answer = client.post("/v2/models/plus_one/infer", json=vector_body(1.0))
+            assert answer.status_code == 200, answer.text
+        assert server.process.wait(30) == 0, server.log()
+    finally:
+        for client in clients.values():
+            client.close()
+        server.stop()
