@@ -17,7 +17,7 @@ import uvloop
 from tools.bench.compare import compare
 from tools.bench.fronts import fronts, grpc_servers
 from tools.bench.loadgen import RunResult, closed_loop, open_loop
-from tools.bench.plot import plot
+from tools.bench.plot import plot, plot_fronts
 from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
 from tools.bench.workload import payloads
@@ -100,7 +100,8 @@ def main() -> int:
                 if len(reports) == 1
                 else args.plot.with_stem(f"{args.plot.stem}-{report.scenario}")
             )
-            plot(report.results, path, report.scenario)
+            draw = plot_fronts if report.scenario == "fronts" else plot
+            draw(report.results, path, report.scenario)
     if args.json:
         args.json.write_bytes(msgspec.json.format(msgspec.json.encode(reports)))
     slides = [slide for report in reports for slide in report.slides]

@@ -56,13 +56,25 @@ LOGITS = """
 """
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split()[1:9]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    return (after[0] - before[0]) / max(after[1] - before[1], 1)
+
+
 async def fronts(
     duration: float,
     concurrencies: tuple[int, ...] = (1, 32),
     workers: tuple[int, ...] = WORKERS,
-    rounds: int = 2,
+    rounds: int = 3,
 ) -> Report:
     runs: dict[tuple[str, int, int], list[RunResult]] = {}
+    busy: dict[tuple[str, int, int], list[float]] = {}  # the machine's CPU, all cores
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         _model(root, "plus_one", PLUS_ONE_CONFIG, PLUS_ONE)
@@ -84,12 +96,16 @@ async def fronts(
                     for count, (server, grpc_port) in launched.items():
                         label = f"{count} front{'s' if count > 1 else ''}"
                         for name, payloads in workloads.items():
+                            before = _cpu_times()
                             result = await closed_loop(
                                 f"{label} {name}", HOST, server.port, payloads, concurrency,
                                 duration,
                             )  # fmt: skip
-                            runs.setdefault((name, count, concurrency), []).append(result)
+                            key = (name, count, concurrency)
+                            runs.setdefault(key, []).append(result)
+                            busy.setdefault(key, []).append(_busy_share(before, _cpu_times()))
                         for protocol, port in (("grpc", grpc_port), ("http", server.port)):
+                            before = _cpu_times()
                             analyzed = await perf_analyzer_run(
                                 f"{label} {protocol} (perf_analyzer)", protocol,
                                 f"{HOST}:{port}", "plus_one", concurrency, duration,
@@ -97,6 +113,8 @@ async def fronts(
                             if analyzed is not None:
                                 key = (f"{protocol} (perf_analyzer)", count, concurrency)
                                 runs.setdefault(key, []).append(analyzed)
+                                share = _busy_share(before, _cpu_times())
+                                busy.setdefault(key, []).append(share)
         finally:
             for server, _ in launched.values():
                 server.stop()
@@ -110,6 +128,10 @@ async def fronts(
             r.throughput for r in one
         )
         facts[f"c={concurrency} {name}: {count} fronts / 1 front throughput"] = ratio
+    for (name, count, concurrency), shares in busy.items():
+        facts[f"c={concurrency} {name}: {count} front(s), machine CPU busy"] = statistics.median(
+            shares
+        )
     for (name, count, concurrency), found in runs.items():
         if concurrency == 1:
             facts[f"c=1 {name}: {count} front(s) p50 (ms)"] = median_run(found).p50_ms

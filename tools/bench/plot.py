@@ -60,3 +60,47 @@ def plot(results: list[RunResult], path: Path, title: str) -> None:
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
+
+
+def plot_fronts(results: list[RunResult], path: Path, title: str) -> None:
+    """``tools.bench fronts``: requests/s of each workload by front count, one panel per
+    concurrency (labels are "N front(s) WORKLOAD")."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for result in results:
+        count, _, rest = result.label.partition(" ")
+        workload = rest.split(" ", 1)[1]
+        table[result.concurrency][workload][int(count)] = result.throughput
+    concurrencies = sorted(table)
+    figure, axes = plt.subplots(
+        1, len(concurrencies), figsize=(6 * len(concurrencies), 4.5), squeeze=False
+    )
+    for axis, concurrency in zip(axes[0], concurrencies, strict=True):
+        workloads = list(table[concurrency])
+        counts = sorted({count for found in table[concurrency].values() for count in found})
+        width = 0.8 / len(counts)
+        for index, count in enumerate(counts):
+            axis.bar(
+                [position + index * width for position in range(len(workloads))],
+                [table[concurrency][workload].get(count, 0) for workload in workloads],
+                width,
+                label=f"{count} front{'s' if count > 1 else ''}",
+            )
+        axis.set_xticks(
+            [position + width * (len(counts) - 1) / 2 for position in range(len(workloads))],
+            workloads,
+            rotation=20,
+            ha="right",
+            fontsize=8,
+        )
+        axis.set_ylabel("requests / s")
+        axis.set_title(f"c={concurrency}")
+        axis.legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
