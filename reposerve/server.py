@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import resource
 import signal
 import socket
 import time
@@ -278,9 +279,23 @@ def startup_table(service: InferenceService) -> str:
     )
 
 
+def _raise_descriptor_limit() -> None:
+    """The soft limit on open files up to the hard one: every connection, instance slot
+    and front slot holds a descriptor, and the common soft limit of 1024 is reached by a
+    few hundred clients on a few front processes (which inherit the raised limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open files stay limited to %d: %s", soft, exc)
+
+
 def serve(settings: Settings) -> int:
     """Serve until a signal (exit status 0) or a failed start-up (1)."""
     logs = start_logging(settings)
+    _raise_descriptor_limit()
     sock = None
     if settings.http_port is not None and settings.http_workers > 1:
         sock = listening_socket(settings)  # before any front starts: one port for all

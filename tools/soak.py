@@ -36,12 +36,14 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import signal
 import sys
 import tempfile
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -404,7 +406,11 @@ async def _faults(
             fault = step % 5
             step += 1
             if fault == 0:
-                pids = servers.children_of(server.process.pid)
+                pids = [
+                    pid
+                    for pid in servers.children_of(server.process.pid)
+                    if _runs(pid, b"reposerve.instance.worker")  # not a front process
+                ]
                 if pids:
                     os.kill(random.choice(pids), signal.SIGKILL)
                     tally.ok("fault: instance killed")
@@ -496,7 +502,17 @@ def _write_repository(root: Path) -> None:
             (root / name / "1" / "model.py").write_text(textwrap.dedent(CODE[name]))
 
 
-async def soak(duration: float, concurrency: int, fault_every: float) -> bool:
+def _runs(pid: int, module: bytes) -> bool:
+    try:
+        return module in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return False
+
+
+async def soak(
+    duration: float, concurrency: int, fault_every: float, flags: Sequence[str] = ()
+) -> bool:
+    """``flags``: more of reposerve's (``--http-workers 2``, say)."""
     tally = Outcomes()
     memory: list[tuple[float, int]] = []
     with tempfile.TemporaryDirectory() as folder:
@@ -508,6 +524,7 @@ async def soak(duration: float, concurrency: int, fault_every: float) -> bool:
             *("--allow-metrics", "true", "--metrics-port", str(metrics_port)),
             *("--grpc-port", str(grpc_port)),
             *("--exit-timeout-secs", str(EXIT_TIMEOUT_S)),
+            *flags,
             log_path=Path(folder) / "server.log",
         )
         instances = set(servers.children_of(server.process.pid))
@@ -573,8 +590,15 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds (60)")
     parser.add_argument("--concurrency", type=int, default=8, help="clients (8)")
     parser.add_argument("--fault-every", type=float, default=3.0, help="seconds between faults (3)")
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help="more reposerve flags, as one string (e.g. '--http-workers 2 --grpc-workers 2')",
+    )
     args = parser.parse_args()
-    return 0 if asyncio.run(soak(args.duration, args.concurrency, args.fault_every)) else 1
+    flags = shlex.split(args.server_args)
+    passed = asyncio.run(soak(args.duration, args.concurrency, args.fault_every, flags))
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -130,21 +131,23 @@ class FrontPeer(asyncio.Protocol):
 
     def _start(self, call: int, work: Coroutine[Any, Any, None]) -> None:
         self.served += 1
-        self._calls[call] = asyncio.get_running_loop().create_task(self._run(call, work))
+        task = asyncio.get_running_loop().create_task(work)
+        self._calls[call] = task
+        task.add_done_callback(functools.partial(self._ended, call))
 
-    async def _run(self, call: int, work: Coroutine[Any, Any, None]) -> None:
-        """``work``, then the call's last frame whatever happened."""
-        try:
-            await work
-        except asyncio.CancelledError:
+    def _ended(self, call: int, task: asyncio.Task) -> None:
+        """The call's last frame, unless its work sent it: its error, or its cancel
+        (which may come before the work took a step)."""
+        del self._calls[call]
+        if task.cancelled():
             self.send(Failed(call, "the request was cancelled", ErrorKind.CANCELLED.value))
-        except ReposerveError as exc:
-            self.send(Failed(call, exc.message, exc.kind.value))
-        except Exception as exc:  # the client gets its error, the log the traceback
-            log.exception("%s: unhandled error", self.label)
-            self.send(Failed(call, f"internal error: {exc!r}", ErrorKind.INTERNAL.value))
-        finally:
-            del self._calls[call]
+            return
+        error = task.exception()
+        if isinstance(error, ReposerveError):
+            self.send(Failed(call, error.message, error.kind.value))
+        elif error is not None:  # the client gets its error, the log the traceback
+            log.error("%s: unhandled error", self.label, exc_info=error)
+            self.send(Failed(call, f"internal error: {error!r}", ErrorKind.INTERNAL.value))
 
     def _slot(self, index: int, size: int) -> Slot:
         slot = self._slots.get(index)

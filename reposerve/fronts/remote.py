@@ -12,6 +12,7 @@ that another call has taken.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -86,6 +87,12 @@ class _Call:
         self.held -= 1
         self._settle()
 
+    def abandon(self) -> None:
+        """The call could not be sent: over, and the caller's claim given up."""
+        self.over = True
+        self.frames.end()
+        self.released()
+
     def _settle(self) -> None:
         if self.over and not self.held:
             self._done(self)
@@ -117,7 +124,8 @@ class _Answers:
         self._service = service
         self._call = call
         self._slot = slot
-        self._closer = weakref.finalize(self, service.let_go, call)
+        loop = asyncio.get_running_loop()
+        self._closer = weakref.finalize(self, _let_go_soon, loop, service, call)
 
     def __aiter__(self) -> _Answers:
         return self
@@ -125,14 +133,23 @@ class _Answers:
     async def __anext__(self) -> Answer:
         async for frame in self._call.frames:
             if isinstance(frame, Failed):
+                self._closer()
                 raise ReposerveError(frame.message, ErrorKind(frame.kind))
             if isinstance(frame, Answered):
                 self._call.held += 1
                 return self._service.answer(self._call, frame, self._slot, streamed=True)
+        self._closer()  # the end: the caller's claim goes now, not when this is dropped
         raise StopAsyncIteration
 
     async def aclose(self) -> None:
         self._closer()
+
+
+def _let_go_soon(loop: asyncio.AbstractEventLoop, service: RemoteService, call: _Call) -> None:
+    """``service.let_go(call)`` on its loop: a dropped stream may be collected on any
+    thread, or after the loop closed (then there is nothing left to tell)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(service.let_go, call)
 
 
 class RemoteService(asyncio.Protocol):
@@ -197,6 +214,14 @@ class RemoteService(asyncio.Protocol):
         self._calls[call.id] = call
         return call, None if index is None else self._slots[index]
 
+    def _begin(self, call: _Call, message: FromFront) -> None:
+        """Send the frame that opens ``call``; a link that is gone ends the call here."""
+        try:
+            self._send(message)
+        except ReposerveError:
+            call.abandon()
+            raise
+
     def _finish(self, call: _Call) -> None:
         del self._calls[call.id]
         if call.slot is not None:
@@ -205,7 +230,11 @@ class RemoteService(asyncio.Protocol):
     def _take_slot(self, needed: int) -> int:
         if self._free:
             index = self._free.pop()
-            self._slots[index].ensure(needed)
+            try:
+                self._slots[index].ensure(needed)
+            except OSError:
+                self._free.append(index)
+                raise
             return index
         slot = Slot.create(f"{self._name}-{len(self._slots)}", grown_size(needed))
         self._slots.append(slot)
@@ -270,7 +299,9 @@ class RemoteService(asyncio.Protocol):
         call, slot = self._open(len(body))
         assert slot is not None
         slot.buffer[: len(body)] = body
-        self._send(Infer(call.id, name, version, call.slot, slot.size, len(body), header_length))
+        self._begin(
+            call, Infer(call.id, name, version, call.slot, slot.size, len(body), header_length)
+        )
         frame = await self._first(call)
         assert isinstance(frame, Answered)
         return self.answer(call, frame, slot, streamed=False)
@@ -287,7 +318,7 @@ class RemoteService(asyncio.Protocol):
         call, slot = self._open(len(body))
         assert slot is not None
         slot.buffer[: len(body)] = body
-        self._send(Generate(call.id, name, version, call.slot, slot.size, len(body)))
+        self._begin(call, Generate(call.id, name, version, call.slot, slot.size, len(body)))
         await self._first(call)  # Started: the request was decoded and taken
         return _Answers(self, call, slot)
 
@@ -317,14 +348,15 @@ class RemoteService(asyncio.Protocol):
         for (start, nbytes), raw in zip(spans, raws, strict=True):
             buffer[start : start + nbytes] = raw
         encoded = _header_encoder.encode(header)
-        self._send(InferParts(call.id, name, version, encoded, call.slot, slot.size, spans, stream))
+        frame = InferParts(call.id, name, version, encoded, call.slot, slot.size, spans, stream)
+        self._begin(call, frame)
         return call, slot
 
     # -- the other operations ------------------------------------------------------------
 
     async def _operate(self, name: str, *args: Any) -> Any:
         call, _ = self._open(None)
-        self._send(Operation(call.id, name, list(args)))
+        self._begin(call, Operation(call.id, name, list(args)))
         frame = await self._first(call)
         call.released()
         assert isinstance(frame, Returned)

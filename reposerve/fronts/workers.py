@@ -85,8 +85,17 @@ class FrontWorkers:
 
     @property
     def count(self) -> int:
-        """Front processes beside the server's own."""
-        return max(self._settings.http_workers, self._settings.grpc_workers) - 1
+        """Front processes beside the server's own: as many as the protocol that is
+        served by the most asks for."""
+        return max(self._http_workers, self._grpc_workers, 1) - 1
+
+    @property
+    def _http_workers(self) -> int:
+        return self._settings.http_workers if self._http_socket is not None else 0
+
+    @property
+    def _grpc_workers(self) -> int:
+        return self._settings.grpc_workers if self._settings.grpc_port is not None else 0
 
     async def start(self, grpc_port: int | None) -> None:
         """Start the fronts; ``grpc_port``: the one the server's gRPC front bound."""
@@ -99,15 +108,18 @@ class FrontWorkers:
         settings = self._settings
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         http_fd = None
-        if self._http_socket is not None and index < settings.http_workers:
+        if self._http_socket is not None and index < self._http_workers:
             http_fd = self._http_socket.fileno()
-        spec = FrontSpec(index, settings, theirs.fileno(), http_fd, index < settings.grpc_workers)
+        spec = FrontSpec(index, settings, theirs.fileno(), http_fd, index < self._grpc_workers)
         passed = [theirs.fileno()] + ([http_fd] if http_fd is not None else [])
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", "reposerve.fronts.worker"],
                 env={**os.environ, SPEC_VARIABLE: encode_spec(spec)},
                 pass_fds=passed,
+                # Signals to the server's process group (a terminal's Ctrl-C) are the
+                # server's: it tells its fronts when to leave.
+                start_new_session=True,
             )
         finally:
             theirs.close()
@@ -124,6 +136,8 @@ class FrontWorkers:
         )
         front = _Front(index, process, peer)
         self._fronts[index] = front
+        if self._leaving:  # the shutdown began while it started
+            peer.send(Leave())
         watcher = loop.create_task(self._watch(front))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)

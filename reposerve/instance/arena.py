@@ -82,11 +82,15 @@ class Slot:
             self.buffer = mmap.mmap(self.fd, size)
 
     def ensure(self, needed: int) -> None:
-        """Grow the file (and this mapping) to hold ``needed`` bytes."""
+        """Grow the file (and this mapping) to hold ``needed`` bytes. The other side may
+        have grown it already, past what this side has mapped: then it is mapped as it
+        is (a shrink would be refused by the seal)."""
         if needed > self.size:
             self._check_open()
-            size = grown_size(needed)
-            os.ftruncate(self.fd, size)
+            size = os.fstat(self.fd).st_size
+            if size < needed:
+                size = grown_size(needed)
+                os.ftruncate(self.fd, size)
             self.remap(size)
 
     def close(self) -> None:

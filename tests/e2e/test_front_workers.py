@@ -140,7 +140,9 @@ def fronts(tmp_path_factory: pytest.TempPathFactory):
 def test_the_start_up_log_says_how_many_fronts_serve(fronts):
     server, _, _ = fronts
     assert "fronts: HTTP 2 processes, gRPC 2 processes" in server.log()
-    assert len(worker_pids(server)) == 1
+    (front,) = worker_pids(server)
+    # Its own session: a signal to the server's process group (Ctrl-C) is the server's.
+    assert os.getsid(front) != os.getsid(server.process.pid)
 
 
 def test_requests_from_two_fronts_share_one_batch(fronts):
@@ -369,3 +371,19 @@ def test_in_the_shutdown_grace_every_front_says_not_ready_and_still_serves(repos
         for client in clients.values():
             client.close()
         server.stop()
+
+
+def test_fronts_serve_only_the_protocols_that_are_on(repository, tmp_path):
+    write_model(repository, "plus_one", vector_config(size=4), PLUS_ONE)
+    flags = (*TWO_FRONTS, "--allow-grpc", "false")
+    with running_server(repository, tmp_path, *flags) as server:
+        clients = pinned_clients(server)
+        (front,) = worker_pids(server)
+        time.sleep(1.5)  # a front that cannot start would have been replaced by now
+        assert worker_pids(server) == [front]
+        assert metric(server, "reposerve_front_restarts_total") == 0
+        answer = clients[1].post("/v2/models/plus_one/infer", json=vector_body(1.0))
+        assert answer.status_code == 200, answer.text
+        for client in clients.values():
+            client.close()
+    assert "fronts: HTTP 2 processes (" in server.log()
