@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 import time
@@ -36,17 +37,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, help="cap each client run at this many seconds (default 900)"
     )
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help="more reposerve flags for every server, as one string ('--http-workers 2')",
+    )
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     args = parser.parse_args(argv)
     if args.list:
         for name, suite in SUITES.items():
             print(f"{name}: {len(suite.steps)} server starts")
         return 0
+    server.EXTRA_ARGS[:] = shlex.split(args.server_args)
     out = args.out or Path(f"/tmp/triton_qa-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     names = args.suite or list(SUITES)
-    # A SIGTERM (a timeout around the run) unwinds like an error: the server goes too.
-    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     started = time.monotonic()
     # A SIGTERM (a timeout around the run) unwinds like an error, and no server is left
     # on Triton's ports for the next run.

@@ -45,6 +45,10 @@ DROPPED = {
 }
 
 
+# reposerve flags added to every start (--server-args: front processes, say).
+EXTRA_ARGS: list[str] = []
+
+
 def map_args(args: list[str]) -> tuple[list[str], list[str]]:
     """Triton's argv -> (reposerve's argv, ["--flag (why dropped)", ...])."""
     out: list[str] = []
@@ -60,7 +64,7 @@ def map_args(args: list[str]) -> tuple[list[str], list[str]]:
     out += [f"--http-port={PORTS[0]}", f"--grpc-port={PORTS[1]}", f"--metrics-port={PORTS[2]}"]
     # Where reposerve differs from Triton on purpose, the flag that asks for Triton's way:
     # a dead stub is replaced when the next request comes (which fails), not at once.
-    out += ["--instance-restart=on-request"]
+    out += ["--instance-restart=on-request", *EXTRA_ARGS]
     return out, dropped
 
 
