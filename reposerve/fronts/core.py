@@ -144,7 +144,7 @@ class FrontPeer(asyncio.Protocol):
             return
         error = task.exception()
         if isinstance(error, ReposerveError):
-            self.send(Failed(call, error.message, error.kind.value))
+            self.send(Failed(call, error.message, error.kind.value, type(error).__name__))
         elif error is not None:  # the client gets its error, the log the traceback
             log.error("%s: unhandled error", self.label, exc_info=error)
             self.send(Failed(call, f"internal error: {error!r}", ErrorKind.INTERNAL.value))

@@ -119,6 +119,9 @@ class Failed(msgspec.Struct, tag=True, array_like=True):
     call: int
     message: str
     kind: str  # an ErrorKind's value
+    # The error's class in reposerve.errors: a front tells a model's failure from a
+    # refused request by it (a stream's error event, not an error reply).
+    error: str = "ReposerveError"
 
 
 class Ended(msgspec.Struct, tag=True, array_like=True):

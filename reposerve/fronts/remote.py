@@ -20,7 +20,18 @@ from typing import Any
 
 import msgspec
 
-from reposerve.errors import ErrorKind, ReposerveError
+from reposerve.errors import (
+    ConfigError,
+    ErrorKind,
+    InstanceError,
+    InvalidInput,
+    ModelCallError,
+    ModelError,
+    ProtocolError,
+    ReposerveError,
+    RepositoryError,
+    SchedulerError,
+)
 from reposerve.framing import FrameReader, Outgoing, encode
 from reposerve.fronts.frames import (
     Answered,
@@ -60,6 +71,27 @@ from reposerve.tensor import Tensor
 log = logging.getLogger("reposerve.fronts")
 
 _header_encoder = msgspec.msgpack.Encoder()
+
+
+# The errors a front may meet, by class name (Failed.error): it raises what the server did.
+_ERRORS: dict[str, type[ReposerveError]] = {
+    kind.__name__: kind
+    for kind in (
+        ReposerveError,
+        ConfigError,
+        ProtocolError,
+        RepositoryError,
+        SchedulerError,
+        InstanceError,
+        InvalidInput,
+        ModelCallError,
+        ModelError,
+    )
+}
+
+
+def _error(frame: Failed) -> ReposerveError:
+    return _ERRORS.get(frame.error, ReposerveError)(frame.message, ErrorKind(frame.kind))
 
 
 class _Call:
@@ -134,7 +166,7 @@ class _Answers:
         async for frame in self._call.frames:
             if isinstance(frame, Failed):
                 self._closer()
-                raise ReposerveError(frame.message, ErrorKind(frame.kind))
+                raise _error(frame)
             if isinstance(frame, Answered):
                 self._call.held += 1
                 return self._service.answer(self._call, frame, self._slot, streamed=True)
@@ -255,7 +287,7 @@ class RemoteService(asyncio.Protocol):
             raise
         if isinstance(frame, Failed):
             call.released()
-            raise ReposerveError(frame.message, ErrorKind(frame.kind))
+            raise _error(frame)
         return frame
 
     def let_go(self, call: _Call) -> None:

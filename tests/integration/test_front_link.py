@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from reposerve.errors import ErrorKind, ReposerveError
+from reposerve.errors import ErrorKind, InstanceError, ReposerveError
 from reposerve.framing import FrameReader, encode
 from reposerve.fronts.core import FrontPeer
 from reposerve.fronts.frames import Cancel, Failed, Infer, SlotOpened, ToFront
@@ -49,6 +49,8 @@ class _Service:
         data = bytes(body)
         if name == "missing":
             raise ReposerveError(f"model '{name}' is not known", ErrorKind.NOT_FOUND)
+        if name == "failing":  # the model's failure, not the request's
+            raise InstanceError(f"model '{name}' failed: boom")
         if data == b"hang":
             self.started.set()
             await asyncio.Event().wait()
@@ -109,6 +111,12 @@ def test_an_error_is_the_servers_own_and_costs_no_slot():
             await remote.infer("missing", None, b"abc", None)
         assert raised.value.kind is ErrorKind.NOT_FOUND
         assert "model 'missing' is not known" in raised.value.message
+        with pytest.raises(InstanceError) as failed:  # the same class: fronts tell them apart
+            await remote.infer("failing", None, b"abc", None)
+        assert (failed.value.message, failed.value.kind) == (
+            "model 'failing' failed: boom",
+            ErrorKind.INTERNAL,
+        )
         assert remote._free == [0] and not remote._calls
         await _closed(remote, peer)
 
