@@ -313,7 +313,9 @@ def test_a_killed_front_costs_only_its_own_connections_and_is_replaced(repositor
         for thread in threads:
             thread.join(30)
         assert outcomes[0] and set(outcomes[0]) == {200}, outcomes[0][-5:]
-        assert outcomes[1][-1] != 200  # its connection broke with it
+        # Its own connection broke with it (or, idle at that moment, was replaced by the
+        # client): never an error status from the server.
+        assert all(outcome == 200 or isinstance(outcome, str) for outcome in outcomes[1])
         assert wait_for(lambda: worker_pids(server) not in ([], [victim]))
         assert wait_for(lambda: metric(server, "reposerve_front_restarts_total") == 1)
         for client in clients.values():
