@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import uvloop
@@ -25,6 +26,9 @@ from reposerve.fronts.remote import RemoteService
 from reposerve.fronts.workers import SPEC_VARIABLE, FrontSpec, decode_spec
 from reposerve.http.server import SEND_MARGIN_S, serve_http
 from reposerve.logs import start_logging
+
+if TYPE_CHECKING:
+    from reposerve.grpc.server import GrpcFront
 
 
 class FrontHost:
@@ -36,7 +40,7 @@ class FrontHost:
         self.stop_serving: Callable[[], None] = lambda: None
         self.signals = (signal.SIGTERM,)  # SIGINT is the server's (see above)
         self._left = asyncio.Event()
-        self._grpc = None
+        self._grpc: GrpcFront | None = None
         self._closing: asyncio.Task | None = None
 
     def _leave(self) -> None:
@@ -47,15 +51,14 @@ class FrontHost:
         link = socket.socket(fileno=self.spec.link_fd)
         await asyncio.get_running_loop().connect_accepted_socket(lambda: self.service, link)
         if self.spec.grpc:
-            from reposerve.grpc.server import GrpcFront
+            from reposerve.grpc.server import GrpcFront  # grpcio loads only when served
 
             front = GrpcFront(self.service, self.spec.settings)
             await front.start()
             self._grpc = front
 
     async def close(self) -> None:
-        if self._grpc is not None:
-            await self._grpc.stop(self.spec.settings.exit_timeout_secs + SEND_MARGIN_S)
+        await self.begin_shutdown()
         self.service.close()
 
     async def grace(self) -> None:
@@ -65,9 +68,15 @@ class FrontHost:
         pass
 
     def begin_shutdown(self) -> asyncio.Task:
+        """This front's gRPC stops taking calls (its HTTP server stops on its own); the
+        calls it took finish within the budget."""
         if self._closing is None:
-            self._closing = asyncio.get_running_loop().create_task(asyncio.sleep(0))
+            self._closing = asyncio.get_running_loop().create_task(self._stop_grpc())
         return self._closing
+
+    async def _stop_grpc(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(self.spec.settings.exit_timeout_secs + SEND_MARGIN_S)
 
     async def leave(self, signalled: asyncio.Event) -> None:
         """Until a SIGTERM or the server's word."""

@@ -53,9 +53,10 @@ def encode_spec(spec: FrontSpec) -> str:
 
 def decode_spec(text: str) -> FrontSpec:
     def paths(kind: type, value: object) -> object:
-        if kind is Path:
-            return Path(str(value))
-        raise NotImplementedError
+        # Settings hold one type msgspec does not know: Path (the repositories).
+        if kind is not Path:
+            raise TypeError(f"a front's settings hold no {kind!r}")
+        return Path(str(value))
 
     return msgspec.json.decode(text, type=FrontSpec, dec_hook=paths)
 
