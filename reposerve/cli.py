@@ -511,6 +511,10 @@ def main(argv: list[str] | None = None) -> int:
         from reposerve.convert import convert
 
         return convert(argv[1:])
+    if argv[:1] == ["tune"]:
+        from reposerve.tune.command import tune
+
+        return tune(argv[1:])
     args = serve_parser().parse_args(argv)
     settings = settings_from(args)
     if bool(settings.ssl_certfile) != bool(settings.ssl_keyfile):

@@ -88,3 +88,10 @@ class ModelCallError(ReposerveError):
 class ModelError(ReposerveError):
     """A model's execute failed, in words that say it all (a Triton python model's error,
     in Triton's form): the client gets them as they are, without reposerve's prefix."""
+
+
+class TuneError(ReposerveError):
+    """Why ``reposerve tune`` cannot go on: a server that does not answer, a model it
+    cannot load, inputs it cannot read; the message says what to fix."""
+
+    kind = ErrorKind.INVALID_ARGUMENT

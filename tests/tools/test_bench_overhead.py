@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from reposerve.tune.load import RunResult
 from tools.bench.compare import port_flags
-from tools.bench.loadgen import RunResult
 from tools.bench.scenarios import echo_slides, median_run
 
 pytestmark = pytest.mark.unit

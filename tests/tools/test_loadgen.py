@@ -10,9 +10,9 @@ import asyncio
 import msgspec
 import pytest
 
-from tools.bench.loadgen import closed_loop, encode_request, open_loop
+from reposerve.tune.client import ServerClient, requests_for
+from reposerve.tune.load import closed_loop, encode_request, open_loop
 from tools.bench.scenarios import _binary_payloads, _json_payloads
-from tools.bench.workload import payloads
 
 pytestmark = pytest.mark.e2e
 
@@ -52,9 +52,9 @@ def test_open_loop_sends_at_its_rate(bundled_server):
     ("model", "shapes"), [("add_sub", None), ("identity_bytes", {"INPUT0": [3]})]
 )
 def test_workload_from_metadata_is_accepted(bundled_server, model, shapes, binary):
-    requests = payloads(
-        bundled_server.address, model, batch=2, binary=binary, shapes=shapes, count=4
-    )
+    client = ServerClient(bundled_server.address)
+    samples = requests_for(client, model, batch=2, binary=binary, shapes=shapes, count=4)
+    requests = [sample.payload("127.0.0.1", model) for sample in samples]
     result = asyncio.run(
         closed_loop("w", "127.0.0.1", bundled_server.port, requests, 2, 0.3, warmup=0.0)
     )

@@ -1,7 +1,7 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert) -> server -> fronts -> http -> grpc -> service -> repository -> pipelines -> scheduler
--> instance -> backends
+cli (convert, tune) -> server -> fronts -> http -> grpc -> service -> repository -> pipelines
+-> scheduler -> instance -> backends
 (the server object starts the fronts: HTTP, gRPC and metrics), and every layer may use the
 leaves (protocol, operations, config, errors, datatypes, tensor, statistics, settings,
 metrics, quantiles, utilization, access). Inside a layer, modules import one another without
@@ -21,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "reposerve"
 ORDER = [
     "cli",
     "convert",
+    "tune",
     "server",
     "fronts",
     "http",

@@ -14,13 +14,13 @@ from pathlib import Path
 import msgspec
 import uvloop
 
+from reposerve.tune.client import ServerClient, requests_for
+from reposerve.tune.load import RunResult, closed_loop, open_loop
 from tools.bench.compare import compare
 from tools.bench.fronts import fronts, grpc_servers
-from tools.bench.loadgen import RunResult, closed_loop, open_loop
 from tools.bench.plot import plot, plot_fronts
 from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
-from tools.bench.workload import payloads
 
 SCENARIOS = {**SCENARIO_TABLE, "fronts": fronts, "grpc-servers": grpc_servers}
 
@@ -31,10 +31,11 @@ def _shape(value: str) -> tuple[str, list[int]]:
 
 
 async def _load(args: argparse.Namespace) -> Report:
-    requests = payloads(
-        args.url, args.model, args.batch, args.binary, dict(args.shape or []), count=16
-    )
     host, port = args.url.rsplit(":", 1)
+    samples = requests_for(
+        ServerClient(args.url), args.model, args.batch, args.binary, dict(args.shape or [])
+    )
+    requests = [sample.payload(host, args.model) for sample in samples]
     label = f"{args.model} {'binary' if args.binary else 'json'} batch {args.batch}"
     results: list[RunResult] = []
     if args.rate:

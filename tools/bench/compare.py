@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reposerve.tune.load import RunResult, closed_loop
 from tools.bench import scenarios, servers
-from tools.bench.loadgen import RunResult, closed_loop
 from tools.bench.scenarios import ECHO, HOST, Report
 
 PORT_FLAGS = ("--grpc-port", "--metrics-port")

@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reposerve.tune.load import RunResult, closed_loop
 from tools.bench import servers
-from tools.bench.loadgen import RunResult, closed_loop
 from tools.bench.protocols import perf_analyzer_run
 from tools.bench.scenarios import (
     HOST,

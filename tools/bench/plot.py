@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from tools.bench.loadgen import RunResult
+from reposerve.tune.load import RunResult
 
 
 def plot(results: list[RunResult], path: Path, title: str) -> None:

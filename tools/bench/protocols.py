@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from tools.bench.loadgen import RunResult, drive, encode_request, summarise
+from reposerve.tune.load import RunResult, drive, encode_request, summarise
 
 
 def infer_request_bytes(model: str, size: int, count: int = 16) -> list[bytes]:

@@ -16,14 +16,14 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from tools.bench import servers
-from tools.bench.loadgen import (
+from reposerve.tune.load import (
     RunResult,
     closed_loop,
-    encode_binary_infer,
     encode_request,
     open_loop,
 )
+from reposerve.tune.requests import binary_request
+from tools.bench import servers
 from tools.bench.protocols import perf_analyzer_run, sse_streams
 
 HOST = "127.0.0.1"
@@ -84,12 +84,10 @@ def _json_payloads(model: str, size: int, count: int = 64) -> list[bytes]:
 def _binary_payloads(model: str, size: int, count: int = 64) -> list[bytes]:
     rng = np.random.default_rng(0)
     return [
-        encode_binary_infer(
-            HOST,
-            model,
+        binary_request(
             [("INPUT", "FP32", [1, size], rng.standard_normal(size).astype(np.float32).tobytes())],
             ["OUTPUT"],
-        )
+        ).payload(HOST, model)
         for _ in range(count)
     ]
 
@@ -364,7 +362,7 @@ def _jpeg_payloads(model: str, output: str = "CLASS", count: int = 32) -> list[b
         Image.fromarray(rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)).save(buffer, "JPEG")
         raw = struct.pack("<I", len(buffer.getvalue())) + buffer.getvalue()
         payloads.append(
-            encode_binary_infer(HOST, model, [("IMAGE", "BYTES", [1, 1], raw)], [output])
+            binary_request([("IMAGE", "BYTES", [1, 1], raw)], [output]).payload(HOST, model)
         )
     return payloads
 
@@ -373,12 +371,10 @@ def _tensor_payloads(model: str, count: int = 8) -> list[bytes]:
     rng = np.random.default_rng(0)
     shape = [1, 3, 224, 224]
     return [
-        encode_binary_infer(
-            HOST,
-            model,
+        binary_request(
             [("input", "FP32", shape, rng.standard_normal(shape).astype(np.float32).tobytes())],
             ["logits"],
-        )
+        ).payload(HOST, model)
         for _ in range(count)
     ]
 

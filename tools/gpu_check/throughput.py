@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from tools.bench import loadgen
+from reposerve.tune import load as loadgen
+from reposerve.tune.requests import binary_request
 from tools.gpu_check.context import Run, Server, explicit
 from tools.gpu_check.models import (
     autocast,
@@ -173,12 +174,9 @@ def throughput(run: Run, phase: Phase) -> None:
     uuid = node.gpus[0].uuid if plan.device == "cuda" else None
     for count, model in zip(plan.counts, measured, strict=True):
         for batch in plan.batches:
-            payload = loadgen.encode_binary_infer(
-                server.address,
-                model,
-                [("INPUT", "FP32", [batch, 3, 224, 224], raw[batch])],
-                ["OUTPUT"],
-            )
+            payload = binary_request(
+                [("INPUT", "FP32", [batch, 3, 224, 224], raw[batch])], ["OUTPUT"]
+            ).payload(server.address, model)
             concurrency = plan.concurrency_per_instance * count
             items, batches = server.stats(model)
             sampler = GpuSampler(uuid)

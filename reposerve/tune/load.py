@@ -55,37 +55,6 @@ def encode_request(
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def encode_binary_infer(
-    host: str,
-    model: str,
-    tensors: list[tuple[str, str, list[int], bytes]],
-    outputs: list[str] | None = None,
-) -> bytes:
-    """A V2 infer request carrying ``tensors`` (name, datatype, shape, raw) as binary
-    tensor data, asking for ``outputs`` (or, when None, every output) as binary data."""
-    header: dict = {
-        "inputs": [
-            {
-                "name": name,
-                "shape": shape,
-                "datatype": datatype,
-                "parameters": {"binary_data_size": len(raw)},
-            }
-            for name, datatype, shape, raw in tensors
-        ]
-    }
-    if outputs is None:
-        header["parameters"] = {"binary_data_output": True}
-    else:
-        header["outputs"] = [
-            {"name": name, "parameters": {"binary_data": True}} for name in outputs
-        ]
-    encoded = msgspec.json.encode(header)
-    body = encoded + b"".join(raw for _, _, _, raw in tensors)
-    headers = {"Inference-Header-Content-Length": str(len(encoded))}
-    return encode_request(host, f"/v2/models/{model}/infer", body, headers)
-
-
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None

@@ -1,0 +1,211 @@
+"""The search: coordinate descent over the knobs, coarse then fine, within a time budget.
+
+Each knob is walked from its current value up its ladder while a step pays (beats the
+best so far by ``PAYS``), and down only when the first step up did not; one value between
+the best and its better neighbour is tried last. The best candidate then carries into the
+next knob, so knobs that interact (batch size, then the instances that fill it) are tried
+on top of each other, never as a blind grid. A trial is not started when its expected cost
+would eat into the reserve kept for the final A/B; what was not tried is listed.
+
+Nothing here measures: ``evaluate`` does, so this logic is tested with a known function
+and a fake clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+
+import msgspec
+
+from reposerve.config.schema import ModelConfig
+from reposerve.tune.results import ABResult, ABRound, Point, Settings, Trial
+from reposerve.tune.space import Knob, Value
+
+PAYS = 1.05  # a change must beat the best by 5%: less is within this machine's noise
+AB_ROUNDS = 3
+
+Evaluate = Callable[[Settings, str], Trial]
+Configure = Callable[[Settings], Mapping[str, ModelConfig]]
+
+
+def changed(settings: Settings, model: str, knob: Knob, value: Value) -> Settings:
+    copy = {name: dict(values) for name, values in settings.items()}
+    copy[model][knob.name] = value
+    return copy
+
+
+class Search:
+    def __init__(
+        self,
+        evaluate: Evaluate,
+        configure: Configure,
+        clock: Callable[[], float],
+        deadline: float,
+        models: int = 1,
+    ) -> None:
+        """``deadline``: the clock's time by which every trial must have ended."""
+        self._evaluate = evaluate
+        self._configure = configure
+        self._clock = clock
+        self._deadline = deadline
+        self._several = models > 1
+        self.trials: list[Trial] = []
+        self.left_out: list[str] = []
+        self._seen: dict[bytes, Trial] = {}
+        self._out_of_time = False
+
+    def run(self, baseline: Trial, plan: Sequence[tuple[str, Knob]]) -> Trial:
+        """The best trial found from ``baseline`` turning each (model, knob) in turn."""
+        self._seen[_key(baseline.settings)] = baseline
+        self._baseline = baseline.settings
+        self._knobs = {(model, knob.name): knob for model, knob in plan}
+        best = baseline
+        for model, knob in plan:
+            if self._out_of_time:
+                self.left_out.append(f"{self._name(model, knob.name)}: not tried (time budget)")
+                continue
+            best = self._turn(best, model, knob)
+        return best
+
+    def _turn(self, best: Trial, model: str, knob: Knob) -> Trial:
+        config = self._configure(best.settings)[model]
+        reason = knob.unusable(config)
+        if reason is not None:
+            self.left_out.append(f"{self._name(model, knob.name)}: {reason}")
+            return best
+        current = knob.read(config)
+        ladder = list(knob.ladder)
+        if current not in ladder:
+            ladder.append(current)
+            if knob.numeric:
+                ladder.sort()
+        if not knob.numeric:
+            for value in ladder:
+                trial = self._try(best, model, knob, value)
+                if trial is not None and _better(trial, best):
+                    best = trial
+            return best
+        start = ladder.index(current)
+        for step in (1, -1):
+            moved = False
+            index = start + step
+            while 0 <= index < len(ladder):
+                trial = self._try(best, model, knob, ladder[index])
+                if trial is None or not _better(trial, best):
+                    break
+                best, moved = trial, True
+                index += step
+            if moved:
+                break
+        return self._refine(best, model, knob, ladder)
+
+    def _refine(self, best: Trial, model: str, knob: Knob, ladder: list[Value]) -> Trial:
+        """One value halfway between the best and its better measured neighbour."""
+        value = best.settings[model][knob.name]
+        index = ladder.index(value)
+        neighbours = [
+            (trial.score, ladder[i])
+            for i in (index - 1, index + 1)
+            if 0 <= i < len(ladder)
+            and (trial := self._seen.get(_key(changed(best.settings, model, knob, ladder[i]))))
+        ]
+        if not neighbours or not isinstance(value, int) or value < 1:
+            return best
+        _, neighbour = max(neighbours, key=lambda pair: pair[0])
+        if not isinstance(neighbour, int) or neighbour < 1 or abs(neighbour - value) < 2:
+            return best
+        trial = self._try(best, model, knob, (value + neighbour) // 2)
+        return trial if trial is not None and _better(trial, best) else best
+
+    def _try(self, best: Trial, model: str, knob: Knob, value: Value) -> Trial | None:
+        """The trial of ``best`` with ``knob`` at ``value``; None when out of time."""
+        settings = changed(best.settings, model, knob, value)
+        key = _key(settings)
+        if key in self._seen:
+            return self._seen[key]
+        label = self._label(settings)
+        if self._out_of_time or self._clock() + self._expected() > self._deadline:
+            self._out_of_time = True
+            self.left_out.append(f"{label}: not tried (time budget)")
+            return None
+        started = self._clock()
+        trial = self._evaluate(settings, label)
+        trial.seconds = self._clock() - started
+        self._seen[key] = trial
+        self.trials.append(trial)
+        return trial
+
+    def _expected(self) -> float:
+        """What the next trial should cost: the median of those so far (0 before any)."""
+        return statistics.median(t.seconds for t in self.trials) if self.trials else 0.0
+
+    def _label(self, settings: Settings) -> str:
+        """What ``settings`` changes from the baseline, knob by knob."""
+        return ", ".join(
+            self._name(model, self._knobs[model, name].describe(value))
+            for model, values in settings.items()
+            for name, value in values.items()
+            if value != self._baseline[model][name] and (model, name) in self._knobs
+        )
+
+    def _name(self, model: str, text: str) -> str:
+        return f"{model}: {text}" if self._several else text
+
+
+def _better(trial: Trial, best: Trial) -> bool:
+    return trial.status == "measured" and trial.score > best.score * PAYS
+
+
+def _key(settings: Settings) -> bytes:
+    return msgspec.json.encode(settings, order="sorted")
+
+
+def score(points: Sequence[Point], p99_budget_ms: float | None) -> tuple[float, int]:
+    """The best throughput (and its concurrency) among the error-free points within the
+    p99 budget; (0, 0) when there is none."""
+    within = [
+        point
+        for point in points
+        if point.errors == 0 and (p99_budget_ms is None or point.p99_ms <= p99_budget_ms)
+    ]
+    if not within:
+        return 0.0, 0
+    best = max(within, key=lambda point: point.throughput)
+    return best.throughput, best.concurrency
+
+
+def ab_test(
+    current: Trial,
+    tuned: Trial,
+    measure: Callable[[Settings, int], Point],
+    p99_budget_ms: float | None,
+    rounds: int = AB_ROUNDS,
+) -> ABResult:
+    """Current and tuned measured in turn, ``rounds`` times, each at the concurrency its
+    sweep found best; the tuned one wins when its median ratio pays and it kept the p99
+    budget in most rounds."""
+    pairs = [
+        ABRound(
+            measure(current.settings, current.concurrency or 1),
+            measure(tuned.settings, tuned.concurrency or 1),
+        )
+        for _ in range(rounds)
+    ]
+    ratio = statistics.median(
+        pair.tuned.throughput / pair.current.throughput if pair.current.throughput else 0.0
+        for pair in pairs
+    )
+    kept = sum(
+        pair.tuned.errors == 0 and (p99_budget_ms is None or pair.tuned.p99_ms <= p99_budget_ms)
+        for pair in pairs
+    )
+    if kept * 2 <= rounds:
+        verdict = f"the tuned configuration broke the p99 budget or failed in {rounds - kept} of "
+        verdict += f"{rounds} rounds: the current configuration is best"
+        return ABResult(pairs, ratio, False, verdict)
+    if ratio < PAYS:
+        verdict = f"the tuned configuration answered {ratio:.2f}x the current one's requests/s, "
+        verdict += "within noise: the current configuration is best"
+        return ABResult(pairs, ratio, False, verdict)
+    return ABResult(pairs, ratio, True, f"the tuned configuration answers {ratio:.2f}x requests/s")
