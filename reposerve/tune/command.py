@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -113,6 +114,9 @@ def _positive(value: str) -> float:
 
 def tune(argv: list[str]) -> int:
     args = tune_parser().parse_args(argv)
+    # A SIGTERM unwinds like Ctrl-C: the server tune started stops, a server it tuned
+    # through --url gets its models back as they were.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     if args.write and args.url:
         print("reposerve tune: --write needs --model-repository (the folder to write to)")
         return 2
@@ -156,7 +160,7 @@ def _run(
     if loaded_here:  # a running server that has not loaded it: load it for the run
         client.load(args.model)
     machine = Machine(usable_cores(), len(discover().visible))
-    point = min(5.0, max(1.0, args.time_budget / 120))
+    point = min(3.0, max(1.0, args.time_budget / 200))
     sweep = Sweep(args.concurrency, point, point / 4, args.p99_ms, args.tolerance)
     metadata = client.metadata(args.model)
     if args.inputs is not None:
@@ -168,19 +172,24 @@ def _run(
     progress = Progress(started, args.time_budget)
     runner = Runner(client, args.model, targets, requests, sweep, machine, progress.point)
     try:
-        baseline_started = time.monotonic()
+        baseline_started, busy_before = time.monotonic(), runner.busy_ns()
         baseline = runner.evaluate(runner.baseline, "current configuration")
         baseline.seconds = time.monotonic() - baseline_started
+        busy = {name: ns - busy_before[name] for name, ns in runner.busy_ns().items()}
         progress.trial(baseline)
         if baseline.status != "measured":
             raise TuneError(f"the current configuration does not serve: {baseline.reason}")
-        # The A/B loads each side once per round and measures one point.
-        reserve = AB_ROUNDS * 2 * (point + sweep.warmup_seconds) * 1.5
+
+        # Each A/B round loads both sides and measures each at up to two concurrencies.
+        def search_deadline() -> float:
+            each_round = 4 * (point + sweep.warmup_seconds) + 2 * runner.load_seconds
+            return deadline - AB_ROUNDS * each_round
+
         search = Search(
             progress.timed(runner.evaluate), runner.configure, time.monotonic,
-            deadline - reserve, models=len(targets),
+            search_deadline, models=len(targets),
         )  # fmt: skip
-        best = search.run(baseline, runner.plan())
+        best = search.run(baseline, runner.plan(busy))
         ab = None
         if best is not baseline:
             progress.note(f"A/B: current against {best.label}, {AB_ROUNDS} rounds")

@@ -48,11 +48,13 @@ def recommend(
     config = base
     for knob in knobs:
         value = chosen[name][knob.name]
-        if value != baseline[name][knob.name]:
+        if value != baseline[name][knob.name] and knob.unusable(config) is None:
             config = knob.write(config, value)
     before = source.read_text() if source is not None and source.suffix == ".toml" else None
     before = before if before is not None else to_toml(base)
-    text = to_toml(config) if config != base else before
+    # The file's opening comments (what the model is) stay; to_toml writes no comments.
+    opening = "".join(_opening_comments(before)) if source is not None else ""
+    text = opening + to_toml(config) if config != base else before
     origin = str(source) if source is not None else f"{name} (served)"
     diff = "".join(
         difflib.unified_diff(
@@ -63,6 +65,15 @@ def recommend(
         )
     )
     return Recommendation(name, text, diff, folder)
+
+
+def _opening_comments(text: str) -> list[str]:
+    lines = []
+    for line in text.splitlines(keepends=True):
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return lines
 
 
 def _folder_config(source: Path, name: str) -> ModelConfig:

@@ -37,6 +37,7 @@ class RunResult(msgspec.Struct):
     max_ms: float
     latency_slope_ms_per_s: float  # growth of latency over the run (open loop)
     samples: list[Sample] = []
+    mean_ms: float = 0.0  # mean latency of the answered requests
 
     def line(self) -> str:
         load = f"c={self.concurrency}" if self.mode == "closed" else f"rate={self.rate:g}/s"
@@ -123,6 +124,7 @@ def summarise(
         max_ms=float(latencies.max()),
         latency_slope_ms_per_s=slope,
         samples=samples if mode == "open" else [],
+        mean_ms=float(latencies.mean()),
     )
 
 

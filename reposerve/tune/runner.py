@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -43,19 +44,23 @@ class Target(msgspec.Struct, frozen=True):
     name: str
     backend: str
     config: ModelConfig  # as it was served when tune started
+    # The batches it must still take: an ensemble passes its own on to its steps.
+    smallest_batch: int = 1
 
 
-def targets_of(client: ServerClient, model: str) -> list[Target]:
+def targets_of(client: ServerClient, model: str, smallest_batch: int = 1) -> list[Target]:
     """The models to configure for ``model``: itself, or an ensemble's steps (nested ones
     included), each as the server serves it now."""
     config = _served(client, model)
     if config.backend != "ensemble":
         assert config.backend is not None  # a served config names its backend
-        return [Target(model, config.backend, config)]
+        return [Target(model, config.backend, config, smallest_batch)]
     found: dict[str, Target] = {}
     for step in config.step:
-        for target in targets_of(client, step.model):
-            found.setdefault(target.name, target)
+        for target in targets_of(client, step.model, max(smallest_batch, config.max_batch_size)):
+            known = found.get(target.name)
+            if known is None or known.smallest_batch < target.smallest_batch:
+                found[target.name] = target
     return list(found.values())
 
 
@@ -89,7 +94,8 @@ class Runner:
         self.knobs: dict[str, list[Knob]] = {}
         self.left_out: list[str] = []
         for target in targets:
-            knobs, left_out = knobs_for(target.config, target.backend, machine, smallest)
+            floor = max(smallest, target.smallest_batch)
+            knobs, left_out = knobs_for(target.config, target.backend, machine, floor)
             self.knobs[target.name] = knobs
             prefix = f"{target.name}: " if len(targets) > 1 else ""
             self.left_out += [prefix + line for line in left_out]
@@ -99,16 +105,24 @@ class Runner:
         }
         self._loaded = self.baseline
         self._reference: dict[str, np.ndarray] | None = None
+        self._best = (0.0, 1)  # the best score measured so far, and its concurrency
+        self.load_seconds = 0.0  # the longest load so far
 
-    def plan(self) -> list[tuple[str, Knob]]:
-        """Every (model, knob) in search order: each knob across the models, in turn."""
-        longest = max((len(knobs) for knobs in self.knobs.values()), default=0)
-        return [
-            (name, knobs[index])
-            for index in range(longest)
-            for name, knobs in self.knobs.items()
-            if index < len(knobs)
-        ]
+    def busy_ns(self) -> dict[str, int]:
+        """Each model's time spent executing batches so far, per instance (statistics)."""
+        busy = {}
+        for name, target in self.targets.items():
+            stats = self.client.get(f"/v2/models/{name}/stats")["model_stats"]
+            total = sum(b["compute_infer"]["ns"] for s in stats for b in s["batch_stats"])
+            instances = sum(group.count for group in target.config.instance_group or ())
+            busy[name] = total // max(instances, 1)
+        return busy
+
+    def plan(self, busy_ns: dict[str, int] | None = None) -> list[tuple[str, Knob]]:
+        """Every (model, knob) in search order: the busiest model's knobs first (in an
+        ensemble, the step that limits it), each model's in the order knobs_for gives."""
+        names = sorted(self.knobs, key=lambda name: -(busy_ns or {}).get(name, 0))
+        return [(name, knob) for name in names for knob in self.knobs[name]]
 
     def configure(self, settings: Settings) -> dict[str, ModelConfig]:
         configs = {}
@@ -116,7 +130,8 @@ class Runner:
             config = target.config
             for knob in self.knobs[name]:
                 value = settings[name][knob.name]
-                if value != knob.read(config):
+                # a knob the others turned off (queue delay without batching) waits
+                if knob.unusable(config) is None and value != knob.read(config):
                     config = knob.write(config, value)
             configs[name] = config
         return configs
@@ -146,6 +161,7 @@ class Runner:
             trial.reason += f": {self._one_error()}"
             return trial
         trial.score, trial.concurrency = score(trial.points, self.sweep.p99_budget_ms)
+        self._best = max(self._best, (trial.score, trial.concurrency))
         if trial.score == 0.0:
             trial.reason = f"p99 above {self.sweep.p99_budget_ms:g} ms at every concurrency"
         return trial
@@ -163,7 +179,9 @@ class Runner:
                 continue
             self._loaded = {**self._loaded, name: {}}  # unknown until the load answers
             document = to_triton(name, self.targets[name].backend, configs[name])
+            started = time.monotonic()
             self.client.load(name, document)
+            self.load_seconds = max(self.load_seconds, time.monotonic() - started)
             self._loaded = {**self._loaded, name: values}
 
     def restore(self) -> None:
@@ -186,9 +204,11 @@ class Runner:
 
     def _sweep(self, label: str, capacity: int) -> list[Point]:
         """Points of rising concurrency until it saturates: past ``capacity``, a
-        doubling that adds less than 5%."""
+        doubling that adds less than 5%. Once a candidate has been measured, sweeps start
+        a quarter of the way to its best concurrency: below, nothing is decided."""
         points: list[Point] = []
-        ladder = self.sweep.concurrencies or _doublings()
+        start = max(1, self._best[1] // 4)
+        ladder = self.sweep.concurrencies or [c for c in _doublings() if c >= start]
         best = 0.0
         for index, concurrency in enumerate(ladder):
             warmup = self.sweep.warmup_seconds * (2 if index == 0 else 1)  # a load's first runs
@@ -216,7 +236,11 @@ class Runner:
                 warmup,
             )
         )
-        return Point(concurrency, run.throughput, run.p50_ms, run.p99_ms, run.errors)
+        # Little's law: each of the clients always has one request out, so they are answered
+        # at concurrency / mean latency. Counting answers in the window instead moves in steps
+        # of a whole batch per window, 20% or more for a slow model's few big batches.
+        throughput = concurrency * 1000 / run.mean_ms if run.completed else 0.0
+        return Point(concurrency, throughput, run.p50_ms, run.p99_ms, run.errors)
 
     def _one_error(self) -> str:
         try:

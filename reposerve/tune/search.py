@@ -41,10 +41,11 @@ class Search:
         evaluate: Evaluate,
         configure: Configure,
         clock: Callable[[], float],
-        deadline: float,
+        deadline: Callable[[], float],
         models: int = 1,
     ) -> None:
-        """``deadline``: the clock's time by which every trial must have ended."""
+        """``deadline()``: the clock's time by which every trial must have ended (it may
+        move as trials tell what the rest of the run will cost)."""
         self._evaluate = evaluate
         self._configure = configure
         self._clock = clock
@@ -110,10 +111,11 @@ class Search:
             if 0 <= i < len(ladder)
             and (trial := self._seen.get(_key(changed(best.settings, model, knob, ladder[i]))))
         ]
-        if not neighbours or not isinstance(value, int) or value < 1:
+        floor = knob.refine_from
+        if not neighbours or not isinstance(value, int) or value < floor:
             return best
         _, neighbour = max(neighbours, key=lambda pair: pair[0])
-        if not isinstance(neighbour, int) or neighbour < 1 or abs(neighbour - value) < 2:
+        if not isinstance(neighbour, int) or neighbour < floor or abs(neighbour - value) < 2:
             return best
         trial = self._try(best, model, knob, (value + neighbour) // 2)
         return trial if trial is not None and _better(trial, best) else best
@@ -125,7 +127,7 @@ class Search:
         if key in self._seen:
             return self._seen[key]
         label = self._label(settings)
-        if self._out_of_time or self._clock() + self._expected() > self._deadline:
+        if self._out_of_time or self._clock() + self._expected() > self._deadline():
             self._out_of_time = True
             self.left_out.append(f"{label}: not tried (time budget)")
             return None
@@ -141,13 +143,17 @@ class Search:
         return statistics.median(t.seconds for t in self.trials) if self.trials else 0.0
 
     def _label(self, settings: Settings) -> str:
-        """What ``settings`` changes from the baseline, knob by knob."""
-        return ", ".join(
-            self._name(model, self._knobs[model, name].describe(value))
-            for model, values in settings.items()
-            for name, value in values.items()
-            if value != self._baseline[model][name] and (model, name) in self._knobs
-        )
+        """What ``settings`` changes from the baseline, model by model."""
+        parts = []
+        for model, values in settings.items():
+            changes = ", ".join(
+                self._knobs[model, name].describe(value)
+                for name, value in values.items()
+                if value != self._baseline[model][name] and (model, name) in self._knobs
+            )
+            if changes:
+                parts.append(self._name(model, changes))
+        return "; ".join(parts)
 
     def _name(self, model: str, text: str) -> str:
         return f"{model}: {text}" if self._several else text
@@ -164,11 +170,7 @@ def _key(settings: Settings) -> bytes:
 def score(points: Sequence[Point], p99_budget_ms: float | None) -> tuple[float, int]:
     """The best throughput (and its concurrency) among the error-free points within the
     p99 budget; (0, 0) when there is none."""
-    within = [
-        point
-        for point in points
-        if point.errors == 0 and (p99_budget_ms is None or point.p99_ms <= p99_budget_ms)
-    ]
+    within = [point for point in points if _within(point, p99_budget_ms)]
     if not within:
         return 0.0, 0
     best = max(within, key=lambda point: point.throughput)
@@ -182,24 +184,21 @@ def ab_test(
     p99_budget_ms: float | None,
     rounds: int = AB_ROUNDS,
 ) -> ABResult:
-    """Current and tuned measured in turn, ``rounds`` times, each at the concurrency its
-    sweep found best; the tuned one wins when its median ratio pays and it kept the p99
-    budget in most rounds."""
+    """Current and tuned measured in turn, ``rounds`` times, each at both concurrencies
+    their sweeps found best (more clients alone can raise throughput), each side's round
+    counting its best point within the budget; the tuned one wins when its median ratio
+    pays and it kept the budget in most rounds."""
+    levels = sorted({current.concurrency or 1, tuned.concurrency or 1})
     pairs = [
-        ABRound(
-            measure(current.settings, current.concurrency or 1),
-            measure(tuned.settings, tuned.concurrency or 1),
-        )
+        ABRound(_best_point(current, levels, measure, p99_budget_ms),
+                _best_point(tuned, levels, measure, p99_budget_ms))
         for _ in range(rounds)
-    ]
+    ]  # fmt: skip
     ratio = statistics.median(
         pair.tuned.throughput / pair.current.throughput if pair.current.throughput else 0.0
         for pair in pairs
     )
-    kept = sum(
-        pair.tuned.errors == 0 and (p99_budget_ms is None or pair.tuned.p99_ms <= p99_budget_ms)
-        for pair in pairs
-    )
+    kept = sum(_within(pair.tuned, p99_budget_ms) for pair in pairs)
     if kept * 2 <= rounds:
         verdict = f"the tuned configuration broke the p99 budget or failed in {rounds - kept} of "
         verdict += f"{rounds} rounds: the current configuration is best"
@@ -209,3 +208,20 @@ def ab_test(
         verdict += "within noise: the current configuration is best"
         return ABResult(pairs, ratio, False, verdict)
     return ABResult(pairs, ratio, True, f"the tuned configuration answers {ratio:.2f}x requests/s")
+
+
+def _best_point(
+    trial: Trial,
+    levels: Sequence[int],
+    measure: Callable[[Settings, int], Point],
+    p99_budget_ms: float | None,
+) -> Point:
+    """The best of ``trial`` measured at each of ``levels`` within the budget (else the
+    last point, which shows why none was)."""
+    points = [measure(trial.settings, level) for level in levels]
+    within = [point for point in points if _within(point, p99_budget_ms)]
+    return max(within, key=lambda point: point.throughput) if within else points[-1]
+
+
+def _within(point: Point, p99_budget_ms: float | None) -> bool:
+    return point.errors == 0 and (p99_budget_ms is None or point.p99_ms <= p99_budget_ms)

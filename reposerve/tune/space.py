@@ -34,9 +34,10 @@ class Machine(msgspec.Struct, frozen=True):
 
 class Knob:
     """One setting: ``ladder`` is the values tried, in order; ``numeric`` knobs are walked
-    from the current value outward and refined between ladder steps; the others have each
-    value tried. ``checked`` knobs change the outputs (precision): a candidate with one is
-    compared with fp32 first."""
+    from the current value outward and refined between ladder steps no lower than
+    ``refine_from`` (below it a value means something else: batching off, threads auto);
+    the others have each value tried. ``checked`` knobs change the outputs (precision): a
+    candidate with one is compared with fp32 first."""
 
     def __init__(
         self,
@@ -47,9 +48,11 @@ class Knob:
         *,
         numeric: bool = True,
         checked: bool = False,
+        refine_from: int = 1,
         needs: Callable[[ModelConfig], str | None] = lambda config: None,
     ) -> None:
         self.name = name
+        self.refine_from = refine_from  # the least value a midpoint may lie between
         self.ladder = ladder
         self.read = read
         self.write = write
@@ -130,7 +133,7 @@ def _batch_knob(smallest: int) -> Knob:
         return replace(config, max_batch_size=value, dynamic_batching=batching)
 
     ladder = tuple(size for size in BATCH_SIZES if size == 1 or size >= smallest)
-    return Knob("max_batch_size", ladder, read, write)
+    return Knob("max_batch_size", ladder, read, write, refine_from=2)
 
 
 def _delay_knob() -> Knob:
@@ -146,7 +149,8 @@ def _delay_knob() -> Knob:
     def needs(config: ModelConfig) -> str | None:
         return None if config.dynamic_batching is not None else "dynamic batching is off"
 
-    return Knob("max_queue_delay_microseconds", QUEUE_DELAYS_US, read, write, needs=needs)
+    delays = QUEUE_DELAYS_US
+    return Knob("max_queue_delay_microseconds", delays, read, write, refine_from=0, needs=needs)
 
 
 def _instances_knob(machine: Machine, on_gpu: bool) -> Knob:

@@ -21,8 +21,14 @@ from tools.bench.fronts import fronts, grpc_servers
 from tools.bench.plot import plot, plot_fronts
 from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
+from tools.bench.tune_vs_analyzer import tune_vs_analyzer
 
-SCENARIOS = {**SCENARIO_TABLE, "fronts": fronts, "grpc-servers": grpc_servers}
+SCENARIOS = {
+    **SCENARIO_TABLE,
+    "fronts": fronts,
+    "grpc-servers": grpc_servers,
+    "tune-vs-analyzer": tune_vs_analyzer,
+}
 
 
 def _shape(value: str) -> tuple[str, list[int]]:
