@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from reposerve.access import API_CATEGORIES
+from reposerve.arguments import boolean, non_negative, positive, positive_int
 from reposerve.errors import ConfigError
 from reposerve.fronts import default_workers, usable_cores
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
@@ -19,43 +19,11 @@ from reposerve.settings import RestrictedApi, Settings
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _boolean(value: str) -> bool:
-    if value.lower() in ("true", "1", "yes", "on"):
-        return True
-    if value.lower() in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-def _non_negative(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    def parse(value: str) -> int | float:
-        try:
-            number = kind(value)
-        except ValueError:
-            number = -1
-        if not number >= 0:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} >= 0, got {value!r}")
-        return number
-
-    parse.__name__ = kind.__name__  # what argparse names in its messages
-    return parse
-
-
 def _metrics_setting(value: str) -> tuple[str, object]:
     try:
         return parse_metrics_setting(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_ms(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = 0.0
-    if not number > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected milliseconds > 0, got {value!r}")
-    return number
 
 
 def _restricted(value: str) -> RestrictedApi:
@@ -88,7 +56,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--strict-model-config",
-        type=_boolean,
+        type=boolean,
         default=False,
         metavar="BOOL",
         help="Triton's older flag: true = --disable-auto-complete-config (false)",
@@ -101,7 +69,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--model-load-thread-count",
-        type=_positive_int,
+        type=positive_int,
         default=4,
         metavar="N",
         help="how many models load at once, at start-up and after (4)",
@@ -109,7 +77,7 @@ def serve_parser() -> argparse.ArgumentParser:
     add("--http-host", default="0.0.0.0", metavar="H", help="address to listen on (0.0.0.0)")
     add(
         "--allow-http",
-        type=_boolean,
+        type=boolean,
         default=True,
         metavar="BOOL",
         help="serve the V2 HTTP/REST protocol (true); false serves gRPC (and metrics) alone",
@@ -118,7 +86,7 @@ def serve_parser() -> argparse.ArgumentParser:
     add("--metrics-port", type=int, default=8002, metavar="PORT", help="metrics port (8002)")
     add(
         "--allow-metrics",
-        type=_boolean,
+        type=boolean,
         default=True,
         metavar="BOOL",
         help="serve Prometheus metrics on --metrics-port (true)",
@@ -130,7 +98,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--metrics-interval-ms",
-        type=_positive_ms,
+        type=positive("milliseconds"),
         default=2000.0,
         metavar="MS",
         help="how often CPU and GPU usage is sampled for the metrics (2000)",
@@ -148,7 +116,7 @@ def serve_parser() -> argparse.ArgumentParser:
     for kind in ("cpu", "gpu"):
         add(
             f"--allow-{kind}-metrics",
-            type=_boolean,
+            type=boolean,
             default=True,
             metavar="BOOL",
             help=f"sample {kind.upper()} utilisation and memory for nv_{kind}_* (true)",
@@ -171,7 +139,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--allow-model-file-override",
-        type=_boolean,
+        type=boolean,
         nargs="?",
         const=True,
         default=True,
@@ -214,7 +182,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--http-header-timeout-secs",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=30.0,
         metavar="S",
         help="a request head (request line and headers) must be complete within S seconds "
@@ -222,7 +190,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--http-body-timeout-secs",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=60.0,
         metavar="S",
         help="longest silence allowed while a request body arrives (an idle timeout, so "
@@ -230,7 +198,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--http-max-connections",
-        type=_non_negative(int),
+        type=non_negative(int),
         default=1024,
         metavar="N",
         help="most open connections; at the cap a new one closes the connection waiting "
@@ -239,7 +207,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--allow-grpc",
-        type=_boolean,
+        type=boolean,
         default=True,
         metavar="BOOL",
         help="serve Triton's gRPC protocol (GRPCInferenceService and grpc.health.v1; true)",
@@ -248,7 +216,7 @@ def serve_parser() -> argparse.ArgumentParser:
     for protocol in ("http", "grpc"):
         add(
             f"--{protocol}-workers",
-            type=_positive_int,
+            type=positive_int,
             metavar="N",
             help=f"{protocol.upper().replace('GRPC', 'gRPC')} front processes on the one port, "
             "this one included, all feeding the same schedulers (default: 1 below 4 usable "
@@ -260,10 +228,10 @@ def serve_parser() -> argparse.ArgumentParser:
         metavar="H",
         help="address the gRPC port listens on (default: --http-host's)",
     )
-    add("--grpc-use-ssl", type=_boolean, default=False, metavar="BOOL", help="TLS on gRPC")
+    add("--grpc-use-ssl", type=boolean, default=False, metavar="BOOL", help="TLS on gRPC")
     add(
         "--grpc-use-ssl-mutual",
-        type=_boolean,
+        type=boolean,
         default=False,
         metavar="BOOL",
         help="mutual TLS on gRPC: clients need a certificate signed by --grpc-root-cert",
@@ -289,7 +257,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--shutdown-grace-secs",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=None,
         metavar="S",
         help="after SIGTERM, report not ready but keep serving for S seconds (while load "
@@ -306,7 +274,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--strict-readiness",
-        type=_boolean,
+        type=boolean,
         default=True,
         metavar="BOOL",
         help="true: /v2/health/ready only while every loaded model is ready; "
@@ -322,7 +290,7 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--exit-on-error",
-        type=_boolean,
+        type=boolean,
         default=True,
         metavar="BOOL",
         help="exit at start-up if a model fails to load (true)",
@@ -342,14 +310,14 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     add(
         "--log-verbose",
-        type=_non_negative(int),
+        type=non_negative(int),
         metavar="N",
         help="verbose messages up to level N (0 = none; default 1 with --log-level debug)",
     )
     for level in ("info", "warning", "error"):
         add(
             f"--log-{level}",
-            type=_boolean,
+            type=boolean,
             metavar="BOOL",
             help=f"log {level.upper()} messages (default: as --log-level says)",
         )
@@ -378,12 +346,6 @@ def _shutdown_grace(value: float | None) -> float:
     if value is not None:
         return value
     return KUBERNETES_GRACE_SECS if os.environ.get("KUBERNETES_SERVICE_HOST") else 0.0
-
-
-def _positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value!r}")
-    return int(value)
 
 
 def _log_flags(args: argparse.Namespace) -> dict[str, object]:

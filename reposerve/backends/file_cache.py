@@ -15,10 +15,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from reposerve.files import replace_atomically
 
 CACHE_DIR_VARIABLE = "REPOSERVE_CACHE_DIR"
 
@@ -62,15 +63,5 @@ def build_once(target: Path, build: Callable[[], bytes]) -> bool:
     with exclusive(target.with_name(target.name + ".lock")):
         if target.exists():  # built by whoever held the lock before us
             return False
-        content = build()
-        descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(descriptor, "wb") as file:
-                file.write(content)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        replace_atomically(target, build())
     return True

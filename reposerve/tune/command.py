@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from reposerve.arguments import positive
 from reposerve.errors import ConfigError, TuneError
 from reposerve.fronts import usable_cores
 from reposerve.repository.gpus import discover
@@ -65,17 +66,19 @@ def tune_parser() -> argparse.ArgumentParser:
         help="client concurrencies to sweep, e.g. 1,4,16 (auto: doubling until throughput "
         "stops growing)",
     )
-    add("--p99-ms", type=_positive, metavar="BUDGET", help="p99 latency budget in ms")
+    add(
+        "--p99-ms", type=positive("milliseconds"), metavar="BUDGET", help="p99 latency budget in ms"
+    )
     add(
         "--time-budget",
-        type=_positive,
+        type=positive("seconds"),
         default=DEFAULT_TIME_BUDGET_S,
         metavar="SECONDS",
         help=f"the whole run's wall time (default {DEFAULT_TIME_BUDGET_S:g})",
     )
     add(
         "--tolerance",
-        type=_positive,
+        type=positive("a share"),
         default=DEFAULT_TOLERANCE,
         help="a lower precision is accepted only when outputs stay within this share of "
         f"the fp32 outputs' largest magnitude (default {DEFAULT_TOLERANCE:g})",
@@ -102,24 +105,14 @@ def _concurrency(value: str) -> tuple[int, ...] | None:
     return levels
 
 
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = 0.0
-    if not number > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value!r}")
-    return number
-
-
 def tune(argv: list[str]) -> int:
-    args = tune_parser().parse_args(argv)
+    parser = tune_parser()
+    args = parser.parse_args(argv)
+    if args.write and args.url:
+        parser.error("--write needs --model-repository (the folder to write to)")
     # A SIGTERM unwinds like Ctrl-C: the server tune started stops, a server it tuned
     # through --url gets its models back as they were.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
-    if args.write and args.url:
-        print("reposerve tune: --write needs --model-repository (the folder to write to)")
-        return 2
     repository = None if args.url else (args.model_repository or Path("model_repository"))
     out = args.out or Path("tune-out") / args.model
     out.mkdir(parents=True, exist_ok=True)
@@ -128,10 +121,11 @@ def tune(argv: list[str]) -> int:
         with _server(args.url, repository, args.model, out) as client:
             results, recommendations = _run(args, client, repository, started)
         written = write_report(out, results, recommendations)
-        if args.write and results.ab is not None and results.ab.tuned_wins:
-            for recommendation in recommendations:
-                if recommendation.diff:
-                    print(f"wrote {write(recommendation)}")
+        changed = [r for r in recommendations if r.diff]
+        for recommendation in changed if args.write else ():
+            print(f"wrote {write(recommendation)}")
+        if args.write and not changed:
+            print("--write: nothing written, the current configuration stays")
     except TuneError as exc:
         print(f"reposerve tune: {exc.message}", file=sys.stderr)
         return 1
@@ -178,7 +172,8 @@ def _run(
         busy = {name: ns - busy_before[name] for name, ns in runner.busy_ns().items()}
         progress.trial(baseline)
         if baseline.status != "measured":
-            raise TuneError(f"the current configuration does not serve: {baseline.reason}")
+            hint = "" if args.inputs else " Hint: give real samples with --inputs FILE|DIR"
+            raise TuneError(f"the current configuration does not serve: {baseline.reason}.{hint}")
 
         # Each A/B round loads both sides and measures each at up to two concurrencies.
         def search_deadline() -> float:

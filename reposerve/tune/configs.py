@@ -10,9 +10,7 @@ it was; without the folder (``--url``), from the configuration the server serves
 from __future__ import annotations
 
 import difflib
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import msgspec
@@ -21,6 +19,7 @@ from reposerve.config.load import find_config, load_model_config
 from reposerve.config.schema import ModelConfig
 from reposerve.config.toml_writer import to_toml
 from reposerve.errors import ConfigError, TuneError
+from reposerve.files import replace_atomically
 from reposerve.tune.results import Settings
 from reposerve.tune.space import Knob
 
@@ -93,14 +92,5 @@ def write(recommendation: Recommendation) -> Path:
     target = folder / "config.toml"
     if target.exists():
         shutil.copy2(target, folder / f"config.toml{KEPT_SUFFIX}")
-    handle, temporary = tempfile.mkstemp(prefix=".config.toml.", dir=folder)
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(recommendation.text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_atomically(target, recommendation.text.encode())
     return target

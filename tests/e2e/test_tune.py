@@ -227,8 +227,26 @@ def test_a_precision_that_changes_the_outputs_is_not_recommended(repository, tmp
 
 def test_tune_refuses_what_it_cannot_do(known_cost, tmp_path):
     done, _ = _tune("known_cost", "--url", "127.0.0.1:1", "--write", timeout=30)
-    assert done.returncode == 2 and "--write needs --model-repository" in done.stdout
+    assert done.returncode == 2 and "--write needs --model-repository" in done.stderr
     done, _ = _tune("absent", "--model-repository", str(known_cost), timeout=30)
     assert done.returncode == 1 and "absent: no such model folder" in done.stderr
     done, _ = _tune("known_cost", "--url", "127.0.0.1:1", "--out", str(tmp_path), timeout=30)
     assert done.returncode == 1 and "no answer" in done.stderr
+    write_model(
+        known_cost,
+        "picky",
+        KNOWN_COST_CONFIG,
+        """
+        from reposerve import InvalidInput
+
+
+        class Model:
+            def execute(self, inputs):
+                raise InvalidInput("INPUT: expected a real sample, got noise")
+        """,
+    )
+    done, _ = _tune("picky", "--model-repository", str(known_cost), "--out", str(tmp_path))
+    assert done.returncode == 1
+    assert "the current configuration does not serve" in done.stderr
+    assert "expected a real sample, got noise" in done.stderr
+    assert "Hint: give real samples with --inputs" in done.stderr

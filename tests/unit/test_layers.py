@@ -4,8 +4,9 @@ cli (convert, tune) -> server -> fronts -> http -> grpc -> service -> repository
 -> scheduler -> instance -> backends
 (the server object starts the fronts: HTTP, gRPC and metrics), and every layer may use the
 leaves (protocol, operations, config, errors, datatypes, tensor, statistics, settings,
-metrics, quantiles, utilization, access). Inside a layer, modules import one another without
-circles, deferred imports included: a circle only works while its import order does.
+metrics, quantiles, utilization, access, arguments, files). Inside a layer, modules import one
+another without circles, deferred imports included: a circle only works while its import order
+does.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ LEAVES = {
     "logs",
     "access",
     "framing",
+    "arguments",
+    "files",
     "__init__",
 }
 # What each leaf may import besides the standard library and numpy/msgspec.
@@ -63,6 +66,8 @@ LEAF_RULES = {
     "settings": {"metrics"},  # MetricsOptions, the metrics flags as one value
     "logs": {"errors", "settings"},  # start_logging: the --log-* flags
     "framing": set(),
+    "arguments": set(),
+    "files": set(),
     "access": {"errors", "settings"},  # who may call which API, for every front
     "__init__": {"errors"},  # the package exports InvalidInput for model authors
     # the service's typed arguments and results, which a front in any process can import

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from reposerve.config.parameters import check_parameters
 from reposerve.config.schema import DynamicBatching, InstanceGroup, ModelConfig
 from reposerve.tune.results import Point, Settings, Trial
 from reposerve.tune.search import Search, ab_test, score
@@ -155,6 +156,10 @@ def test_knob_writes_read_back():
                 assert knob.read(config) == value, knob.name
     tensorrt = next(k for k in knobs if k.name == "tensorrt")
     assert tensorrt.write(batching, True).parameters == {"onnxruntime": {"tensorrt": {}}}
+    for knob in knobs:  # every value written is one a load accepts
+        for value in knob.ladder:
+            if not knob.unusable(batching):
+                check_parameters(knob.write(batching, value), "m/config.toml")
     assert tensorrt.write(tensorrt.write(batching, True), False).parameters == {"onnxruntime": {}}
     batch = knobs[0]
     assert batch.write(batching, 16).dynamic_batching.preferred_batch_size == []

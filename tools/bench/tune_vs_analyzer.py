@@ -4,6 +4,8 @@ Analyzer on the same model, machine and p99 budget.
 Each tool searches on its own (tune with its default time budget; Model Analyzer's automatic
 brute search over instances and max batch size with dynamic batching, in its remote mode
 against a reposerve server, bounded below its defaults so that it ends within an hour here).
+Model Analyzer is told ``cpu_only``: in remote mode it cannot see that the host has no GPU,
+and without it every candidate it makes asks for KIND_GPU and fails to load.
 Then the winner of each, and the shipped configuration, are loaded in turn on one server
 and measured by the same client, perf_analyzer, at the concurrency each tool chose, in
 interleaved rounds: the comparison does not rest on either tool's own numbers.
@@ -22,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from reposerve.config import load_model_config
+from reposerve.config import parse_model_config
+from reposerve.config.pbtxt import parse_pbtxt
 from reposerve.config.triton import to_triton
 from reposerve.tune.client import ServerClient
 from reposerve.tune.load import RunResult
@@ -54,6 +57,7 @@ perf_analyzer_flags:
   measurement-interval: 2000
 profile_models:
   {model}:
+    cpu_only: true
     constraints:
       perf_latency_p99:
         max: {budget}
@@ -79,7 +83,9 @@ async def tune_vs_analyzer(duration: float) -> Report:
     facts["tune_wall_s"] = time.monotonic() - started
     tuned = json.loads((tune_out / "results.json").read_text())
     facts["tune_own_best"] = tuned["best"]["score"]
-    tune_concurrency = tuned["best"]["concurrency"] or tuned["baseline"]["concurrency"]
+    # What tune recommends: its best only when that won the A/B, else the shipped config.
+    won = tuned["ab"] is not None and tuned["ab"]["tuned_wins"]
+    tune_concurrency = tuned["best" if won else "baseline"]["concurrency"]
 
     started = time.monotonic()
     analyzer_config, analyzer_concurrency, analyzer_best = _run_analyzer(repository, work)
@@ -87,15 +93,15 @@ async def tune_vs_analyzer(duration: float) -> Report:
     facts["analyzer_own_best"] = analyzer_best
 
     server = reposerve(repository, "--load-model", MODEL, "--model-control-mode", "explicit")
-    client = ServerClient(f"127.0.0.1:{server.port}")
-    served = client.config(MODEL)
-    candidates = [
-        ("shipped", served, tuned["baseline"]["concurrency"]),
-        ("reposerve tune", _merged(served, tune_out / "config.toml"), tune_concurrency),
-        ("Model Analyzer", _merged(served, analyzer_config), analyzer_concurrency),
-    ]
     results: list[RunResult] = []
     try:
+        client = ServerClient(f"127.0.0.1:{server.port}")
+        served = client.config(MODEL)
+        candidates = [
+            ("shipped", served, tuned["baseline"]["concurrency"]),
+            ("reposerve tune", _merged(served, tune_out / "config.toml"), tune_concurrency),
+            ("Model Analyzer", _merged(served, analyzer_config), analyzer_concurrency),
+        ]
         for _ in range(ROUNDS):
             for label, document, concurrency in candidates:
                 client.load(MODEL, document)
@@ -159,7 +165,12 @@ def _run_analyzer(repository: Path, work: Path) -> tuple[Path, int, float]:
 
 def _merged(served: dict, config_path: Path) -> dict:
     """The served config with the tuned fields of ``config_path``'s configuration."""
-    variant = to_triton(MODEL, "onnxruntime", load_model_config(config_path))
+    text = config_path.read_text()
+    if config_path.suffix == ".pbtxt":  # its folder is the variant's, named otherwise
+        config = parse_pbtxt(text, str(config_path))
+    else:
+        config = parse_model_config(text, str(config_path))
+    variant = to_triton(MODEL, "onnxruntime", config)
     merged = dict(served)
     for field in TUNED_FIELDS:
         if field in variant:
