@@ -67,7 +67,9 @@ class ServerClient:
         self._call("POST", f"/v2/repository/models/{model}/load", body, {}, LOAD_TIMEOUT_S)
 
     def unload(self, model: str) -> None:
-        self._call("POST", f"/v2/repository/models/{model}/unload", b"{}", {}, LOAD_TIMEOUT_S)
+        """Unload ``model`` and what loading it loaded (an ensemble's steps)."""
+        body = msgspec.json.encode({"parameters": {"unload_dependents": True}})
+        self._call("POST", f"/v2/repository/models/{model}/unload", body, {}, LOAD_TIMEOUT_S)
 
     def infer(self, model: str, request: SampleRequest) -> dict[str, np.ndarray]:
         """One request's outputs by name (JSON or binary answers alike)."""

@@ -22,7 +22,7 @@ from reposerve.tune.configs import Recommendation, recommend, write
 from reposerve.tune.progress import Progress
 from reposerve.tune.report import summary, write_report
 from reposerve.tune.requests import sample_requests
-from reposerve.tune.results import TuneResults
+from reposerve.tune.results import ABResult, TuneResults
 from reposerve.tune.runner import Runner, Sweep, targets_of
 from reposerve.tune.search import AB_ROUNDS, Search, ab_test
 from reposerve.tune.server import LocalServer
@@ -112,7 +112,8 @@ def tune(argv: list[str]) -> int:
         parser.error("--write needs --model-repository (the folder to write to)")
     # A SIGTERM unwinds like Ctrl-C: the server tune started stops, a server it tuned
     # through --url gets its models back as they were.
-    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
+    for number in (signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
+        signal.signal(number, lambda number, frame: sys.exit(128 + number))
     repository = None if args.url else (args.model_repository or Path("model_repository"))
     out = args.out or Path("tune-out") / args.model
     out.mkdir(parents=True, exist_ok=True)
@@ -153,19 +154,21 @@ def _run(
     loaded_here = not client.ready(args.model)
     if loaded_here:  # a running server that has not loaded it: load it for the run
         client.load(args.model)
-    machine = Machine(usable_cores(), len(discover().visible))
-    point = min(3.0, max(1.0, args.time_budget / 200))
-    sweep = Sweep(args.concurrency, point, point / 4, args.p99_ms, args.tolerance)
-    metadata = client.metadata(args.model)
-    if args.inputs is not None:
-        batched = client.config(args.model).get("max_batch_size", 0) > 0
-        requests = sample_requests(args.inputs, metadata, batched)
-    else:
-        requests = requests_for(client, args.model)
-    targets = targets_of(client, args.model)
-    progress = Progress(started, args.time_budget)
-    runner = Runner(client, args.model, targets, requests, sweep, machine, progress.point)
+    runner = None
     try:
+        # The machine tune runs on: with --url, the server's must be the same one.
+        machine = Machine(usable_cores(), len(discover().visible))
+        point = min(3.0, max(1.0, args.time_budget / 200))
+        sweep = Sweep(args.concurrency, point, point / 4, args.p99_ms, args.tolerance)
+        metadata = client.metadata(args.model)
+        if args.inputs is not None:
+            batched = client.config(args.model).get("max_batch_size", 0) > 0
+            requests = sample_requests(args.inputs, metadata, batched)
+        else:
+            requests = requests_for(client, args.model)
+        targets = targets_of(client, args.model)
+        progress = Progress(started, args.time_budget)
+        runner = Runner(client, args.model, targets, requests, sweep, machine, progress.point)
         baseline_started, busy_before = time.monotonic(), runner.busy_ns()
         baseline = runner.evaluate(runner.baseline, "current configuration")
         baseline.seconds = time.monotonic() - baseline_started
@@ -182,16 +185,21 @@ def _run(
 
         search = Search(
             progress.timed(runner.evaluate), runner.configure, time.monotonic,
-            search_deadline, models=len(targets),
+            search_deadline, models=len(targets), first_estimate=baseline.seconds,
         )  # fmt: skip
         best = search.run(baseline, runner.plan(busy))
         ab = None
         if best is not baseline:
             progress.note(f"A/B: current against {best.label}, {AB_ROUNDS} rounds")
-            ab = ab_test(baseline, best, runner.measure, args.p99_ms)
+            try:
+                ab = ab_test(baseline, best, runner.measure, args.p99_ms)
+            except (TuneError, OSError) as exc:  # the search's results still get reported
+                reason = exc.message if isinstance(exc, TuneError) else str(exc)
+                ab = ABResult([], 0.0, False, f"the A/B could not run ({reason}): nothing changes")
     finally:
         if args.url is not None:
-            runner.restore()
+            for problem in runner.restore() if runner is not None else ():
+                print(f"reposerve tune: {problem}", file=sys.stderr)
             if loaded_here:
                 client.unload(args.model)
     chosen = best.settings if ab is not None and ab.tuned_wins else baseline.settings

@@ -43,6 +43,10 @@ def write_report(
 def summary(results: TuneResults) -> str:
     """The verdict in one line, as tune prints it last."""
     base, best = results.baseline, results.best
+    if results.ab is None and not results.trials:
+        return f"{results.model}: no candidate was tried within the time budget: nothing changes"
+    if results.ab is None and best.score == 0.0:
+        return f"{results.model}: no configuration tried kept the p99 budget: nothing changes"
     if results.ab is None:
         return (
             f"{results.model}: the current configuration is best: no candidate beat its "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -142,7 +143,7 @@ class Runner:
         try:
             if self._changes_outputs(settings):
                 trial.output_error = self._output_error(settings)
-                if trial.output_error > self.sweep.tolerance:
+                if not trial.output_error <= self.sweep.tolerance:  # NaN too
                     trial.status = "rejected"
                     trial.reason = (
                         f"outputs differ from fp32's by {trial.output_error:.2g} (relative; "
@@ -154,6 +155,9 @@ class Runner:
         except TuneError as exc:
             trial.status, trial.reason = "failed", exc.message
             return trial
+        except OSError as exc:  # the load generator lost the server
+            trial.status, trial.reason = "failed", f"the server stopped answering: {exc}"
+            return trial
         failed = [point for point in trial.points if point.errors]
         if failed:
             trial.status = "failed"
@@ -162,8 +166,10 @@ class Runner:
             return trial
         trial.score, trial.concurrency = score(trial.points, self.sweep.p99_budget_ms)
         self._best = max(self._best, (trial.score, trial.concurrency))
-        if trial.score == 0.0:
-            trial.reason = f"p99 above {self.sweep.p99_budget_ms:g} ms at every concurrency"
+        if trial.score == 0.0 and all(math.isinf(point.p99_ms) for point in trial.points):
+            trial.reason = f"no request was answered within {self.sweep.point_seconds:g} s"
+        elif trial.score == 0.0:
+            trial.reason = f"p99 above {self.sweep.p99_budget_ms:g} ms at every concurrency tried"
         return trial
 
     def measure(self, settings: Settings, concurrency: int) -> Point:
@@ -184,12 +190,18 @@ class Runner:
             self.load_seconds = max(self.load_seconds, time.monotonic() - started)
             self._loaded = {**self._loaded, name: values}
 
-    def restore(self) -> None:
-        """Reload from its folder every model tune changed on the server."""
+    def restore(self) -> list[str]:
+        """Reload from its folder every model tune changed on the server; what could not
+        be, with why (each model is tried whatever happened to the others)."""
+        problems = []
         for name, values in self._loaded.items():
             if values != self.baseline[name]:
-                self.client.load(name)
+                try:
+                    self.client.load(name)
+                except TuneError as exc:
+                    problems.append(f"{name} could not be reloaded from its folder: {exc.message}")
         self._loaded = self.baseline
+        return problems
 
     def _capacity(self, settings: Settings) -> int:
         """The requests the candidate holds at once: each instance runs one batch and has
@@ -210,18 +222,34 @@ class Runner:
         start = max(1, self._best[1] // 4)
         ladder = self.sweep.concurrencies or [c for c in _doublings() if c >= start]
         best = 0.0
+        budget = self.sweep.p99_budget_ms
         for index, concurrency in enumerate(ladder):
             warmup = self.sweep.warmup_seconds * (2 if index == 0 else 1)  # a load's first runs
             point = self._point(concurrency, warmup)
             points.append(point)
             self._progress(f"{label}: c={concurrency} {point.throughput:.0f}/s")
-            budget = self.sweep.p99_budget_ms
-            if point.errors or (budget is not None and point.p99_ms > budget):
+            over = math.isinf(point.p99_ms) or (budget is not None and point.p99_ms > budget)
+            if index == 0 and over and not point.errors and self.sweep.concurrencies is None:
+                return self._below(label, concurrency, points)
+            if point.errors or over:
                 break
             saturated = concurrency >= capacity and point.throughput < best * SATURATED
             if self.sweep.concurrencies is None and saturated:
                 break
             best = max(best, point.throughput)
+        return points
+
+    def _below(self, label: str, concurrency: int, points: list[Point]) -> list[Point]:
+        """Halve the concurrency from a first point over the budget until one keeps it:
+        a sweep started high must not score a candidate 0 unmeasured below."""
+        budget = self.sweep.p99_budget_ms
+        while concurrency > 1:
+            concurrency //= 2
+            point = self._point(concurrency, self.sweep.warmup_seconds)
+            points.insert(0, point)
+            self._progress(f"{label}: c={concurrency} {point.throughput:.0f}/s")
+            if point.errors or score([point], budget)[0] > 0:
+                break
         return points
 
     def _point(self, concurrency: int, warmup: float) -> Point:
@@ -239,7 +267,9 @@ class Runner:
         # Little's law: each of the clients always has one request out, so they are answered
         # at concurrency / mean latency. Counting answers in the window instead moves in steps
         # of a whole batch per window, 20% or more for a slow model's few big batches.
-        throughput = concurrency * 1000 / run.mean_ms if run.completed else 0.0
+        if not run.completed:  # nothing answered within the window: no latency to show
+            return Point(concurrency, 0.0, math.inf, math.inf, run.errors)
+        throughput = concurrency * 1000 / run.mean_ms
         return Point(concurrency, throughput, run.p50_ms, run.p99_ms, run.errors)
 
     def _one_error(self) -> str:
@@ -250,8 +280,10 @@ class Runner:
         return "the error did not repeat"
 
     def _changes_outputs(self, settings: Settings) -> bool:
+        """Whether ``settings`` moves a precision away from the baseline's, to one other
+        than fp32 (the baseline is what it is: never rejected)."""
         return any(
-            settings[name][knob.name] != knob.ladder[0]
+            settings[name][knob.name] not in (knob.ladder[0], self.baseline[name][knob.name])
             for name, knobs in self.knobs.items()
             for knob in knobs
             if knob.checked

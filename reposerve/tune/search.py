@@ -13,6 +13,7 @@ and a fake clock.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 
@@ -43,6 +44,7 @@ class Search:
         clock: Callable[[], float],
         deadline: Callable[[], float],
         models: int = 1,
+        first_estimate: float = 0.0,
     ) -> None:
         """``deadline()``: the clock's time by which every trial must have ended (it may
         move as trials tell what the rest of the run will cost)."""
@@ -51,6 +53,7 @@ class Search:
         self._clock = clock
         self._deadline = deadline
         self._several = models > 1
+        self._first_estimate = first_estimate  # what a trial costs before one has run
         self.trials: list[Trial] = []
         self.left_out: list[str] = []
         self._seen: dict[bytes, Trial] = {}
@@ -139,8 +142,10 @@ class Search:
         return trial
 
     def _expected(self) -> float:
-        """What the next trial should cost: the median of those so far (0 before any)."""
-        return statistics.median(t.seconds for t in self.trials) if self.trials else 0.0
+        """What the next trial should cost: the median of those so far."""
+        if not self.trials:
+            return self._first_estimate
+        return statistics.median(t.seconds for t in self.trials)
 
     def _label(self, settings: Settings) -> str:
         """What ``settings`` changes from the baseline, model by model."""
@@ -194,10 +199,7 @@ def ab_test(
                 _best_point(tuned, levels, measure, p99_budget_ms))
         for _ in range(rounds)
     ]  # fmt: skip
-    ratio = statistics.median(
-        pair.tuned.throughput / pair.current.throughput if pair.current.throughput else 0.0
-        for pair in pairs
-    )
+    ratio = statistics.median(_ratio(pair, p99_budget_ms) for pair in pairs)
     kept = sum(_within(pair.tuned, p99_budget_ms) for pair in pairs)
     if kept * 2 <= rounds:
         verdict = f"the tuned configuration broke the p99 budget or failed in {rounds - kept} of "
@@ -207,6 +209,9 @@ def ab_test(
         verdict = f"the tuned configuration answered {ratio:.2f}x the current one's requests/s, "
         verdict += "within noise: the current configuration is best"
         return ABResult(pairs, ratio, False, verdict)
+    if math.isinf(ratio):
+        verdict = "the current configuration broke the p99 budget, the tuned one kept it"
+        return ABResult(pairs, ratio, True, verdict)
     return ABResult(pairs, ratio, True, f"the tuned configuration answers {ratio:.2f}x requests/s")
 
 
@@ -223,5 +228,16 @@ def _best_point(
     return max(within, key=lambda point: point.throughput) if within else points[-1]
 
 
+def _ratio(pair: ABRound, p99_budget_ms: float | None) -> float:
+    """Tuned over current requests/s, a side that broke the budget counting 0 (so a
+    current configuration that breaks it loses to any tuned one that keeps it)."""
+    tuned = pair.tuned.throughput if _within(pair.tuned, p99_budget_ms) else 0.0
+    current = pair.current.throughput if _within(pair.current, p99_budget_ms) else 0.0
+    if current == 0.0:
+        return math.inf if tuned else 0.0
+    return tuned / current
+
+
 def _within(point: Point, p99_budget_ms: float | None) -> bool:
-    return point.errors == 0 and (p99_budget_ms is None or point.p99_ms <= p99_budget_ms)
+    budget = math.inf if p99_budget_ms is None else p99_budget_ms
+    return point.errors == 0 and point.throughput > 0 and point.p99_ms <= budget

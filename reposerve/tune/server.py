@@ -3,6 +3,7 @@ as ``reposerve`` would serve it, on a free port, with only the model under test 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -16,6 +17,13 @@ from reposerve.errors import TuneError
 from reposerve.tune.client import LOAD_TIMEOUT_S, ServerClient
 
 STOP_GRACE_S = 30.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM it when tune dies, however (a SIGKILL included), so no
+    server tune started outlives it."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _free_port() -> int:
@@ -41,7 +49,11 @@ class LocalServer:
         ]  # fmt: skip
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self.client = ServerClient(f"127.0.0.1:{port}")
 
@@ -67,14 +79,15 @@ class LocalServer:
             if self.process.poll() is not None:
                 raise TuneError(f"the server exited while starting: {self._tail()}")
             try:
-                states = {e["name"]: e for e in self.client.index() if e.get("state")}
+                entries = [e for e in self.client.index() if e["name"] == self.model]
             except TuneError:
-                states = {}  # not listening yet
-            entry = states.get(self.model)
-            if entry is not None and entry["state"] == "READY" and self.client.ready(self.model):
+                entries = []  # not listening yet
+            states = {entry.get("state") for entry in entries}
+            if "READY" in states and self.client.ready(self.model):
                 return
-            if entry is not None and entry["state"] == "UNAVAILABLE":
-                raise TuneError(f"{self.model} did not load: {entry.get('reason', '')}")
+            if entries and states == {"UNAVAILABLE"}:  # every version failed
+                reasons = "; ".join(entry.get("reason", "") for entry in entries)
+                raise TuneError(f"{self.model} did not load: {reasons}")
             time.sleep(0.1)
         raise TuneError(f"the server was not ready after {LOAD_TIMEOUT_S:g} s: {self._tail()}")
 

@@ -172,3 +172,12 @@ def test_write_replaces_in_one_rename_and_keeps_the_previous(tmp_path, monkeypat
     assert (folder / "config.toml.before-tune").read_text() == SHIPPED
     assert load_model_config(target).max_batch_size == 8
     assert sorted(p.name for p in folder.iterdir()) == ["config.toml", "config.toml.before-tune"]
+
+
+def test_write_keeps_the_file_mode(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.toml").write_text(SHIPPED)
+    (folder / "config.toml").chmod(0o644)
+    target = write(_recommendation(folder, 8))
+    assert target.stat().st_mode & 0o777 == 0o644

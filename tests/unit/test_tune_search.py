@@ -34,7 +34,9 @@ class _Clock:
         return self.now
 
 
-def _setup(deadline: float = 1e9, fail: set[int] = frozenset(), seconds: float = 10.0):
+def _setup(
+    deadline: float = 1e9, fail: set[int] = frozenset(), seconds: float = 10.0, first: float = 0.0
+):
     knobs, _ = knobs_for(SHIPPED, "python", Machine(cores=2, gpus=0))
     clock = _Clock()
     tried: list[Settings] = []
@@ -59,7 +61,7 @@ def _setup(deadline: float = 1e9, fail: set[int] = frozenset(), seconds: float =
         settings={"m": {k.name: k.read(SHIPPED) for k in knobs}},
         score=_throughput(1),
     )
-    search = Search(evaluate, configure, clock, lambda: deadline)
+    search = Search(evaluate, configure, clock, lambda: deadline, first_estimate=first)
     return search, baseline, [("m", knob) for knob in knobs], tried
 
 
@@ -165,3 +167,26 @@ def test_knob_writes_read_back():
     assert batch.write(batching, 16).dynamic_batching.preferred_batch_size == []
     assert batch.write(batching, 1).dynamic_batching is None
     assert batch.write(batching, 1).max_batch_size == 8  # clients' own batches still fit
+
+
+def test_the_first_trial_is_not_started_when_the_baseline_says_it_would_not_fit():
+    search, baseline, plan, tried = _setup(deadline=5.0, first=10.0)
+    best = search.run(baseline, plan)
+    assert tried == [] and best is baseline
+    assert any("time budget" in line for line in search.left_out)
+
+
+def test_ab_prefers_a_tuned_config_that_keeps_the_budget_the_current_one_breaks():
+    current = Trial(label="current", settings={"m": {"b": 1}}, concurrency=4)
+    tuned = Trial(label="tuned", settings={"m": {"b": 8}}, concurrency=4)
+
+    def measure(settings: Settings, concurrency: int) -> Point:
+        if settings["m"]["b"] == 8:
+            return Point(concurrency, 102.0, 5, 40)
+        return Point(concurrency, 100.0, 5, 400)  # faster p50, but p99 over the budget
+
+    result = ab_test(current, tuned, measure, p99_budget_ms=100)
+    assert result.tuned_wins
+    assert "current configuration broke the p99 budget" in result.verdict
+    nothing = ab_test(current, tuned, lambda s, c: Point(c, 0.0, 1, 1), p99_budget_ms=None)
+    assert not nothing.tuned_wins  # nothing answered on either side: no winner
