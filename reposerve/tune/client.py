@@ -4,7 +4,6 @@ HTTP protocol, so the server may be one tune started or one already running else
 
 from __future__ import annotations
 
-import json
 import urllib.error
 import urllib.request
 
@@ -39,12 +38,12 @@ class ServerClient:
         self.port = int(port)
 
     def get(self, path: str) -> dict:
-        return json.loads(self._call("GET", path, None, {}, CALL_TIMEOUT_S)[1])
+        return msgspec.json.decode(self._call("GET", path, None, {}, CALL_TIMEOUT_S)[1])
 
     def index(self) -> list[dict]:
         """The repository index: every model's name, version, state and reason."""
         reply = self._call("POST", "/v2/repository/index", b"{}", {}, CALL_TIMEOUT_S)[1]
-        return json.loads(reply)
+        return msgspec.json.decode(reply)
 
     def ready(self, model: str) -> bool:
         try:
@@ -62,7 +61,9 @@ class ServerClient:
     def load(self, model: str, config: dict | None = None) -> None:
         """Load ``model``: with ``config`` (Triton's model-config JSON) instead of its
         folder's, or from its folder when None. TuneError with the server's reason."""
-        parameters = {"config": json.dumps(config)} if config is not None else {}
+        parameters = {}
+        if config is not None:
+            parameters["config"] = msgspec.json.encode(config).decode()
         body = msgspec.json.encode({"parameters": parameters})
         self._call("POST", f"/v2/repository/models/{model}/load", body, {}, LOAD_TIMEOUT_S)
 
@@ -118,8 +119,8 @@ def _json_dtype(datatype: str) -> object:
 
 def _reason(body: bytes) -> str:
     try:
-        return str(json.loads(body)["error"])
-    except (ValueError, KeyError, TypeError):
+        return str(msgspec.json.decode(body)["error"])
+    except (msgspec.DecodeError, KeyError, TypeError):
         return body.decode(errors="replace")[:500]
 
 

@@ -5,7 +5,6 @@ when they change the precision, and swept over concurrency with the load generat
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -68,7 +67,8 @@ def targets_of(client: ServerClient, model: str, smallest_batch: int = 1) -> lis
 def _served(client: ServerClient, model: str) -> ModelConfig:
     document = client.config(model)
     try:
-        return parse_triton_config(json.dumps(document), f"{model} (served config)")
+        text = msgspec.json.encode(document).decode()
+        return parse_triton_config(text, f"{model} (served config)")
     except ConfigError as exc:
         raise TuneError(f"cannot read {model}'s config from the server: {exc.message}") from None
 

@@ -123,7 +123,9 @@ def test_tune_keeps_its_time_budget(known_cost, tmp_path):
         "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert wall < 30 + 8  # the budget, and the server's stop after it
+    # The budget is the feature under test: the whole run, the server's start included,
+    # and the server's stop after it (generous: it waits for its instances).
+    assert wall < 30 + 15
     results = json.loads((out / "results.json").read_text())
     assert results["seconds"] <= 30
     assert any("time budget" in line for line in results["left_out"])
