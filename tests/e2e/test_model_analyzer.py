@@ -12,7 +12,6 @@ import csv
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ import pytest
 
 from tests.perf_tools import why_perf_analyzer_cannot_run
 from tests.server import REPO_ROOT, start_server
-from tools.bench.protocols import perf_analyzer_environment
+from tools.bench.protocols import ANALYZER_REMOTE_MODE, analyzer_environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tool]
 
@@ -28,16 +27,9 @@ ANALYZER = Path(
     os.environ.get("REPOSERVE_MODEL_ANALYZER", REPO_ROOT / ".venv-analyzer/bin/model-analyzer")
 )
 
-CONFIG = """\
-model_repository: {repository}
-triton_launch_mode: remote
-triton_http_endpoint: {address}
-triton_metrics_url: http://127.0.0.1:{metrics_port}/metrics
-client_protocol: http
-output_model_repository_path: {out}/variants
-override_output_model_repository: true
-checkpoint_directory: {out}/checkpoints
-export_path: {out}/export
+CONFIG = (
+    ANALYZER_REMOTE_MODE
+    + """\
 run_config_search_disable: true
 perf_analyzer_flags:
   measurement-interval: 500
@@ -53,6 +45,7 @@ profile_models:
         - kind: KIND_CPU
           count: [2]
 """
+)
 
 
 def test_model_analyzer_profiles_remotely(tmp_path):
@@ -75,8 +68,7 @@ def test_model_analyzer_profiles_remotely(tmp_path):
             out=out,
         )
     )
-    env = perf_analyzer_environment()  # perf_analyzer's CUDA runtime library
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    env = analyzer_environment()
     try:
         result = subprocess.run(
             [str(ANALYZER), "profile", "-f", str(config)],

@@ -78,6 +78,28 @@ def perf_analyzer_environment() -> dict[str, str]:
     return env
 
 
+# Model Analyzer profiling a running reposerve (its remote launch mode): the head of its
+# config that every use shares; each adds its search and its models.
+ANALYZER_REMOTE_MODE = """\
+model_repository: {repository}
+triton_launch_mode: remote
+triton_http_endpoint: {address}
+triton_metrics_url: http://127.0.0.1:{metrics_port}/metrics
+client_protocol: http
+output_model_repository_path: {out}/variants
+override_output_model_repository: true
+checkpoint_directory: {out}/checkpoints
+export_path: {out}/export
+"""
+
+
+def analyzer_environment() -> dict[str, str]:
+    """Model Analyzer runs perf_analyzer from PATH: .venv's, with its CUDA runtime."""
+    env = perf_analyzer_environment()
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    return env
+
+
 async def perf_analyzer_run(
     label: str, protocol: str, address: str, model: str, concurrency: int, duration: float
 ) -> RunResult | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ from reposerve.config.pbtxt import parse_pbtxt
 from reposerve.config.triton import to_triton
 from reposerve.tune.client import ServerClient
 from reposerve.tune.load import RunResult
-from tools.bench.protocols import perf_analyzer_environment, perf_analyzer_run
+from tools.bench.protocols import ANALYZER_REMOTE_MODE, analyzer_environment, perf_analyzer_run
 from tools.bench.scenarios import Report
 from tools.bench.servers import ROOT, free_port, reposerve
 
@@ -40,16 +39,9 @@ ANALYZER = ROOT / ".venv-analyzer" / "bin" / "model-analyzer"
 # The fields a candidate changes; the rest of the served config stays as it is.
 TUNED_FIELDS = ("max_batch_size", "dynamic_batching", "instance_group", "parameters")
 
-ANALYZER_CONFIG = """\
-model_repository: {repository}
-triton_launch_mode: remote
-triton_http_endpoint: {address}
-triton_metrics_url: http://127.0.0.1:{metrics_port}/metrics
-client_protocol: http
-output_model_repository_path: {out}/variants
-override_output_model_repository: true
-checkpoint_directory: {out}/checkpoints
-export_path: {out}/export
+ANALYZER_CONFIG = (
+    ANALYZER_REMOTE_MODE
+    + """\
 run_config_search_max_instance_count: 3
 run_config_search_max_model_batch_size: 32
 run_config_search_max_concurrency: 64
@@ -62,6 +54,7 @@ profile_models:
       perf_latency_p99:
         max: {budget}
 """
+)
 
 
 async def tune_vs_analyzer(duration: float) -> Report:
@@ -148,8 +141,7 @@ def _run_analyzer(repository: Path, work: Path) -> tuple[Path, int, float]:
                 metrics_port=metrics_port, out=out, model=MODEL, budget=int(P99_BUDGET_MS),
             )
         )  # fmt: skip
-        env = perf_analyzer_environment()
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+        env = analyzer_environment()
         subprocess.run([str(ANALYZER), "profile", "-f", str(config)], check=True, env=env, cwd=work)
     finally:
         server.stop()
