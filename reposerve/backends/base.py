@@ -187,6 +187,8 @@ class RequestSlice(msgspec.Struct, frozen=True, array_like=True):
     outputs: list[str] | None = None
     parameters: str = "{}"
     timeout_us: int = 0  # the request's own timeout (0: none given)
+    correlation_id: int | str = 0  # its sequence's (0: none)
+    flags: int = 0  # Triton's request flags: 1 starts its sequence, 2 ends it
 
 
 class RequestFailure(msgspec.Struct, frozen=True, array_like=True):

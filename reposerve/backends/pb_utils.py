@@ -31,9 +31,6 @@ through DLPack.
 from __future__ import annotations
 
 import base64
-import enum
-import logging
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,10 +39,12 @@ import numpy as np
 
 # pb_utils.ModelConfig (what auto_complete_config edits), the custom metrics' classes, the
 # errors and the tensors, under pb_utils' names.
-from reposerve.backends.base import ModelLog
 from reposerve.backends.pb_config import ModelConfig as ModelConfig
 from reposerve.backends.pb_errors import TritonError as TritonError
 from reposerve.backends.pb_errors import TritonModelException as TritonModelException
+from reposerve.backends.pb_logging import Logger as Logger
+from reposerve.backends.pb_logging import LogLevel as LogLevel
+from reposerve.backends.pb_logging import connect_logs as connect_logs
 from reposerve.backends.pb_metrics import Metric as Metric
 from reposerve.backends.pb_metrics import MetricFamily as MetricFamily
 from reposerve.backends.pb_tensor import TRITON_STRING_TO_NUMPY as TRITON_STRING_TO_NUMPY
@@ -57,6 +56,12 @@ from reposerve.backends.pb_tensor import triton_to_numpy_type as triton_to_numpy
 from reposerve.errors import ErrorKind, ReposerveError
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # a sender's flag: the request's last response
+# request.flags(): the request starts or ends its sequence (sequence batching)
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+# request.set_release_flags(): done with the request, or run it again later (rescheduling)
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 
 class InferenceResponseSender:
@@ -223,6 +228,7 @@ class InferenceRequest:
         self._trace = trace or InferenceTrace()
         self._parameters = "{}" if parameters is None else _parameters_text(parameters, where)
         self._sender: InferenceResponseSender | None = None  # a received request's
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._cancelled: Callable[[], bool] = _never
 
     @classmethod
@@ -235,6 +241,8 @@ class InferenceRequest:
         sender: InferenceResponseSender,
         cancelled: Callable[[], bool],
         timeout: int = 0,
+        correlation_id: int | str = 0,
+        flags: int = 0,
     ) -> InferenceRequest:
         """A client's request, as ``execute`` gets it (``parameters`` already checked)."""
         request = cls.__new__(cls)
@@ -242,15 +250,16 @@ class InferenceRequest:
         request._request_id = request_id
         request._requested_output_names = requested_output_names
         request._parameters = parameters
-        request._correlation_id = 0  # no sequence batching in reposerve
+        request._correlation_id = correlation_id
         request._model_name = ""
         request._model_version = -1
-        request._flags = 0
+        request._flags = flags
         request._timeout = timeout
         request._preferred_memory = None
         request._trace = InferenceTrace()
         request._sender = sender
         request._cancelled = cancelled
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -288,6 +297,20 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         return self._cancelled()
+
+    def set_release_flags(self, flags: int) -> None:
+        """RESCHEDULE: run this request through execute again once this one returns
+        (an iterative model's next step); ALL (the default): done with it."""
+        _check_type("set_release_flags: flags", flags, int)
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"set_release_flags: unknown release flags {flags}")
+        self._release_flags = flags
+
+    def _take_reschedule(self) -> bool:
+        """Whether execute asked to run it again; the flag is spent by asking."""
+        again = self._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        return again
 
     def get_response_sender(self) -> InferenceResponseSender:
         """How to answer this request: any number of responses for a decoupled model, one
@@ -512,85 +535,7 @@ def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
     return next((entry for entry in model_config.get("output", ()) if entry["name"] == name), None)
 
 
-_log = logging.getLogger("reposerve.model")
 _caller: Any = None  # the instance's ModelCaller, for BLS requests (set by the shim)
 # False while the model initializes or finalizes: BLS runs only from execute (and the
 # threads it starts), as in Triton.
 _bls_allowed = True
-
-
-class LogLevel(enum.Enum):
-    """A level of ``Logger.log`` (Triton's ``pb_utils.LogLevel``): only these are taken."""
-
-    INFO = logging.INFO
-    WARNING = logging.WARNING
-    ERROR = logging.ERROR
-    VERBOSE = logging.DEBUG
-
-
-def _check_message(message: object) -> str:
-    if not isinstance(message, str):
-        raise TypeError(f"Logger: the message must be a str, got {type(message)}")
-    return message
-
-
-class Logger:
-    """Log lines from the model, on the instance's stderr (which is the server's).
-    VERBOSE lines are kept back, as Triton does unless its --log-verbose is set."""
-
-    INFO = LogLevel.INFO
-    WARNING = LogLevel.WARNING
-    ERROR = LogLevel.ERROR
-    VERBOSE = LogLevel.VERBOSE
-
-    @staticmethod
-    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
-        if not isinstance(level, LogLevel):
-            raise TypeError(f"Logger.log: level must be a pb_utils.LogLevel, got {type(level)}")
-        _write(level.value, _check_message(message))
-
-    @staticmethod
-    def log_info(message: str) -> None:
-        _write(logging.INFO, _check_message(message))
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        _write(logging.WARNING, _check_message(message))
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        _write(logging.ERROR, _check_message(message))
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        _write(logging.DEBUG, _check_message(message))
-
-
-_log_sink: Callable[[ModelLog], None] | None = None  # the instance's channel to the front
-
-
-def connect_logs(sink: Callable[[ModelLog], None] | None) -> None:
-    """Model log lines go to the front as ModelLog frames (the worker's channel), which
-    logs them with the server's settings; without a sink they go to this process's stderr."""
-    global _log_sink
-    _log_sink = sink
-
-
-def _write(level: int, message: str) -> None:
-    if _log_sink is not None:
-        _log_sink(ModelLog(level, message))
-    else:
-        _log.log(level, message)
-
-
-def _start_logging(model_name: str) -> None:
-    """Give the model's log lines the front's text format and its name; called once by
-    the shim before ``initialize`` (the instance process configures no logging itself)."""
-    global _log
-    _log = logging.getLogger(f"reposerve.model.{model_name}")
-    if not _log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        _log.addHandler(handler)
-        _log.setLevel(logging.INFO)
-        _log.propagate = False

@@ -58,6 +58,8 @@ from reposerve.backends.base import (
     Signature,
 )
 from reposerve.backends.drive import run_now
+from reposerve.backends.pb_logging import start_logging
+from reposerve.backends.pb_reschedule import run_until_released, run_until_released_async
 from reposerve.config import ModelConfig
 from reposerve.config.instances import instance_kind, instance_name
 from reposerve.config.triton_json import parse_triton_config
@@ -109,7 +111,7 @@ class TritonPythonBackend:
         self._batched = config.max_batch_size > 0
         self._output_names = [spec.name for spec in config.output]
         self._bf16_inputs = frozenset(spec.name for spec in config.input if spec.datatype == "BF16")
-        pb_utils._start_logging(context.model_name)
+        start_logging(context.model_name)
         pb_utils._caller = context.caller
         self._model = model_class()
         execute = getattr(self._model, "execute", None)
@@ -171,9 +173,10 @@ class TritonPythonBackend:
         """Execute, sync or async (a sync instance drives this with ``run_now``), and its
         answers: what it returned, or what it sent through the senders."""
         try:
-            returned = self._execute(triton_requests)
             if self.is_async:
-                returned = await returned
+                returned = await run_until_released_async(self._execute, triton_requests)
+            else:
+                returned = run_until_released(self._execute, triton_requests)
         except Exception as exc:
             if not sent.any():
                 raise self._failed(exc) from exc  # the scheduler isolates the one at fault
@@ -209,7 +212,8 @@ class TritonPythonBackend:
                 else:
                     sent.put(exc)
 
-        sent.start(partial(self._execute, triton_requests), settle)
+        rounds = run_until_released_async if self.is_async else run_until_released
+        sent.start(partial(rounds, self._execute, triton_requests), settle)
         try:
             while answers.open:
                 yield answers.take(await sent.get())
@@ -249,6 +253,8 @@ class TritonPythonBackend:
                     sender,
                     is_cancelled,
                     request.timeout_us,
+                    request.correlation_id,
+                    request.flags,
                 )
             )
             start = stop

@@ -70,6 +70,57 @@ class DynamicBatching(_Section):
     default_priority_level: NonNegative = 0
 
 
+class ControlInput(_Section):
+    """An input the sequence batcher fills for the model (Triton's ``control_input``):
+    whether the request starts or ends its sequence, whether it holds a request at all,
+    or the sequence's correlation id."""
+
+    name: Annotated[str, Meta(min_length=1)]
+    kind: Literal["start", "end", "ready", "corrid"]
+    # start/end/ready: INT32, FP32 or BOOL; corrid: UINT64, INT64, UINT32, INT32 or BYTES
+    datatype: Datatype = "INT32"
+    # start/end/ready: the values meaning false and true (Triton's int32_false_true, ...)
+    false_true: Annotated[list[bool | int | float], Meta(min_length=2, max_length=2)] | None = None
+
+
+class InitialState(_Section):
+    """What a sequence's state holds on its first request: zeros, or a file of the model
+    folder's ``initial_state/`` (raw values, row-major)."""
+
+    datatype: Datatype
+    shape: list[NonNegative]
+    data_file: str | None = None
+
+
+class SequenceState(_Section):
+    """Implicit state: the model's ``output_name`` of one request of a sequence is fed back
+    as its ``input_name`` on the next; the server keeps it in between."""
+
+    input_name: Annotated[str, Meta(min_length=1)]
+    output_name: Annotated[str, Meta(min_length=1)]
+    datatype: Datatype
+    shape: list[Dim]
+    initial_state: InitialState | None = None
+
+
+class SequenceBatching(_Section):
+    """Stateful models (Triton's ``sequence_batching``): the requests of one sequence (one
+    correlation id) run in order, one at a time, on one instance."""
+
+    # direct: each sequence owns one of an instance's max_batch_size slots; oldest: up to
+    # max_candidate_sequences per instance, batched by the oldest ready requests.
+    strategy: Literal["direct", "oldest"] = "direct"
+    # A sequence with no request for this long is released (Triton's default: 1 s).
+    max_sequence_idle_microseconds: NonNegative = 1_000_000
+    max_candidate_sequences: Positive | None = None  # oldest; None: max_batch_size
+    preferred_batch_size: list[Positive] = []  # oldest
+    max_queue_delay_microseconds: NonNegative = 0
+    control_input: list[ControlInput] = []
+    state: list[SequenceState] = []
+    # The model may hand a request back to be run again (Triton's request rescheduling).
+    iterative_sequence: bool = False
+
+
 class Optimization(_Section):
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
 
@@ -118,6 +169,7 @@ class ModelConfig(_Section):
     # None = Triton's default: one instance on each visible GPU, else one on the CPU.
     instance_group: Annotated[list[InstanceGroup], Meta(min_length=1)] | None = None
     dynamic_batching: DynamicBatching | None = None
+    sequence_batching: SequenceBatching | None = None
     optimization: Optimization = Optimization()
     execution: Execution = Execution()
     warmup: list[Warmup] = []

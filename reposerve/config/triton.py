@@ -20,6 +20,7 @@ from typing import Any
 
 from reposerve.config.backends import BACKENDS, backend_entry
 from reposerve.config.schema import ModelConfig, TensorConfig
+from reposerve.config.sequences import sequence_from_triton, sequence_to_triton
 from reposerve.config.triton_parameters import apply_triton_parameters, to_triton_parameters
 from reposerve.config.validate import validate_model_config
 from reposerve.datatypes import TRITON_CONFIG_TYPES
@@ -310,6 +311,10 @@ def _ensemble_scheduling(table: dict[str, Any], value: dict[str, Any], where: st
     table["step"] = steps
 
 
+def _sequence_batching(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
+    table["sequence_batching"] = sequence_from_triton(value, where)
+
+
 def _transaction_policy(table: dict[str, Any], value: dict[str, Any], where: str) -> None:
     if value.get("decoupled"):
         table["decoupled"] = True
@@ -330,6 +335,7 @@ _FIELDS = {
     "default_model_filename": _default_model_filename,
     "model_transaction_policy": _transaction_policy,
     "ensemble_scheduling": _ensemble_scheduling,
+    "sequence_batching": _sequence_batching,
 }
 
 
@@ -423,6 +429,8 @@ def to_triton(name: str, backend: str, config: ModelConfig) -> dict[str, Any]:
                 for step in config.step
             ]
         }
+    if config.sequence_batching is not None:
+        document["sequence_batching"] = sequence_to_triton(config.sequence_batching)
     batching = config.dynamic_batching
     if batching is not None:
         document["dynamic_batching"] = {

@@ -164,6 +164,85 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
             field(6, "default_queue_policy", ".ModelQueuePolicy"),
         ],
     )
+    sequence_batching = message(
+        "ModelSequenceBatching",
+        [
+            field(1, "max_sequence_idle_microseconds", "uint64"),
+            field(2, "control_input", ".ModelSequenceBatching.ControlInput", repeated=True),
+            field(3, "direct", ".ModelSequenceBatching.StrategyDirect", oneof=0),
+            field(4, "oldest", ".ModelSequenceBatching.StrategyOldest", oneof=0),
+            field(5, "state", ".ModelSequenceBatching.State", repeated=True),
+            field(6, "iterative_sequence", "bool"),
+        ],
+        nested=(
+            message(
+                "Control",
+                [
+                    field(1, "kind", "enum:.ModelSequenceBatching.Control.Kind"),
+                    field(2, "int32_false_true", "int32", repeated=True),
+                    field(3, "fp32_false_true", "float", repeated=True),
+                    field(4, "data_type", "enum:.DataType"),
+                    field(5, "bool_false_true", "bool", repeated=True),
+                ],
+                enums=(
+                    enum(
+                        "Kind",
+                        "CONTROL_SEQUENCE_START",
+                        "CONTROL_SEQUENCE_READY",
+                        "CONTROL_SEQUENCE_END",
+                        "CONTROL_SEQUENCE_CORRID",
+                    ),
+                ),
+            ),
+            message(
+                "ControlInput",
+                [
+                    field(1, "name", "string"),
+                    field(2, "control", ".ModelSequenceBatching.Control", repeated=True),
+                ],
+            ),
+            message(
+                "InitialState",
+                [
+                    field(1, "data_type", "enum:.DataType"),
+                    field(2, "dims", "int64", repeated=True),
+                    field(3, "zero_data", "bool", oneof=0),
+                    field(4, "data_file", "string", oneof=0),
+                    field(5, "name", "string"),
+                ],
+                oneofs=("state_data",),
+            ),
+            message(
+                "State",
+                [
+                    field(1, "input_name", "string"),
+                    field(2, "output_name", "string"),
+                    field(3, "data_type", "enum:.DataType"),
+                    field(4, "dims", "int64", repeated=True),
+                    field(5, "initial_state", ".ModelSequenceBatching.InitialState", repeated=True),
+                    field(6, "use_same_buffer_for_input_output", "bool"),
+                    field(7, "use_growable_memory", "bool"),
+                ],
+            ),
+            message(
+                "StrategyDirect",
+                [
+                    field(1, "max_queue_delay_microseconds", "uint64"),
+                    field(2, "minimum_slot_utilization", "float"),
+                ],
+            ),
+            message(
+                "StrategyOldest",
+                [
+                    field(1, "max_candidate_sequences", "int32"),
+                    field(2, "preferred_batch_size", "int32", repeated=True),
+                    field(3, "max_queue_delay_microseconds", "uint64"),
+                    field(4, "preserve_ordering", "bool"),
+                ],
+            ),
+        ),
+        oneofs=("strategy_choice",),
+    )
     accelerator = message(
         "Accelerator",
         [
@@ -253,6 +332,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
             field(8, "default_model_filename", "string"),
             field(11, "dynamic_batching", ".ModelDynamicBatching", oneof=0),
             field(12, "optimization", ".ModelOptimizationPolicy"),
+            field(13, "sequence_batching", ".ModelSequenceBatching", oneof=0),
             field(14, "parameters", ".ModelConfig.ParametersEntry", repeated=True),
             field(15, "ensemble_scheduling", ".ModelEnsembling", oneof=0),
             field(16, "model_warmup", ".ModelWarmup", repeated=True),
@@ -267,8 +347,8 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     schema.message_type.extend(
         [
             reshape, model_input, model_output, version_policy, instance_group, queue_policy,
-            dynamic_batching, optimization, warmup, parameter, transaction_policy, ensembling,
-            model_config,
+            dynamic_batching, sequence_batching, optimization, warmup, parameter,
+            transaction_policy, ensembling, model_config,
         ]
     )  # fmt: skip
     return schema

@@ -14,6 +14,7 @@ import msgspec
 from reposerve.config.ensemble import check_ensemble
 from reposerve.config.parameters import check_parameters
 from reposerve.config.schema import ModelConfig, TensorConfig
+from reposerve.config.sequences import check_sequence_batching
 from reposerve.config.tables import describe
 from reposerve.errors import ConfigError
 
@@ -54,7 +55,12 @@ def _check(config: ModelConfig, folder_name: str | None) -> str | None:
             problem = _check_reshape(tensor)
             if problem:
                 return f"{section}[{index}].reshape: {problem}"
-    return check_ensemble(config) or _check_groups(config) or _check_batching(config)
+    return (
+        check_ensemble(config)
+        or _check_groups(config)
+        or _check_batching(config)
+        or check_sequence_batching(config)
+    )
 
 
 def _check_groups(config: ModelConfig) -> str | None:

@@ -44,7 +44,6 @@ _header_decoder = msgspec.json.Decoder(_RequestHeader)
 
 # Parameters of Triton extensions reposerve does not implement yet: refused by name, since
 # ignoring them would answer something other than what the client asked for.
-_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 _SHARED_MEMORY_PARAMETERS = (
     "shared_memory_region",
     "shared_memory_byte_size",
@@ -52,8 +51,12 @@ _SHARED_MEMORY_PARAMETERS = (
 )
 # Request parameters the server acts on; the rest are the model's (request.parameters()).
 _SERVER_PARAMETERS = frozenset(
-    {"binary_data_output", "priority", "timeout", "triton_enable_empty_final_response"}
-)
+    {
+        "binary_data_output", "priority", "timeout", "triton_enable_empty_final_response",
+        "sequence_id", "sequence_start", "sequence_end",
+    }
+)  # fmt: skip
+_MAX_CORRELATION_ID = 2**64 - 1  # Triton's is a uint64 (or a string)
 
 
 class InferRequest(msgspec.Struct):
@@ -71,6 +74,11 @@ class InferRequest(msgspec.Struct):
     # The request's parameters the server does not act on itself: the model's to read
     # (Triton's request.parameters()).
     parameters: dict[str, Any] = {}
+    # Sequence batching: the sequence's correlation id (0 or "": none) and whether this
+    # request starts or ends it.
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
 
 
 def decode_request(
@@ -397,12 +405,6 @@ def _request_parameters(
     parameters: dict[str, Any] | None, config: ModelConfig, model: str
 ) -> dict[str, Any]:
     parameters = parameters or {}
-    for key in _SEQUENCE_PARAMETERS:
-        if key in parameters:
-            raise ProtocolError(
-                f"model '{model}': parameter {key} (sequence batching) is not supported by "
-                "reposerve (yet)"
-            )
     binary = parameters.get("binary_data_output", False)
     if not isinstance(binary, bool):
         raise ProtocolError(f"model '{model}': parameter binary_data_output must be a bool")
@@ -420,4 +422,33 @@ def _request_parameters(
     if type(timeout) is not int or timeout < 0:
         raise ProtocolError(f"model '{model}': parameter timeout must be microseconds >= 0")
     own = {key: value for key, value in parameters.items() if key not in _SERVER_PARAMETERS}
-    return {"binary_output": binary, "priority": priority, "timeout_us": timeout, "parameters": own}
+    return {
+        "binary_output": binary,
+        "priority": priority,
+        "timeout_us": timeout,
+        "parameters": own,
+        **_sequence_parameters(parameters, model),
+    }
+
+
+def _sequence_parameters(parameters: dict[str, Any], model: str) -> dict[str, Any]:
+    """The request's place in a sequence; a model without sequence batching ignores it,
+    as Triton's does (its python models still read the correlation id)."""
+    sequence_id = parameters.get("sequence_id", 0)
+    if type(sequence_id) is int:
+        if not 0 <= sequence_id <= _MAX_CORRELATION_ID:
+            raise ProtocolError(
+                f"model '{model}': parameter sequence_id must be an unsigned 64-bit int "
+                f"or a string, got {sequence_id}"
+            )
+    elif type(sequence_id) is not str:
+        raise ProtocolError(
+            f"model '{model}': parameter sequence_id must be an unsigned 64-bit int or a string"
+        )
+    flags = {}
+    for key in ("sequence_start", "sequence_end"):
+        flag = parameters.get(key, False)
+        if not isinstance(flag, bool):
+            raise ProtocolError(f"model '{model}': parameter {key} must be a bool")
+        flags[key] = flag
+    return {"sequence_id": sequence_id, **flags}

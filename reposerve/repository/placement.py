@@ -16,6 +16,7 @@ import msgspec
 from reposerve.config import InstanceGroup, ModelConfig
 from reposerve.config.instances import instance_name
 from reposerve.config.parameters import server_parameters
+from reposerve.config.sequences import model_facing
 from reposerve.errors import ConfigError
 from reposerve.instance.spec import GpuDevice, InstanceSpec
 from reposerve.repository.gpus import Gpus
@@ -39,7 +40,7 @@ def plan_instances(
         for index, group in enumerate(config.instance_group or _default_groups(gpus))
     ]
     config = msgspec.structs.replace(config, instance_group=groups)
-    config_json = msgspec.json.encode(config)
+    config_json = msgspec.json.encode(model_facing(config))  # the tensors it reads, all
     # Checked when the config was read (reposerve.config.parameters).
     override = server_parameters(config.parameters, name).intra_op_threads
     unpinned_cpu = sum(group.count for group in groups if group.kind in _HOST and not group.cpus)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from reposerve.config import ModelConfig
+from reposerve.config.sequences import client_facing
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.messages import (
     Call,
@@ -38,6 +39,7 @@ from reposerve.repository.scan import VersionSource
 from reposerve.repository.warmup import warm, warmup_batches
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.lease import LeaseStream
+from reposerve.scheduler.sequences import SequenceBatcher
 from reposerve.statistics import ModelStatistics
 
 log = logging.getLogger("reposerve.repository")
@@ -96,13 +98,13 @@ class ModelVersion:
         self.instances: list[InstanceProcess] = []
         self.output_names: tuple[str, ...] = ()
         # Instances join the scheduler as they load; until READY nobody else submits.
-        self.scheduler: Scheduler | EnsembleScheduler
+        self.scheduler: Scheduler | SequenceBatcher | EnsembleScheduler
         if self.pipeline:
             if resolve is None:
                 raise ValueError(f"{self.label}: an ensemble needs a way to find its steps")
             self.scheduler = EnsembleScheduler(self.label, config, self.statistics, resolve)
         else:
-            self.scheduler = Scheduler(self.label, config, [], self.statistics)
+            self.scheduler = self._scheduler(config)
             if restart_on_request:
                 self.scheduler.revive = self._revive
         self._restart_on_request = restart_on_request
@@ -125,6 +127,13 @@ class ModelVersion:
         # The calls its instances make, by (caller pid, call id), while they are served.
         self._links: dict[tuple[int | None, int], _CallLink] = {}
         self._warmups: list[list[BatchTensor]] = []  # built once the config is complete
+
+    def _scheduler(self, config: ModelConfig) -> Scheduler | SequenceBatcher:
+        if config.sequence_batching is None:
+            return Scheduler(self.label, config, [], self.statistics)
+        return SequenceBatcher(
+            self.label, self.name, config, self.statistics, self.source.path.parent
+        )
 
     @property
     def label(self) -> str:
@@ -195,7 +204,8 @@ class ModelVersion:
             if errors:
                 raise errors[0]
             # Every instance loaded the same file; the first one's completed config stands.
-            completed = self.instances[0].config or self.config
+            loaded = self.instances[0].config
+            completed = self.config if loaded is None else client_facing(loaded, self.config)
             scheduling = (completed.max_batch_size, completed.dynamic_batching, completed.decoupled)
             if scheduling != (
                 self.config.max_batch_size,
@@ -204,11 +214,15 @@ class ModelVersion:
             ):
                 # Auto-complete decided the batching (Triton's default-max-batch-size):
                 # the scheduler, still without instances and requests, is made anew for it.
-                self.scheduler = Scheduler(self.label, completed, [], self.statistics)
+                self.scheduler = self._scheduler(completed)
+                if self._restart_on_request:
+                    self.scheduler.revive = self._revive
             self.config = completed
             # Derived once here rather than per request on the hot path.
             self.output_names = tuple(spec.name for spec in self.config.output)
             self._warmups = warmup_batches(self.config)
+            if isinstance(self.scheduler, SequenceBatcher):
+                self.scheduler.load_initial_state()
             await asyncio.gather(*(self._warm(instance) for instance in self.instances))
             for instance in self.instances:  # one may have died during its warmup
                 if not instance.live:
@@ -331,7 +345,7 @@ class ModelVersion:
         if isinstance(call, ModelControl):
             self._track(instance, asyncio.ensure_future(self._serve_control(instance, call)))
             return
-        if isinstance(self.scheduler, Scheduler):  # the waiting instance has room now
+        if not isinstance(self.scheduler, EnsembleScheduler):  # the waiting instance has room
             self.scheduler.capacity_changed()
         self._track(instance, asyncio.ensure_future(self._serve_call(instance, call)))
 

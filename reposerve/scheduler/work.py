@@ -110,6 +110,9 @@ def request_error(failure: RequestFailure) -> ReposerveError:
 
 
 _parameters_encoder = msgspec.json.Encoder()
+# Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and _END, as request.flags() shows them
+SEQUENCE_START = 1
+SEQUENCE_END = 2
 
 
 def request_slice(request: InferRequest) -> RequestSlice:
@@ -118,6 +121,13 @@ def request_slice(request: InferRequest) -> RequestSlice:
     parameters = (
         _parameters_encoder.encode(request.parameters).decode() if request.parameters else "{}"
     )
+    flags = SEQUENCE_START * request.sequence_start | SEQUENCE_END * request.sequence_end
     return RequestSlice(
-        request.batch_size, request.id or "", outputs, parameters, request.timeout_us
+        request.batch_size,
+        request.id or "",
+        outputs,
+        parameters,
+        request.timeout_us,
+        request.sequence_id,
+        flags,
     )

@@ -409,8 +409,8 @@ RULES: dict[str, Rule] = {
         '1:17 : \'max_batch_size: "x"\': Couldn\'t parse integer: "x"',
     ),
     "pbtxt_field": refuses(
-        pbtxt("sequence_batching { }"),
-        "1:1: sequence_batching: not supported by reposerve (or not a Triton ModelConfig field)",
+        pbtxt("response_cache { enable: true }"),
+        "1:1: response_cache: not supported by reposerve (or not a Triton ModelConfig field)",
     ),
     "pbtxt_platform": refuses(
         pbtxt('platform: "tensorrt_plan"'),

@@ -76,11 +76,11 @@ def test_config_override_without_an_equivalent_names_the_field(
     plus_repository, tmp_path, client_for
 ):
     _, client = client_for(plus_repository, tmp_path)
-    config = client.get_model_config("plus") | {"sequence_batching": {}}
+    config = client.get_model_config("plus") | {"response_cache": {"enable": True}}
     with pytest.raises(InferenceServerException) as caught:
         client.load_model("plus", config=json.dumps(config))
     assert caught.value.message() == (
-        "failed to load 'plus': parameters.config: sequence_batching: not supported by reposerve"
+        "failed to load 'plus': parameters.config: response_cache: not supported by reposerve"
     )
     assert client.get_model_config("plus")["max_batch_size"] == 8  # still the folder's
 

@@ -142,12 +142,14 @@ def test_a_pbtxt_field_without_equivalent_fails_that_model_naming_the_field(tmp_
     root = tmp_path / "repository"
     (root / "seq" / "1").mkdir(parents=True)
     (root / "seq" / "1" / "model.py").write_text("class Model:\n    pass\n")
-    (root / "seq" / "config.pbtxt").write_text('backend: "python"\nsequence_batching { }\n')
+    (root / "seq" / "config.pbtxt").write_text(
+        'backend: "python"\nresponse_cache { enable: true }\n'
+    )
     check = subprocess.run(
         [sys.executable, "-m", "reposerve", "check", str(root)],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
     )  # fmt: skip
     assert check.returncode == 1
-    assert "FAIL seq/config.pbtxt: 2:1: sequence_batching: not supported by reposerve" in (
+    assert "FAIL seq/config.pbtxt: 2:1: response_cache: not supported by reposerve" in (
         check.stdout
     )

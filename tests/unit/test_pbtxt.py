@@ -198,8 +198,8 @@ def test_tensorrt_accelerator_becomes_onnxruntime_provider_options():
     ("text", "message"),
     [
         (
-            'name: "m"\nsequence_batching { }',
-            "m/config.pbtxt: 2:1: sequence_batching: not supported by reposerve",
+            'name: "m"\nresponse_cache { enable: true }',
+            "m/config.pbtxt: 2:1: response_cache: not supported by reposerve",
         ),
         (
             'platform: "tensorrt_plan"',

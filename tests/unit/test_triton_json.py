@@ -54,7 +54,10 @@ def test_protobuf_json_spellings_read():
 @pytest.mark.parametrize(
     ("document", "message"),
     [
-        ({"sequence_batching": {}}, f"{LABEL}: sequence_batching: not supported by reposerve"),
+        (
+            {"response_cache": {"enable": True}},
+            f"{LABEL}: response_cache: not supported by reposerve",
+        ),
         (
             {"parameters": {"reposerve.precision": {"string_value": "fp16"}}},
             f"{LABEL}: parameters.reposerve.precision: unknown reposerve setting (known: "

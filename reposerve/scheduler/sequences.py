@@ -1,0 +1,482 @@
+"""The sequence batcher of a stateful model (Triton's ``sequence_batching``).
+
+A sequence is the requests that share a correlation id, from the one that starts it to
+the one that ends it. Its requests run in the order they came, one at a time, on the one
+instance the sequence was given when it started (a *lane*: that instance and a dynamic
+batcher of its own), so a model that keeps state per sequence finds it where it left it.
+Each lane holds a bounded number of sequences at once (the direct strategy's slots, the
+oldest strategy's candidates); a sequence that finds every lane full waits for one to
+end, as in Triton's backlog. Batches form from the ready requests of a lane's sequences,
+at most one of each.
+
+Before a request runs, the batcher adds what the model reads of its sequence: the
+control inputs (START, END, READY, CORRID) and, with implicit state, the state the
+sequence's previous request returned (or the initial state). The state is copied out of
+the answer, so no slot is held between requests. A sequence with no request for
+``max_sequence_idle_microseconds`` is released with its state; its later requests are
+refused until one starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from reposerve.config import DynamicBatching, ModelConfig
+from reposerve.config.schema import ControlInput, SequenceState
+from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
+from reposerve.errors import (
+    ConfigError,
+    ErrorKind,
+    InstanceError,
+    ReposerveError,
+    SchedulerError,
+)
+from reposerve.protocol.request import InferRequest
+from reposerve.scheduler.batcher import Scheduler
+from reposerve.scheduler.clock import Clock, LoopClock, Timer
+from reposerve.scheduler.lease import Lease, LeaseStream, take
+from reposerve.scheduler.work import Executor
+from reposerve.statistics import FailureReason, ModelStatistics
+from reposerve.tensor import Tensor
+
+log = logging.getLogger("reposerve.scheduler")
+
+SequenceId = int | str
+
+
+class _Lane:
+    """One instance, its own batcher, and how many sequences it holds now."""
+
+    __slots__ = ("instance", "scheduler", "sequences")
+
+    def __init__(self, instance: Executor, scheduler: Scheduler) -> None:
+        self.instance = instance
+        self.scheduler = scheduler
+        self.sequences = 0
+
+
+class _Sequence:
+    __slots__ = ("key", "lane", "state", "turn", "waiting", "ended", "idle", "gone")
+
+    def __init__(self, key: SequenceId | tuple[str, int]) -> None:
+        self.key = key
+        self.lane: _Lane | None = None
+        self.state: dict[str, Tensor] = {}  # implicit state, by the model's input name
+        self.turn = asyncio.Lock()  # FIFO: the sequence's requests run in arrival order
+        self.waiting = 0  # requests accepted and not finished
+        self.ended = False  # its END request ran: the next must START it again
+        self.idle: Timer | None = None
+        self.gone: str | None = None  # why it was released under its requests
+
+
+class SequenceBatcher:
+    """Takes a sequence-batched model's requests as a ``Scheduler`` takes a model's."""
+
+    def __init__(
+        self,
+        label: str,
+        name: str,
+        config: ModelConfig,
+        statistics: ModelStatistics,
+        folder: Path | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        sequence = config.sequence_batching
+        if sequence is None:
+            raise ValueError(f"{label}: no sequence_batching in its config")
+        self._label = label
+        self._name = name
+        self._config = config
+        self._sequence = sequence
+        self._statistics = statistics
+        self._clock: Clock = clock or LoopClock()
+        self._batched = config.max_batch_size > 0
+        capacity = sequence.max_candidate_sequences if sequence.strategy == "oldest" else None
+        self._capacity = capacity or max(config.max_batch_size, 1)
+        self._lane_config = _lane_config(config)
+        self._folder = folder
+        self._initial: dict[str, Tensor] = {}  # read by ``load_initial_state``
+        self._state_outputs = [state.output_name for state in sequence.state]
+        self._lanes: list[_Lane] = []
+        self._sequences: dict[SequenceId | tuple[str, int], _Sequence] = {}
+        self._single = itertools.count()  # keys of single-request (iterative) sequences
+        self._backlog: deque[tuple[_Sequence, asyncio.Future]] = deque()
+        self._running = 0  # requests accepted and not finished
+        self._unsent = 0  # of those, not handed to a lane yet
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+        self._aborted: ReposerveError | None = None
+        self.revive: Callable[[], str | None] | None = None  # as Scheduler.revive
+
+    def load_initial_state(self) -> None:
+        """Read each state's initial value (a file's, for some) before requests come."""
+        self._initial = {
+            state.input_name: _initial(state, self._folder) for state in self._sequence.state
+        }
+
+    # -- what the version and the service use, as of a Scheduler -----------------------
+
+    @property
+    def pending(self) -> int:
+        """Requests accepted and not running on an instance now."""
+        return self._unsent + sum(lane.scheduler.pending for lane in self._lanes)
+
+    @property
+    def serving(self) -> bool:
+        return bool(self._lanes)
+
+    async def lease(self, request: InferRequest, call_depth: int = 0) -> Lease:
+        return await take(self.submit(request, call_depth))
+
+    def submit(self, request: InferRequest, call_depth: int = 0) -> asyncio.Future:
+        sequence, request = self._admit(request)
+        return asyncio.ensure_future(self._run(sequence, request, call_depth))
+
+    def stream(self, request: InferRequest, call_depth: int = 0) -> LeaseStream:
+        """A decoupled model's request of a sequence: its responses pass through; the
+        sequence's next request runs once the last has come."""
+        sequence, request = self._admit(request)
+        outer = LeaseStream()
+        task = asyncio.ensure_future(self._run(sequence, request, call_depth, outer))
+        task.add_done_callback(_retrieve)  # its outcome went to the stream
+        outer.on_cancel = task.cancel
+        return outer
+
+    async def drain(self) -> None:
+        self._closed = True
+        await self._idle.wait()
+        await asyncio.gather(*(lane.scheduler.drain() for lane in self._lanes))
+
+    def abort(self, error: ReposerveError) -> None:
+        self._closed = True
+        self._aborted = error
+        while self._backlog:
+            _, waiter = self._backlog.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+        for lane in self._lanes:
+            lane.scheduler.abort(error)
+
+    def capacity_changed(self) -> None:
+        for lane in self._lanes:
+            lane.scheduler.capacity_changed()
+
+    def add_instance(self, instance: Executor) -> None:
+        scheduler = Scheduler(
+            self._label, self._lane_config, [instance], self._statistics, self._clock
+        )
+        self._lanes.append(_Lane(instance, scheduler))
+        self._grant()
+
+    def remove_instance(self, instance: Executor) -> None:
+        """Its sequences are lost with it (a model's own state died with its process):
+        what they have queued fails, and their later requests are refused until they
+        start again."""
+        lane = next((lane for lane in self._lanes if lane.instance is instance), None)
+        if lane is None:
+            return
+        self._lanes.remove(lane)
+        why = f"{self._label}: the instance running this sequence stopped; start the sequence again"
+        lane.scheduler.abort(SchedulerError(why))
+        for sequence in [s for s in self._sequences.values() if s.lane is lane]:
+            sequence.lane = None
+            self._release(sequence, why)
+
+    # -- one request -------------------------------------------------------------------
+
+    def _admit(self, request: InferRequest) -> tuple[_Sequence, InferRequest]:
+        """The sequence ``request`` belongs to, or why it is refused (before it queues).
+        An iterative model's request without an id is a sequence of its own (Triton's
+        iterative sequences need no control)."""
+        if self._closed:
+            self._statistics.record_failure(1, 0, FailureReason.OTHER)
+            raise self._aborted or SchedulerError(
+                f"{self._label} is unloading; retry on another version"
+            )
+        if not self._lanes:
+            why = self.revive() if self.revive is not None else None
+            self._statistics.record_failure(1, 0, FailureReason.OTHER)
+            if why is not None:
+                raise InstanceError(why)
+            raise SchedulerError(
+                f"{self._label} has no running instance (it is being restarted); retry shortly"
+            )
+        key: SequenceId | tuple[str, int] = request.sequence_id
+        if (key == 0 or key == "") and self._sequence.iterative_sequence:
+            key = ("single request", next(self._single))
+            request = msgspec.structs.replace(request, sequence_start=True, sequence_end=True)
+        elif key == 0 or key == "":
+            raise SchedulerError(
+                f"inference request to model '{self._name}' must specify a non-zero or "
+                "non-empty correlation ID",
+                ErrorKind.INVALID_ARGUMENT,
+            )
+        sequence = self._sequences.get(key)
+        if sequence is None:
+            if not request.sequence_start:
+                raise SchedulerError(
+                    f"inference request for sequence {key} to model '{self._name}' must "
+                    "specify the START flag on the first request of the sequence",
+                    ErrorKind.INVALID_ARGUMENT,
+                )
+            sequence = self._sequences[key] = _Sequence(key)
+        if sequence.idle is not None:
+            sequence.idle.cancel()
+            sequence.idle = None
+        sequence.waiting += 1
+        self._running += 1
+        self._unsent += 1
+        self._idle.clear()
+        return sequence, request
+
+    async def _run(
+        self,
+        sequence: _Sequence,
+        request: InferRequest,
+        call_depth: int,
+        stream: LeaseStream | None = None,
+    ) -> Lease | None:
+        sent = False
+        try:
+            async with sequence.turn:
+                if sequence.gone is not None:
+                    raise SchedulerError(sequence.gone)
+                if request.sequence_start:
+                    sequence.ended = False
+                    sequence.state = {}
+                elif sequence.ended:
+                    raise SchedulerError(
+                        f"inference request for sequence {sequence.key} to model "
+                        f"'{self._name}' must specify the START flag on the first request of "
+                        "the sequence (its previous request ended it)",
+                        ErrorKind.INVALID_ARGUMENT,
+                    )
+                lane = await self._slot(sequence)
+                prepared = self._prepared(sequence, request)
+                sent = True
+                self._unsent -= 1
+                if stream is not None:
+                    await self._pass_through(lane.scheduler.stream(prepared, call_depth), stream)
+                    return None
+                lease = await take(lane.scheduler.submit(prepared, call_depth))
+                self._keep_state(sequence, lease)
+                return lease
+        except BaseException as exc:
+            if stream is not None:
+                stream.end(exc if isinstance(exc, Exception) else None)
+            raise
+        finally:
+            if not sent:
+                self._unsent -= 1
+            self._finished(sequence, request)
+
+    async def _pass_through(self, inner: LeaseStream, outer: LeaseStream) -> None:
+        try:
+            async for lease in inner:
+                outer.put(lease)
+            outer.end(
+                SchedulerError("the request was cancelled", ErrorKind.CANCELLED)
+                if inner.cancelled
+                else None
+            )
+        finally:
+            inner.cancel()
+
+    def _finished(self, sequence: _Sequence, request: InferRequest) -> None:
+        sequence.waiting -= 1
+        self._running -= 1
+        if request.sequence_end:
+            sequence.ended = True
+            sequence.state = {}
+        if sequence.waiting == 0 and sequence.gone is None:
+            if sequence.ended:
+                self._release(sequence, None)
+            else:
+                self._wait_idle(sequence)
+        if self._running == 0:
+            self._idle.set()
+
+    def _wait_idle(self, sequence: _Sequence) -> None:
+        idle_us = self._sequence.max_sequence_idle_microseconds
+        if idle_us:
+            sequence.idle = self._clock.call_later(idle_us * 1000, lambda: self._expire(sequence))
+
+    def _expire(self, sequence: _Sequence) -> None:
+        sequence.idle = None
+        if sequence.waiting == 0 and self._sequences.get(sequence.key) is sequence:
+            log.info(
+                "%s: sequence %s released after %d us without a request",
+                self._label,
+                sequence.key,
+                self._sequence.max_sequence_idle_microseconds,
+            )
+            self._release(sequence, None)
+
+    def _release(self, sequence: _Sequence, why: str | None) -> None:
+        """Free the sequence's slot for the next in the backlog; ``why``: it was lost
+        while requests of it may still wait (they fail with it)."""
+        if self._sequences.get(sequence.key) is sequence:
+            del self._sequences[sequence.key]
+        if sequence.idle is not None:
+            sequence.idle.cancel()
+            sequence.idle = None
+        sequence.gone = why
+        sequence.state = {}
+        lane, sequence.lane = sequence.lane, None
+        if lane is not None:
+            lane.sequences -= 1
+            self._grant()
+
+    async def _slot(self, sequence: _Sequence) -> _Lane:
+        """The sequence's lane; a new sequence gets the one holding fewest, or waits in
+        the backlog until a sequence ends."""
+        if sequence.lane is not None:
+            return sequence.lane
+        waiter = asyncio.get_running_loop().create_future()
+        self._backlog.append((sequence, waiter))
+        self._grant()
+        # A waiter cancelled meanwhile is skipped when its turn comes (``_grant``).
+        return await waiter
+
+    def _grant(self) -> None:
+        """Give waiting sequences the free slots, oldest first."""
+        while self._backlog:
+            lane = min(self._lanes, key=lambda lane: lane.sequences, default=None)
+            if lane is None or lane.sequences >= self._capacity:
+                return
+            sequence, waiter = self._backlog.popleft()
+            if waiter.done():
+                continue
+            sequence.lane = lane
+            lane.sequences += 1
+            waiter.set_result(lane)
+
+    # -- what the model reads and returns of its sequence --------------------------------
+
+    def _prepared(self, sequence: _Sequence, request: InferRequest) -> InferRequest:
+        rows = request.batch_size
+        inputs = dict(request.inputs)
+        for control in self._sequence.control_input:
+            inputs[control.name] = self._control(control, request, rows)
+        for state in self._sequence.state:
+            inputs[state.input_name] = sequence.state.get(state.input_name) or self._rows(
+                self._initial[state.input_name], rows
+            )
+        outputs = request.outputs
+        if outputs is not None and self._state_outputs:
+            outputs = {**outputs, **{name: None for name in self._state_outputs}}
+        return msgspec.structs.replace(request, inputs=inputs, outputs=outputs)
+
+    def _control(self, control: ControlInput, request: InferRequest, rows: int) -> Tensor:
+        shape = (rows, 1) if self._batched else (1,)
+        count = element_count(shape)
+        if control.kind == "corrid":
+            key = request.sequence_id
+            if control.datatype == "BYTES":
+                return Tensor("BYTES", shape, pack_bytes([str(key).encode()] * count))
+            value = _numeric_id(key, control.datatype, self._name)
+        else:
+            flag = {
+                "start": request.sequence_start,
+                "end": request.sequence_end,
+                "ready": True,
+            }[control.kind]
+            value = (control.false_true or [0, 1])[int(flag)]
+        data = np.full(shape, value, dtype=NUMPY_DTYPES[control.datatype])
+        return Tensor(control.datatype, shape, data.tobytes())
+
+    def _rows(self, state: Tensor, rows: int) -> Tensor:
+        """The initial state, with the request's batch dimension when the model has one."""
+        if not self._batched:
+            return state
+        shape = (rows, *state.shape)
+        return Tensor(state.datatype, shape, bytes(state.raw) * rows)
+
+    def _keep_state(self, sequence: _Sequence, lease: Lease) -> None:
+        """Copy the state the model returned, for the sequence's next request."""
+        for state in self._sequence.state:
+            tensor = lease.outputs.get(state.output_name)
+            if tensor is None:
+                lease.release()
+                raise InstanceError(
+                    f"{self._label}: the model returned no state output '{state.output_name}'"
+                )
+            sequence.state[state.input_name] = Tensor(
+                tensor.datatype, tensor.shape, bytes(tensor.raw)
+            )
+
+
+def _lane_config(config: ModelConfig) -> ModelConfig:
+    """The config of one lane's batcher: the strategy's batching, and no re-run of a
+    failed batch to isolate a fault (a model's state must not see a request twice)."""
+    sequence = config.sequence_batching
+    assert sequence is not None
+    batching = None
+    if config.max_batch_size > 0:
+        batching = DynamicBatching(
+            preferred_batch_size=sequence.preferred_batch_size,
+            max_queue_delay_microseconds=sequence.max_queue_delay_microseconds,
+        )
+    execution = msgspec.structs.replace(config.execution, isolate_failures=False)
+    return msgspec.structs.replace(config, dynamic_batching=batching, execution=execution)
+
+
+def _initial(state: SequenceState, folder: Path | None) -> Tensor:
+    """A state's value on a sequence's first request: its initial_state (zeros, or the
+    file's values), else zeros with 1 for each variable dimension, as in Triton."""
+    initial = state.initial_state
+    shape = tuple(initial.shape if initial is not None else (max(dim, 1) for dim in state.shape))
+    dtype = NUMPY_DTYPES[state.datatype]
+    count = element_count(shape)
+    if state.datatype == "BYTES":
+        return Tensor("BYTES", shape, pack_bytes([b""] * count))
+    if initial is None or initial.data_file is None:
+        return Tensor(state.datatype, shape, bytes(count * dtype.itemsize))
+    if folder is None:
+        raise ConfigError(f"initial state file '{initial.data_file}' needs the model's folder")
+    path = folder / "initial_state" / initial.data_file
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"initial state of '{state.input_name}': {exc}") from exc
+    if len(data) != count * dtype.itemsize:
+        raise ConfigError(
+            f"{path}: holds {len(data)} bytes, initial state {list(shape)} of "
+            f"{state.datatype} needs {count * dtype.itemsize}"
+        )
+    return Tensor(state.datatype, shape, data)
+
+
+def _numeric_id(key: SequenceId, datatype: str, model: str) -> int:
+    """A correlation id as a numeric CORRID control holds it: a string id must read as
+    an integer (Triton's dyna sequence models ask the same)."""
+    if isinstance(key, str):
+        try:
+            key = int(key)
+        except ValueError:
+            raise SchedulerError(
+                f"model '{model}': correlation id '{key}' is a string; its CORRID control "
+                f"is {datatype}, so the id must be an integer",
+                ErrorKind.INVALID_ARGUMENT,
+            ) from None
+    limits = np.iinfo(NUMPY_DTYPES[datatype])
+    if not limits.min <= key <= limits.max:
+        raise SchedulerError(
+            f"model '{model}': correlation id {key} does not fit its CORRID control ({datatype})",
+            ErrorKind.INVALID_ARGUMENT,
+        )
+    return key
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
