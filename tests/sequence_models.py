@@ -259,6 +259,22 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", rounds)]))
         return responses
 """
+# Hands every request back and answers it all the same: a contradiction execute must not
+# loop on.
+RESCHEDULE_AND_ANSWER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+        return responses
+"""
 RESCHEDULE_PBTXT = """
 backend: "python"
 max_batch_size: 0

@@ -21,10 +21,10 @@ def run_until_released(execute: Execute, requests: Sequence[pb_utils.InferenceRe
     """``execute(requests)``, then again for the ones it rescheduled, each round's
     responses taking the rescheduled requests' places."""
     returned = execute(list(requests))
-    again = _rescheduled(requests, range(len(requests)))
+    again = _rescheduled(requests, range(len(requests)), returned)
     while again:
         returned = _merged(returned, again, execute([requests[i] for i in again]))
-        again = _rescheduled(requests, again)
+        again = _rescheduled(requests, again, returned)
     return returned
 
 
@@ -34,15 +34,32 @@ async def run_until_released_async(
 ) -> Any:
     """``run_until_released`` for an ``async def execute``."""
     returned = await execute(list(requests))
-    again = _rescheduled(requests, range(len(requests)))
+    again = _rescheduled(requests, range(len(requests)), returned)
     while again:
         returned = _merged(returned, again, await execute([requests[i] for i in again]))
-        again = _rescheduled(requests, again)
+        again = _rescheduled(requests, again, returned)
     return returned
 
 
-def _rescheduled(requests: Sequence[pb_utils.InferenceRequest], among: Sequence[int]) -> list[int]:
-    return [index for index in among if requests[index]._take_reschedule()]
+def _rescheduled(
+    requests: Sequence[pb_utils.InferenceRequest], among: Sequence[int], returned: Any
+) -> list[int]:
+    """The requests of ``among`` to run again. One that execute both rescheduled and
+    answered in its returned list is not: its place gets Triton's error instead (in the
+    list, which is the caller's to mutate once execute has returned it)."""
+    again = []
+    for index in among:
+        if not requests[index]._take_reschedule():
+            continue
+        if isinstance(returned, list) and index < len(returned) and returned[index] is not None:
+            returned[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(_NOT_NONE))
+            continue
+        again.append(index)
+    return again
+
+
+# Triton's words (and spelling), which its tests look for
+_NOT_NONE = "Expected a None object in the execute function return list for reschduled request"
 
 
 def _merged(returned: Any, again: list[int], more: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,9 @@ async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, messa
 
 
 def _client_host(context: grpc.aio.ServicerContext) -> str | None:
-    """The peer's address from ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5``; None otherwise."""
-    kind, _, rest = context.peer().partition(":")
+    """The peer's address from ``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` (which gRPC may
+    percent-encode: ``ipv6:%5B::1%5D:5``); None otherwise."""
+    kind, _, rest = urllib.parse.unquote(context.peer()).partition(":")
     if kind == "ipv4":
         return rest.rpartition(":")[0]
     if kind == "ipv6":

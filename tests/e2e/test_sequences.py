@@ -22,6 +22,7 @@ from tests.sequence_models import (
     ACCUMULATE_BASE,
     ITERATIVE,
     ITERATIVE_PBTXT,
+    RESCHEDULE_AND_ANSWER,
     RESCHEDULE_ONCE,
     RESCHEDULE_PBTXT,
     write_accumulate,
@@ -60,6 +61,7 @@ def server(tmp_path_factory):
     )
     write_python_pbtxt(root, "iterative", ITERATIVE_PBTXT, ITERATIVE)
     write_python_pbtxt(root, "reschedule_once", RESCHEDULE_PBTXT, RESCHEDULE_ONCE)
+    write_python_pbtxt(root, "reschedule_and_answer", RESCHEDULE_PBTXT, RESCHEDULE_AND_ANSWER)
     server = start_server(root, tmp_path_factory.mktemp("log"))
     yield server
     assert server.stop() == 0, server.log()
@@ -307,3 +309,13 @@ def test_a_request_handed_back_gets_the_later_answer(http):
     tensor.set_data_from_numpy(np.array([1], np.int32))
     result = http.infer("reschedule_once", [tensor])
     assert int(result.as_numpy("OUT")[0]) == 2  # answered in the second round
+
+
+def test_a_request_both_handed_back_and_answered_fails_alone(http):
+    tensor = httpclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    with pytest.raises(InferenceServerException) as caught:
+        http.infer("reschedule_and_answer", [tensor])
+    assert "Expected a None object in the execute function return list" in caught.value.message()
+    result = http.infer("reschedule_once", [tensor])  # the server goes on
+    assert result.as_numpy("OUT") is not None
