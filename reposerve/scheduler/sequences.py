@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,6 +50,7 @@ from reposerve.tensor import Tensor
 log = logging.getLogger("reposerve.scheduler")
 
 SequenceId = int | str
+_LOST_KEPT = 4096  # lost sequences remembered, to tell their next request why
 
 
 class _Lane:
@@ -109,6 +110,8 @@ class SequenceBatcher:
         self._sequences: dict[SequenceId | tuple[str, int], _Sequence] = {}
         self._single = itertools.count()  # keys of single-request (iterative) sequences
         self._backlog: deque[tuple[_Sequence, asyncio.Future]] = deque()
+        # Why recently lost sequences went (their instance stopped), for their next request.
+        self._lost: OrderedDict[SequenceId | tuple[str, int], str] = OrderedDict()
         self._running = 0  # requests accepted and not finished
         self._unsent = 0  # of those, not handed to a lane yet
         self._idle = asyncio.Event()
@@ -190,6 +193,9 @@ class SequenceBatcher:
         for sequence in [s for s in self._sequences.values() if s.lane is lane]:
             sequence.lane = None
             self._release(sequence, why)
+            self._lost[sequence.key] = f"sequence {sequence.key} was lost: {why}"
+            while len(self._lost) > _LOST_KEPT:
+                self._lost.popitem(last=False)
 
     # -- one request -------------------------------------------------------------------
 
@@ -221,7 +227,10 @@ class SequenceBatcher:
                 ErrorKind.INVALID_ARGUMENT,
             )
         sequence = self._sequences.get(key)
+        lost = self._lost.pop(key, None)
         if sequence is None:
+            if not request.sequence_start and lost is not None:
+                raise SchedulerError(lost)
             if not request.sequence_start:
                 raise SchedulerError(
                     f"inference request for sequence {key} to model '{self._name}' must "

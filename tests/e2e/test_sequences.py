@@ -6,7 +6,9 @@ concurrency, and python models that hand requests back."""
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import threading
 import time
 import urllib.request
@@ -53,6 +55,7 @@ def server(tmp_path_factory):
         strategy_settings="max_candidate_sequences = 8\nmax_queue_delay_microseconds = 20000",
     )
     write_accumulate(root, "accumulate_idle", idle_us=300_000)
+    write_accumulate(root, "accumulate_fault")
     write_accumulate(
         root,
         "accumulate_one_slot",
@@ -319,3 +322,28 @@ def test_a_request_both_handed_back_and_answered_fails_alone(http):
     assert "Expected a None object in the execute function return list" in caught.value.message()
     result = http.infer("reschedule_once", [tensor])  # the server goes on
     assert result.as_numpy("OUT") is not None
+
+
+def test_an_instance_dying_costs_only_its_own_sequences(http):
+    model = "accumulate_fault"
+    _, doomed = _accumulate(http, model, 501, 1.0, start=True)
+    _, spared = _accumulate(http, model, 502, 1.0, start=True)
+    assert doomed != spared  # a new sequence goes to the instance holding fewest
+    os.kill(doomed, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:  # its next request fails, once the server has seen the instance go
+        with pytest.raises(InferenceServerException) as caught:
+            _accumulate(http, model, 501, 1.0)
+        if "sequence 501 was lost" in caught.value.message() or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert "start the sequence again" in caught.value.message()
+    assert _accumulate(http, model, 502, 1.0)[0] == ACCUMULATE_BASE + 2  # its neighbour goes on
+    while True:  # and the replacement takes the sequence started again
+        try:
+            total, pid = _accumulate(http, model, 501, 5.0, start=True)
+            break
+        except InferenceServerException:
+            assert time.monotonic() < deadline, "the instance was not replaced"
+            time.sleep(0.2)
+    assert total == ACCUMULATE_BASE + 5 and pid != doomed
