@@ -13,7 +13,7 @@ import msgspec
 from reposerve.config.schema import ModelConfig
 
 _ARRAYS_OF_TABLES = ("input", "output", "instance_group", "warmup", "step")
-_TABLES = ("dynamic_batching", "optimization", "execution")
+_TABLES = ("dynamic_batching", "sequence_batching", "optimization", "execution")
 _encoder = msgspec.json.Encoder()
 
 
@@ -31,9 +31,19 @@ def to_toml(config: ModelConfig) -> str:
     for key in _TABLES:
         table = values.get(key)
         if table is not None and table != defaults.get(key):
-            lines += ["", f"[{key}]", *_pairs(table, _section_defaults(key))]
+            # its lists of tables (sequence_batching.control_input) as arrays of tables
+            nested = {k: v for k, v in table.items() if v and _is_tables(v)}
+            plain = {k: v for k, v in table.items() if k not in nested}
+            lines += ["", f"[{key}]", *_pairs(plain, _section_defaults(key))]
+            for name, entries in nested.items():
+                for entry in entries:
+                    lines += ["", f"[[{key}.{name}]]", *_pairs(entry, {})]
     lines += _parameters("parameters", values.get("parameters") or {})
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _is_tables(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
 
 
 def _section_defaults(key: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import pytest
 from reposerve.config import parse_model_config
 from reposerve.config.pbtxt import parse_pbtxt
 from reposerve.config.sequences import client_facing, model_facing
+from reposerve.config.toml_writer import to_toml
 from reposerve.config.triton import to_triton
 from reposerve.errors import ConfigError, ProtocolError
 from reposerve.protocol.request import decode_request
@@ -181,3 +182,11 @@ def test_sequence_parameters_are_the_servers_not_the_models():
     request = decode_request(body, None, CONFIG, "m")
     assert (request.sequence_id, request.sequence_start, request.sequence_end) == ("a", True, False)
     assert request.parameters == {"x": 1}
+
+
+def test_convert_writes_it_as_tables_that_read_back_the_same():
+    config = parse_model_config(SEQUENCE, LABEL, folder_name="m")
+    written = to_toml(config)
+    assert "[[sequence_batching.control_input]]" in written
+    assert "[[sequence_batching.state]]" in written
+    assert parse_model_config(written, LABEL, folder_name="m") == config
