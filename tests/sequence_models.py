@@ -287,3 +287,51 @@ def write_python_pbtxt(root: Path, name: str, pbtxt: str, code: str) -> None:
     (root / name / "1").mkdir(parents=True)
     (root / name / "config.pbtxt").write_text(textwrap.dedent(pbtxt))
     (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
+
+
+# A model that calls accumulate (BLS) within the caller's sequence, and an ensemble whose
+# one step is accumulate: a sequence reaches a stateful model through both.
+BLS_ACCUMULATE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="accumulate",
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT")],
+                requested_output_names=["SUM"],
+                correlation_id=request.correlation_id(),
+                flags=request.flags(),
+            )
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            total = pb_utils.get_output_tensor_by_name(answer, "SUM").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", total)]))
+        return responses
+"""
+BLS_ACCUMULATE_PBTXT = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+ENSEMBLE_ACCUMULATE = """
+    backend = "ensemble"
+    max_batch_size = 4
+    [[input]]
+    name = "INPUT"
+    datatype = "FP32"
+    shape = [1]
+    [[output]]
+    name = "SUM"
+    datatype = "FP32"
+    shape = [1]
+    [[step]]
+    model = "accumulate"
+    input_map = { INPUT = "INPUT" }
+    output_map = { SUM = "SUM" }
+"""

@@ -352,7 +352,15 @@ class InferenceRequest:
     def _call_options(self) -> tuple[int | None, str, int]:
         """The version, parameters and timeout (µs) of the call, as the caller takes them."""
         version = None if self._model_version < 0 else self._model_version
-        return version, self._parameters, self._timeout
+        parameters = self._parameters
+        if self._correlation_id or self._flags:  # a call into a sequence, as a client's
+            sequence = {
+                "sequence_id": self._correlation_id,
+                "sequence_start": bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+                "sequence_end": bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
+            }
+            parameters = _parameters_text({**msgspec.json.decode(parameters), **sequence}, "")
+        return version, parameters, self._timeout
 
     def _responses(self, caller: Any) -> ResponseIterator:
         stream = caller.stream_sync(self._model_name, self._arrays(), *self._call_options())
@@ -363,11 +371,6 @@ class InferenceRequest:
             raise TritonModelException("exec() needs a request built with model_name=...")
         if not _bls_allowed:
             raise TritonModelException("BLS is only supported during the 'execute' function.")
-        if self._flags:
-            raise TritonModelException(
-                "InferenceRequest: flags (sequence batching) are not supported by reposerve's "
-                "model calls (yet)"
-            )
         if _caller is None:
             raise TritonModelException("no repository to call models in")
         return _caller

@@ -302,6 +302,10 @@ class EnsembleScheduler:
                 binary_output=True,
                 priority=0,
                 timeout_us=0,
+                # a step that is a sequence model sees the ensemble request's sequence
+                sequence_id=request.sequence_id,
+                sequence_start=request.sequence_start,
+                sequence_end=request.sequence_end,
             )
             with await model.scheduler.lease(step_request, call_depth=call_depth) as lease:
                 return {

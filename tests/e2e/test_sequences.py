@@ -22,6 +22,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.sequence_models import (
     ACCUMULATE_BASE,
+    BLS_ACCUMULATE,
+    BLS_ACCUMULATE_PBTXT,
+    ENSEMBLE_ACCUMULATE,
     ITERATIVE,
     ITERATIVE_PBTXT,
     RESCHEDULE_AND_ANSWER,
@@ -34,6 +37,7 @@ from tests.sequence_models import (
     write_simple_string_dyna_sequence,
 )
 from tests.server import start_server
+from tests.toy_models import write_model
 
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 pytestmark = pytest.mark.e2e
@@ -56,6 +60,8 @@ def server(tmp_path_factory):
     )
     write_accumulate(root, "accumulate_idle", idle_us=300_000)
     write_accumulate(root, "accumulate_fault")
+    write_python_pbtxt(root, "bls_accumulate", BLS_ACCUMULATE_PBTXT, BLS_ACCUMULATE)
+    write_model(root, "ensemble_accumulate", ENSEMBLE_ACCUMULATE, None)
     write_accumulate(
         root,
         "accumulate_one_slot",
@@ -347,3 +353,20 @@ def test_an_instance_dying_costs_only_its_own_sequences(http):
             assert time.monotonic() < deadline, "the instance was not replaced"
             time.sleep(0.2)
     assert total == ACCUMULATE_BASE + 5 and pid != doomed
+
+
+@pytest.mark.parametrize("caller", ["bls_accumulate", "ensemble_accumulate"])
+def test_a_sequence_reaches_a_stateful_model_through_calls_and_ensembles(http, caller):
+    key = 600 if caller.startswith("bls") else 601
+    sums = [
+        _sum(http, caller, key, value, start=index == 0, end=index == 2)
+        for index, value in enumerate([1.0, 2.0, 3.0])
+    ]
+    assert sums == [ACCUMULATE_BASE + 1, ACCUMULATE_BASE + 3, ACCUMULATE_BASE + 6]
+
+
+def _sum(client, model, key, value, start=False, end=False) -> float:
+    tensor = httpclient.InferInput("INPUT", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 1), value, np.float32))
+    result = client.infer(model, [tensor], sequence_id=key, sequence_start=start, sequence_end=end)
+    return float(result.as_numpy("SUM")[0][0])
