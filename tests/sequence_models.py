@@ -137,7 +137,7 @@ def write_simple_string_dyna_sequence(root: Path) -> None:
 
 # Our own contract: the running sum of a sequence as implicit state (initial value from a
 # file), and the instance's pid, to see a sequence stay on one instance.
-ACCUMULATE_CONFIG = """
+_SUMS = """
     max_batch_size = 4
     [[input]]
     name = "INPUT"
@@ -147,6 +147,10 @@ ACCUMULATE_CONFIG = """
     name = "SUM"
     datatype = "FP32"
     shape = [1]
+"""
+ACCUMULATE_CONFIG = (
+    _SUMS.replace("{", "{{").replace("}", "}}")
+    + """
     [[output]]
     name = "PID"
     datatype = "INT64"
@@ -167,6 +171,7 @@ ACCUMULATE_CONFIG = """
     shape = [1]
     initial_state = {{ datatype = "FP32", shape = [1], data_file = "base" }}
 """
+)
 ACCUMULATE = """
     import os
     import time
@@ -319,19 +324,13 @@ max_batch_size: 4
 input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
-ENSEMBLE_ACCUMULATE = """
-    backend = "ensemble"
-    max_batch_size = 4
-    [[input]]
-    name = "INPUT"
-    datatype = "FP32"
-    shape = [1]
-    [[output]]
-    name = "SUM"
-    datatype = "FP32"
-    shape = [1]
+ENSEMBLE_ACCUMULATE = (
+    'backend = "ensemble"\n'
+    + _SUMS
+    + """
     [[step]]
     model = "accumulate"
     input_map = { INPUT = "INPUT" }
     output_map = { SUM = "SUM" }
 """
+)
