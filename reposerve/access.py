@@ -2,7 +2,8 @@
 --grpc-restricted-protocol, and loopback-only control.
 
 With no restriction on a control API (``model-repository``: load, unload, index;
-``logging``: the log settings), its calls are answered only for clients on this machine,
+``logging``: the log settings; ``shared-memory``: registering, unregistering and listing
+client shared-memory regions), its calls are answered only for clients on this machine,
 so a server bound to 0.0.0.0 cannot be reconfigured from the network by default. The
 fronts adapt their requests to ``check_call`` (a header lookup and the client's address).
 """
@@ -25,9 +26,10 @@ API_CATEGORIES = frozenset(
         "model-repository",
         "statistics",
         "logging",
+        "shared-memory",
     }
 )
-CONTROL_APIS = frozenset({"model-repository", "logging"})
+CONTROL_APIS = frozenset({"model-repository", "logging", "shared-memory"})
 
 
 class AccessError(ReposerveError):

@@ -150,6 +150,17 @@ def serve_parser() -> argparse.ArgumentParser:
         "and false refuses them",
     )
     add(
+        "--allow-client-shm",
+        type=boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="let clients register shared-memory regions and place tensors in them "
+        "(Triton's shared-memory extension; false). Registering answers only local clients "
+        "unless --http-restricted-api shared-memory:KEY=VALUE opens it",
+    )
+    add(
         "--repository-poll-secs",
         type=float,
         default=15.0,
@@ -420,6 +431,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         allow_model_file_override=args.allow_model_file_override,
+        allow_client_shm=args.allow_client_shm,
         server_name=args.server_name,
         load_timeout_secs=args.load_timeout_secs,
         **_log_flags(args),

@@ -62,6 +62,13 @@ class SchedulerError(ReposerveError):
     kind = ErrorKind.UNAVAILABLE
 
 
+class SharedMemoryError(ReposerveError):
+    """A client's shared-memory region that cannot be registered or used as asked: a bad
+    key, a window past its file, a tensor that does not fit (``reposerve.shared_memory``)."""
+
+    kind = ErrorKind.INVALID_ARGUMENT
+
+
 class InstanceError(ReposerveError):
     """A batch that failed inside an instance: the model raised, or the process died."""
 

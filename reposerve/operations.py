@@ -21,6 +21,7 @@ from reposerve.logs import LogSettings, LogUpdate
 from reposerve.statistics import ModelStats
 
 __all__ = [
+    "CudaRegion",
     "IndexEntry",
     "IndexRequest",
     "LoadRequest",
@@ -31,6 +32,7 @@ __all__ = [
     "ModelStatistics",
     "ModelStats",
     "ServerMetadata",
+    "SystemRegion",
     "TensorMetadata",
     "UnloadRequest",
 ]
@@ -92,3 +94,22 @@ class LoadRequest(msgspec.Struct, frozen=True):
 class UnloadRequest(msgspec.Struct, frozen=True):
     name: str
     unload_dependents: bool = False  # the ensembles that call the model go too
+
+
+class SystemRegion(msgspec.Struct, frozen=True):
+    """A client's system shared-memory region: ``byte_size`` bytes from ``offset`` of the
+    shared-memory object ``key`` (``/name``, as shm_open names it), called ``name`` in
+    requests. A register's argument, and a row of the status (Triton's document)."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+class CudaRegion(msgspec.Struct, frozen=True):
+    """A row of the CUDA shared-memory status (Triton's document)."""
+
+    name: str
+    device_id: int
+    byte_size: int

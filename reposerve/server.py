@@ -77,6 +77,7 @@ class Server:
             allow_file_override=settings.allow_model_file_override,
             logs=logs,
             server_name=settings.server_name,
+            allow_client_shm=settings.allow_client_shm,
         )
         self.exit_code = 0
         # Ends the loop's runner (the HTTP server, or ``run``): set by whichever runs it.

@@ -2,9 +2,11 @@
 
 Inference takes the request's bytes (decoded here against the model's config) and gives
 back ``Answer``s: the outputs the request asked for, still in the instance's shared
-memory, which the front encodes in its protocol and releases. Every other operation takes
-and returns the typed values of ``reposerve.operations``, which each front decodes and
-encodes in its own protocol. Status codes and headers stay in the fronts.
+memory, which the front encodes in its protocol and releases. Tensors a request places in
+client shared memory (``reposerve.shared_memory``) are read from and written into the
+client's regions here; the answer carries those outputs' metadata alone. Every other
+operation takes and returns the typed values of ``reposerve.operations``, which each front
+decodes and encodes in its own protocol. Status codes and headers stay in the fronts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
@@ -24,6 +27,7 @@ from reposerve.instance.messages import CallFailure, CallResult, ModelControl
 from reposerve.logs import LogControl, LogSettings, LogUpdate
 from reposerve.metrics import CustomFamily, MetricsOptions, VersionMetrics, render
 from reposerve.operations import (
+    CudaRegion,
     IndexEntry,
     IndexRequest,
     LoadRequest,
@@ -31,6 +35,7 @@ from reposerve.operations import (
     ModelMetadata,
     ModelStatistics,
     ServerMetadata,
+    SystemRegion,
     UnloadRequest,
 )
 from reposerve.protocol import documents
@@ -41,6 +46,7 @@ from reposerve.protocol.request import InferRequest, decode_parts, decode_reques
 from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository.scan import ConfigOverride, check_model_name
 from reposerve.scheduler.lease import Lease
+from reposerve.shared_memory import Claims, SharedMemory
 from reposerve.tensor import Tensor
 from reposerve.utilization import Usage
 
@@ -60,8 +66,10 @@ class InferenceService:
         allow_file_override: bool = False,
         logs: LogControl | None = None,
         server_name: str = documents.SERVER_NAME,
+        allow_client_shm: bool = False,
     ) -> None:
         self.repository = repository
+        self.shared_memory = SharedMemory(allow_client_shm)  # --allow-client-shm
         self.server_name = server_name  # what GET /v2 names the server (--server-name)
         # Whether a load may bring its own model files (code the instances will run).
         self.allow_file_override = allow_file_override
@@ -120,7 +128,7 @@ class InferenceService:
         return self.ready()
 
     async def server_metadata(self) -> ServerMetadata:
-        return documents.server_metadata(self.server_name)
+        return documents.server_metadata(self.server_name, self.shared_memory.allowed)
 
     # -- logging (Triton's logging extension) ----------------------------------------------
 
@@ -201,13 +209,18 @@ class InferenceService:
         """Run one V2 request (its JSON, or its header and binary tensors); the front
         encodes the answer and releases it."""
         model = self.repository.get(name, version)
-        if len(body) < DECODE_IN_THREAD:
-            request = decode_request(body, header_length, model.config, name)
-        else:  # millions of small BYTES elements take seconds to walk: not on the loop
-            request = await asyncio.to_thread(
-                decode_request, body, header_length, model.config, name
-            )
-        return await self._run(model, request)
+        claims = self.shared_memory.claims()
+        try:
+            if len(body) < DECODE_IN_THREAD:
+                request = decode_request(body, header_length, model.config, name, claims)
+            else:  # millions of small BYTES elements take seconds to walk: not on the loop
+                request = await asyncio.to_thread(
+                    decode_request, body, header_length, model.config, name, claims
+                )
+            return await self._run(model, request, claims)
+        except BaseException:
+            claims.release()
+            raise
 
     async def infer_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
@@ -215,13 +228,20 @@ class InferenceService:
         """Run one request whose tensor data travels apart from its header (gRPC; see
         ``decode_parts``)."""
         model = self.repository.get(name, version)
-        return await self._run(model, decode_parts(header, raws, model.config, name))
+        claims = self.shared_memory.claims()
+        try:
+            request = decode_parts(header, raws, model.config, name, claims)
+            return await self._run(model, request, claims)
+        except BaseException:
+            claims.release()
+            raise
 
     async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
         """Triton's generate extension (``reposerve.protocol.generate``): the request is
         decoded now (its errors raise here); the answers come as they are made."""
         model = self.repository.get(name, version)
-        return self._responses(model, decode_generate(body, model.config, name))
+        request = decode_generate(body, model.config, name)
+        return self._responses(model, request, self.shared_memory.claims())
 
     async def stream_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
@@ -229,25 +249,39 @@ class InferenceService:
         """``infer_parts`` for a streaming call: any model; a decoupled model's answers
         come as they are made, and end after its last."""
         model = self.repository.get(name, version)
-        return self._responses(model, decode_parts(header, raws, model.config, name))
+        claims = self.shared_memory.claims()
+        try:
+            request = decode_parts(header, raws, model.config, name, claims)
+        except BaseException:
+            claims.release()
+            raise
+        answers = self._responses(model, request, claims)
+        if claims.held:  # let go of them even if the answers are never asked for
+            weakref.finalize(answers, claims.release)
+        return answers
 
-    async def _responses(self, model: ModelVersion, request: InferRequest) -> AsyncIterator[Answer]:
+    async def _responses(
+        self, model: ModelVersion, request: InferRequest, claims: Claims
+    ) -> AsyncIterator[Answer]:
         """The answers to ``request``: one, or a decoupled model's as they come. Closing
         this iterator early (the client left) cancels the generation in the instance and
-        releases what it had not handed out."""
-        selected = _selected_outputs(request, model.output_names)
-        if not model.config.decoupled:
-            lease = await model.scheduler.lease(request)
-            yield _answer(model, request, selected, lease, final=True)  # answered once
-            return
-        stream = model.scheduler.stream(request)
+        releases what it had not handed out; its end lets go of ``claims``."""
         try:
-            async for lease in stream:
-                yield _answer(model, request, selected, lease, final=lease.final)
+            selected = _selected_outputs(request, model.output_names)
+            if not model.config.decoupled:
+                lease = await model.scheduler.lease(request)
+                yield _answer(model, request, selected, lease, True, claims)  # answered once
+                return
+            stream = model.scheduler.stream(request)
+            try:
+                async for lease in stream:
+                    yield _answer(model, request, selected, lease, lease.final, claims)
+            finally:
+                stream.cancel()  # nothing left to stop once it has ended
         finally:
-            stream.cancel()  # nothing left to stop once it has ended
+            claims.release()
 
-    async def _run(self, model: ModelVersion, request: InferRequest) -> Answer:
+    async def _run(self, model: ModelVersion, request: InferRequest, claims: Claims) -> Answer:
         """Submit ``request`` for its one response."""
         if model.config.decoupled:
             raise ProtocolError(
@@ -258,7 +292,8 @@ class InferenceService:
             )
         selected = _selected_outputs(request, model.output_names)
         lease = await model.scheduler.lease(request)
-        return _answer(model, request, selected, lease, final=True)
+        # The regions are the request's until its answer is let go.
+        return _answer(model, request, selected, lease, True, claims, hold=True)
 
     # -- repository control --------------------------------------------------------------
 
@@ -313,6 +348,28 @@ class InferenceService:
         too (otherwise they stop serving, saying why)."""
         self._check_control()
         await self.repository.unload(request.name, dependents=request.unload_dependents)
+
+    # -- client shared memory (Triton's shared-memory extension) ----------------------------
+
+    async def shared_memory_status(self, name: str | None) -> list[SystemRegion]:
+        return self.shared_memory.status(name)
+
+    async def register_shared_memory(self, region: SystemRegion) -> None:
+        self.shared_memory.register(region)
+
+    async def unregister_shared_memory(self, name: str | None) -> None:
+        """Returns once the requests using the region(s) have ended (see
+        ``reposerve.shared_memory``)."""
+        await self.shared_memory.unregister(name)
+
+    async def cuda_memory_status(self, name: str | None) -> list[CudaRegion]:
+        return self.shared_memory.cuda_status(name)
+
+    async def register_cuda_memory(self, name: str) -> None:
+        await self.shared_memory.register_cuda(name)
+
+    async def unregister_cuda_memory(self, name: str | None) -> None:
+        self.shared_memory.unregister_cuda(name)
 
     async def _model_control(self, control: ModelControl) -> CallResult | CallFailure:
         """A model's own request to load, unload or ask after a model (Triton's
@@ -373,9 +430,13 @@ class Answer:
     response order, views on the batch's shared memory until ``release`` (or the end of
     a ``with`` block), and the response's parameters. ``final``: the request's last
     response (a model that answers once; a decoupled one's that the model sent with the
-    final flag: one that sends the flag alone ends its stream with no answer)."""
+    final flag: one that sends the flag alone ends its stream with no answer).
+    ``shared_outputs``: the outputs written into client shared memory, by name, with their
+    response parameters (their tensors in ``outputs`` hold no bytes)."""
 
-    __slots__ = ("outputs", "parameters", "final", "version", "request_id", "_lease")
+    __slots__ = (
+        "outputs", "parameters", "final", "version", "request_id", "shared_outputs", "_lease",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -385,12 +446,14 @@ class Answer:
         version: str,
         request_id: str | None,
         lease: Releasable,
+        shared_outputs: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.outputs = outputs
         self.parameters = parameters
         self.final = final
         self.version = version  # the model version that answered, as text
         self.request_id = request_id
+        self.shared_outputs = shared_outputs or {}
         self._lease = lease
 
     @property
@@ -407,16 +470,33 @@ class Answer:
         self._lease.release()
 
 
+class _Both:
+    """An answer's lease and its request's claims on client shared memory, let go as one."""
+
+    __slots__ = ("_lease", "_claims")
+
+    def __init__(self, lease: Lease, claims: Claims) -> None:
+        self._lease = lease
+        self._claims = claims
+
+    def release(self) -> None:
+        self._lease.release()
+        self._claims.release()
+
+
 def _answer(
     model: ModelVersion,
     request: InferRequest,
     selected: list[tuple[str, bool]],
     lease: Lease,
     final: bool,
+    claims: Claims,
+    hold: bool = False,
 ) -> Answer:
     """The answer ``lease`` makes: its outputs selected and classified as the request
-    asks. A requested output the model left out of its answer (a Triton model may) is
-    left out of the response, as Triton does."""
+    asks, those it placed in client shared memory written there. A requested output the
+    model left out of its answer (a Triton model may) is left out of the response, as
+    Triton does. ``hold``: the answer lets go of ``claims`` too."""
     try:
         outputs = lease.outputs
         classes = request.classifications
@@ -431,10 +511,14 @@ def _answer(
         chosen = [
             (output, outputs[output], binary) for output, binary in selected if output in outputs
         ]
+        shared = {}
+        if request.output_regions:
+            shared = claims.place(chosen, request.output_regions, model.name)
     except BaseException:
         lease.release()
         raise
-    return Answer(chosen, lease.parameters, final, model.version_text, request.id, lease)
+    keeper = _Both(lease, claims) if hold and claims.held else lease
+    return Answer(chosen, lease.parameters, final, model.version_text, request.id, keeper, shared)
 
 
 class FrontService(Protocol):
@@ -458,6 +542,18 @@ class FrontService(Protocol):
     async def load_model(self, request: LoadRequest) -> None: ...
 
     async def unload_model(self, request: UnloadRequest) -> None: ...
+
+    async def shared_memory_status(self, name: str | None) -> list[SystemRegion]: ...
+
+    async def register_shared_memory(self, region: SystemRegion) -> None: ...
+
+    async def unregister_shared_memory(self, name: str | None) -> None: ...
+
+    async def cuda_memory_status(self, name: str | None) -> list[CudaRegion]: ...
+
+    async def register_cuda_memory(self, name: str) -> None: ...
+
+    async def unregister_cuda_memory(self, name: str | None) -> None: ...
 
     async def log_settings(self) -> LogSettings: ...
 

@@ -58,6 +58,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     exit_on_error: bool = True  # start-up fails when a model fails to load
     server_name: str = "triton"  # GET /v2's name (Triton's, which its clients check)
     allow_model_file_override: bool = True  # load requests may bring model files (code)
+    allow_client_shm: bool = False  # clients may register shared memory (--allow-client-shm)
     load_timeout_secs: float = 120.0
     # Triton's auto-complete (off: --disable-auto-complete-config / --strict-model-config)
     auto_complete: bool = True

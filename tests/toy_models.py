@@ -412,3 +412,57 @@ def counting_config(log: Path) -> str:
         [parameters]
         log = "{log}"
     """
+
+
+# Triton's simple_string example model, for its shared-memory examples.
+SIMPLE_STRING_CONFIG = """
+    max_batch_size = 8
+    [[input]]
+    name = "INPUT0"
+    datatype = "BYTES"
+    shape = [16]
+    [[input]]
+    name = "INPUT1"
+    datatype = "BYTES"
+    shape = [16]
+    [[output]]
+    name = "OUTPUT0"
+    datatype = "BYTES"
+    shape = [16]
+    [[output]]
+    name = "OUTPUT1"
+    datatype = "BYTES"
+    shape = [16]
+"""
+# Triton's simple_string: integers as strings in, their sum and difference as strings out.
+SIMPLE_STRING = """
+    import numpy as np
+
+    def ints(values):
+        return np.array([int(v) for v in values.flat], dtype=np.int64).reshape(values.shape)
+
+    def text(values):
+        return np.array([str(v).encode() for v in values.flat], dtype=object).reshape(
+            values.shape
+        )
+
+    class Model:
+        def execute(self, inputs):
+            a, b = ints(inputs["INPUT0"]), ints(inputs["INPUT1"])
+            return {"OUTPUT0": text(a + b), "OUTPUT1": text(a - b)}
+"""
+# Says it started (STARTED beside model.py), then holds its request until GO appears.
+GATED = """
+    import time
+
+    class Model:
+        def load(self, context):
+            self.folder = context.version_path
+
+        def execute(self, inputs):
+            (self.folder / "STARTED").touch()
+            deadline = time.monotonic() + 60
+            while not (self.folder / "GO").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return {"OUTPUT": inputs["INPUT"] * 2}
+"""

@@ -277,5 +277,6 @@ def _answered(
         answer.final,
         slot.size,
         last,
+        answer.shared_outputs,
     )
     return message, offset

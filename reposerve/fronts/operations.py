@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from reposerve.operations import (
+    CudaRegion,
     IndexEntry,
     IndexRequest,
     LoadRequest,
@@ -15,6 +16,7 @@ from reposerve.operations import (
     ModelMetadata,
     ModelStatistics,
     ServerMetadata,
+    SystemRegion,
     UnloadRequest,
 )
 
@@ -34,4 +36,10 @@ OPERATIONS: dict[str, tuple[tuple[Any, ...], Any]] = {
     "unload_model": ((UnloadRequest,), None),
     "log_settings": ((), LogSettings),
     "update_log_settings": ((LogUpdate,), LogSettings),
+    "shared_memory_status": ((str | None,), list[SystemRegion]),
+    "register_shared_memory": ((SystemRegion,), None),
+    "unregister_shared_memory": ((str | None,), None),
+    "cuda_memory_status": ((str | None,), list[CudaRegion]),
+    "register_cuda_memory": ((str,), None),
+    "unregister_cuda_memory": ((str | None,), None),
 }

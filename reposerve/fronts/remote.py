@@ -31,6 +31,7 @@ from reposerve.errors import (
     ReposerveError,
     RepositoryError,
     SchedulerError,
+    SharedMemoryError,
 )
 from reposerve.framing import FrameReader, Outgoing, encode
 from reposerve.fronts.frames import (
@@ -53,6 +54,7 @@ from reposerve.fronts.frames import (
 from reposerve.fronts.operations import OPERATIONS
 from reposerve.instance.arena import Slot, align, grown_size
 from reposerve.operations import (
+    CudaRegion,
     IndexEntry,
     IndexRequest,
     LoadRequest,
@@ -62,6 +64,7 @@ from reposerve.operations import (
     ModelMetadata,
     ModelStatistics,
     ServerMetadata,
+    SystemRegion,
     UnloadRequest,
 )
 from reposerve.scheduler.stream import Stream
@@ -86,6 +89,7 @@ _ERRORS: dict[str, type[ReposerveError]] = {
         InvalidInput,
         ModelCallError,
         ModelError,
+        SharedMemoryError,
     )
 }
 
@@ -317,6 +321,7 @@ class RemoteService(asyncio.Protocol):
             frame.version,
             frame.request_id,
             _Hold(call, taken),
+            frame.shared_outputs,
         )
 
     def _taken(self, call: _Call) -> None:
@@ -426,3 +431,21 @@ class RemoteService(asyncio.Protocol):
 
     async def update_log_settings(self, update: LogUpdate) -> LogSettings:
         return await self._operate("update_log_settings", update)
+
+    async def shared_memory_status(self, name: str | None) -> list[SystemRegion]:
+        return await self._operate("shared_memory_status", name)
+
+    async def register_shared_memory(self, region: SystemRegion) -> None:
+        await self._operate("register_shared_memory", region)
+
+    async def unregister_shared_memory(self, name: str | None) -> None:
+        await self._operate("unregister_shared_memory", name)
+
+    async def cuda_memory_status(self, name: str | None) -> list[CudaRegion]:
+        return await self._operate("cuda_memory_status", name)
+
+    async def register_cuda_memory(self, name: str) -> None:
+        await self._operate("register_cuda_memory", name)
+
+    async def unregister_cuda_memory(self, name: str | None) -> None:
+        await self._operate("unregister_cuda_memory", name)

@@ -3,8 +3,11 @@
 A gRPC request becomes the V2 header an HTTP client would send plus each input's binary
 data apart (``decode_parts``), so both fronts share one decoder with all its checks against
 the model's config, and tensors are views of the request's bytes. Typed ``contents`` are
-packed into that binary form here; ``raw_input_contents`` are passed as they came. Triton
-answers gRPC outputs in ``raw_output_contents`` always; so does this.
+packed into that binary form here; ``raw_input_contents`` are passed as they came (one
+per input that is not in client shared memory, in order, as Triton counts them). Triton
+answers gRPC outputs in ``raw_output_contents`` always, one per output, an empty one for
+an output written into shared memory (tritonclient finds an output's by its position);
+so does this.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ import numpy as np
 
 from reposerve.datatypes import pack_bytes
 from reposerve.errors import ProtocolError
+from reposerve.protocol.shared_memory import REGION
 from reposerve.service import Answer
-from reposerve.tensor import Tensor
 
 # Triton's InferTensorContents field for each datatype (FP16 and BF16 have none: raw only).
 _CONTENTS = {
@@ -57,20 +60,28 @@ def request_parts(request: Any) -> tuple[dict[str, Any], list[bytes]]:
     input's binary data: its ``raw_input_contents`` as they came, or its typed ``contents``
     packed into the same form."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    shared = [REGION in tensor.parameters for tensor in request.inputs]
+    carried = shared.count(False)  # the inputs whose data the message carries
+    if raw and len(raw) != carried:
+        placed = " not in shared memory" if carried < len(shared) else ""
         raise ProtocolError(
             f"model '{request.model_name}': {len(raw)} raw_input_contents for "
-            f"{len(request.inputs)} inputs; give raw contents for every input or for none"
+            f"{carried} inputs{placed}; give raw contents for every such input or for none"
         )
     inputs = []
     parts: list[bytes] = []
-    for index, tensor in enumerate(request.inputs):
-        if raw and tensor.HasField("contents"):
-            raise ProtocolError(
-                f"model '{request.model_name}': input '{tensor.name}' has both contents and "
-                "raw_input_contents; send one"
-            )
-        parts.append(raw[index] if raw else _packed(request.model_name, tensor))
+    position = iter(raw)
+    for tensor, in_region in zip(request.inputs, shared, strict=True):
+        if in_region or (raw and tensor.HasField("contents")):
+            if tensor.HasField("contents"):
+                source = REGION if in_region else "raw_input_contents"
+                raise ProtocolError(
+                    f"model '{request.model_name}': input '{tensor.name}' has both contents "
+                    f"and {source}; send one"
+                )
+            parts.append(b"")  # its bytes are read from the region
+        else:
+            parts.append(next(position) if raw else _packed(request.model_name, tensor))
         inputs.append(
             {
                 "name": tensor.name,
@@ -125,7 +136,7 @@ def stream_encoder(stream_class: Any, request: Any) -> Callable[[Answer], Any]:
     def encode(answer: Answer) -> Any:
         response = stream_class()
         infer_response = response.infer_response
-        _fill(infer_response, request, answer.version, answer.tensors, answer.parameters)
+        _fill(infer_response, request, answer)
         infer_response.parameters[FINAL].bool_param = answer.final
         return response
 
@@ -151,27 +162,33 @@ def response_encoder(response_class: Any, request: Any) -> Callable[[Answer], An
 
     def encode(answer: Answer) -> Any:
         response = response_class()
-        _fill(response, request, answer.version, answer.tensors, answer.parameters)
+        _fill(response, request, answer)
         return response
 
     return encode
 
 
-def _fill(
-    response: Any,
-    request: Any,
-    version: str,
-    outputs: list[tuple[str, Tensor]],
-    parameters: dict[str, Any],
-) -> None:
+def _fill(response: Any, request: Any, answer: Answer) -> None:
     """A ``ModelInferResponse`` naming ``request``, with the parameters the model set and
     every output in raw_output_contents (copied: the tensors are views valid only while
-    encoding)."""
+    encoding); an output in client shared memory has its parameters there instead, and
+    an empty entry."""
     response.model_name = request.model_name
-    response.model_version = version
+    response.model_version = answer.version
     response.id = request.id
+    _set_parameters(response.parameters, answer.parameters)
+    shared = answer.shared_outputs
+    for name, tensor, _ in answer.outputs:
+        output = response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
+        if shared and name in shared:
+            _set_parameters(output.parameters, shared[name])
+        response.raw_output_contents.append(bytes(tensor.raw))
+
+
+def _set_parameters(entries: Any, parameters: dict[str, Any]) -> None:
+    """``parameters`` into an ``InferParameter`` map, each in the field its type takes."""
     for key, value in parameters.items():
-        entry = response.parameters[key]
+        entry = entries[key]
         if isinstance(value, bool):
             entry.bool_param = value
         elif isinstance(value, int):
@@ -180,6 +197,3 @@ def _fill(
             entry.double_param = value
         else:
             entry.string_param = str(value)
-    for name, tensor in outputs:
-        response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
-        response.raw_output_contents.append(bytes(tensor.raw))

@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from reposerve.errors import ProtocolError
 from reposerve.grpc import schema
 from reposerve.grpc.infer import parameter_value
-from reposerve.operations import IndexRequest
+from reposerve.operations import IndexRequest, SystemRegion
 from reposerve.protocol.repository import load_request, unload_request
 from reposerve.service import FrontService
 
@@ -115,3 +115,33 @@ class Operations:
     async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
         await self.service.unload_model(unload_request(request.model_name, _parameters(request)))
         return response("RepositoryModelUnload")
+
+    # Triton's shared-memory extension: an empty name = every region.
+    async def SystemSharedMemoryStatus(self, request: Any) -> Any:  # noqa: N802
+        message = response("SystemSharedMemoryStatus")
+        for region in await self.service.shared_memory_status(request.name or None):
+            _fill(message.regions[region.name], region)
+        return message
+
+    async def SystemSharedMemoryRegister(self, request: Any) -> Any:  # noqa: N802
+        region = SystemRegion(request.name, request.key, request.offset, request.byte_size)
+        await self.service.register_shared_memory(region)
+        return response("SystemSharedMemoryRegister")
+
+    async def SystemSharedMemoryUnregister(self, request: Any) -> Any:  # noqa: N802
+        await self.service.unregister_shared_memory(request.name or None)
+        return response("SystemSharedMemoryUnregister")
+
+    async def CudaSharedMemoryStatus(self, request: Any) -> Any:  # noqa: N802
+        message = response("CudaSharedMemoryStatus")
+        for region in await self.service.cuda_memory_status(request.name or None):
+            _fill(message.regions[region.name], region)
+        return message
+
+    async def CudaSharedMemoryRegister(self, request: Any) -> Any:  # noqa: N802
+        await self.service.register_cuda_memory(request.name)
+        return response("CudaSharedMemoryRegister")
+
+    async def CudaSharedMemoryUnregister(self, request: Any) -> Any:  # noqa: N802
+        await self.service.unregister_cuda_memory(request.name or None)
+        return response("CudaSharedMemoryUnregister")

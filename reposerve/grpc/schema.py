@@ -47,7 +47,13 @@ METHODS = (
         "RepositoryModelUnloadResponse",
         "model-repository",
     ),
-)
+    *(
+        (f"{kind}SharedMemory{verb}", f"{kind}SharedMemory{verb}Request",
+         f"{kind}SharedMemory{verb}Response", "shared-memory")
+        for kind in ("System", "Cuda")
+        for verb in ("Status", "Register", "Unregister")
+    ),
+)  # fmt: skip
 # The one streaming RPC: requests and responses both flow as streams.
 STREAM_METHOD = ("ModelStreamInfer", "ModelInferRequest", "ModelStreamInferResponse", "inference")
 
@@ -278,6 +284,76 @@ def _repository_messages() -> list[descriptor_pb2.DescriptorProto]:
     return [parameter, index_request, index, *control]
 
 
+def _shared_memory_messages() -> list[descriptor_pb2.DescriptorProto]:
+    """Triton's shared-memory extension: system and CUDA regions' status, register and
+    unregister (a request naming no region means every one)."""
+    system = ".SystemSharedMemoryStatusResponse"
+    cuda = ".CudaSharedMemoryStatusResponse"
+    return [
+        _named("SystemSharedMemoryStatusRequest"),
+        message(
+            "SystemSharedMemoryStatusResponse",
+            [field(1, "regions", f"{system}.RegionsEntry", repeated=True)],
+            nested=(
+                message(
+                    "RegionStatus",
+                    [
+                        field(1, "name", "string"),
+                        field(2, "key", "string"),
+                        field(3, "offset", "uint64"),
+                        field(4, "byte_size", "uint64"),
+                    ],
+                ),
+                map_entry("RegionsEntry", f"{system}.RegionStatus"),
+            ),
+        ),
+        message(
+            "SystemSharedMemoryRegisterRequest",
+            [
+                field(1, "name", "string"),
+                field(2, "key", "string"),
+                field(3, "offset", "uint64"),
+                field(4, "byte_size", "uint64"),
+            ],
+        ),
+        message("SystemSharedMemoryRegisterResponse", []),
+        _named("SystemSharedMemoryUnregisterRequest"),
+        message("SystemSharedMemoryUnregisterResponse", []),
+        _named("CudaSharedMemoryStatusRequest"),
+        message(
+            "CudaSharedMemoryStatusResponse",
+            [field(1, "regions", f"{cuda}.RegionsEntry", repeated=True)],
+            nested=(
+                message(
+                    "RegionStatus",
+                    [
+                        field(1, "name", "string"),
+                        field(2, "device_id", "uint64"),
+                        field(3, "byte_size", "uint64"),
+                    ],
+                ),
+                map_entry("RegionsEntry", f"{cuda}.RegionStatus"),
+            ),
+        ),
+        message(
+            "CudaSharedMemoryRegisterRequest",
+            [
+                field(1, "name", "string"),
+                field(2, "raw_handle", "bytes"),
+                field(3, "device_id", "int64"),
+                field(4, "byte_size", "uint64"),
+            ],
+        ),
+        message("CudaSharedMemoryRegisterResponse", []),
+        _named("CudaSharedMemoryUnregisterRequest"),
+        message("CudaSharedMemoryUnregisterResponse", []),
+    ]
+
+
+def _named(name: str) -> descriptor_pb2.DescriptorProto:
+    return message(name, [field(1, "name", "string")])
+
+
 def _service_file() -> descriptor_pb2.FileDescriptorProto:
     metadata_entry = ".ModelMetadataResponse.TensorMetadata"
     messages = [
@@ -322,6 +398,7 @@ def _service_file() -> descriptor_pb2.FileDescriptorProto:
         message("ModelConfigResponse", [field(1, "config", ".ModelConfig")]),
         *_statistics_messages(),
         *_repository_messages(),
+        *_shared_memory_messages(),
     ]
     schema = descriptor_pb2.FileDescriptorProto(
         name="reposerve/triton_grpc_service.proto",

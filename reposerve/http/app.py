@@ -31,6 +31,7 @@ from reposerve.protocol.repository import (
     decode_load_request,
     decode_unload_request,
 )
+from reposerve.protocol.shared_memory import decode_register_request
 from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.http")
@@ -106,6 +107,32 @@ class Handlers:
         update = decode_log_update(await request.body())
         return _json(encode(await self.service.update_log_settings(update)))
 
+    # Triton's shared-memory extension: ``region`` absent = every region.
+    async def shared_memory_status(self, request: Request) -> Response:
+        regions = await self.service.shared_memory_status(request.path_params.get("region"))
+        return _json(encode(regions))
+
+    async def register_shared_memory(self, request: Request) -> Response:
+        region = decode_register_request(request.path_params["region"], await request.body())
+        await self.service.register_shared_memory(region)
+        return _json(b"{}")
+
+    async def unregister_shared_memory(self, request: Request) -> Response:
+        await self.service.unregister_shared_memory(request.path_params.get("region"))
+        return _json(b"{}")
+
+    async def cuda_memory_status(self, request: Request) -> Response:
+        regions = await self.service.cuda_memory_status(request.path_params.get("region"))
+        return _json(encode(regions))
+
+    async def register_cuda_memory(self, request: Request) -> Response:
+        await self.service.register_cuda_memory(request.path_params["region"])
+        return _json(b"{}")
+
+    async def unregister_cuda_memory(self, request: Request) -> Response:
+        await self.service.unregister_cuda_memory(request.path_params.get("region"))
+        return _json(b"{}")
+
 
 def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
     async def endpoint(request: Request) -> Response:
@@ -157,6 +184,21 @@ def routes(handlers: Handlers, policy: AccessPolicy, max_body: int) -> list[Rout
         ("/v2/logging", handlers.log_settings, "logging", ["GET"]),
         ("/v2/logging", handlers.update_log_settings, "logging", ["POST"]),
     ]
+    memory = (
+        ("systemsharedmemory", handlers.shared_memory_status, handlers.register_shared_memory,
+         handlers.unregister_shared_memory),
+        ("cudasharedmemory", handlers.cuda_memory_status, handlers.register_cuda_memory,
+         handlers.unregister_cuda_memory),
+    )  # fmt: skip
+    for kind, status, register, unregister in memory:
+        region = f"/v2/{kind}/region/{{region}}"
+        table += [
+            (f"/v2/{kind}/status", status, "shared-memory", ["GET"]),
+            (f"{region}/status", status, "shared-memory", ["GET"]),
+            (f"{region}/register", register, "shared-memory", ["POST"]),
+            (f"/v2/{kind}/unregister", unregister, "shared-memory", ["POST"]),
+            (f"{region}/unregister", unregister, "shared-memory", ["POST"]),
+        ]
     for prefix in (model, versioned):
         table += [
             (prefix, handlers.model_metadata, "metadata", ["GET"]),

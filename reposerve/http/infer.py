@@ -55,7 +55,12 @@ class InferEndpoint:
                 model, parameters.get("version"), body, header_length
             ) as answer:  # encoded straight from the instance's memory, then let go
                 content, json_length = encode_response(
-                    model, answer.version, answer.request_id, answer.outputs, answer.parameters
+                    model,
+                    answer.version,
+                    answer.request_id,
+                    answer.outputs,
+                    answer.parameters,
+                    answer.shared_outputs,
                 )
             coding = response_coding(accept) if accept is not None else None
             if coding is not None:

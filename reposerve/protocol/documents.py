@@ -44,8 +44,10 @@ def encode(document: Any) -> bytes:
     return _encoder.encode(document)
 
 
-def server_metadata(name: str = SERVER_NAME) -> ServerMetadata:
-    return ServerMetadata(name, reposerve.__version__, list(EXTENSIONS))
+def server_metadata(name: str = SERVER_NAME, shared_memory: bool = False) -> ServerMetadata:
+    """``shared_memory``: client shared memory is on (--allow-client-shm)."""
+    extensions = [*EXTENSIONS, "system_shared_memory"] if shared_memory else list(EXTENSIONS)
+    return ServerMetadata(name, reposerve.__version__, extensions)
 
 
 def model_metadata(

@@ -17,6 +17,13 @@ from reposerve.config import ModelConfig, TensorConfig
 from reposerve.datatypes import NUMPY_DTYPES, bytes_offsets, element_count, pack_bytes
 from reposerve.errors import ProtocolError
 from reposerve.protocol.classification import UNRANKED
+from reposerve.protocol.shared_memory import (
+    REGION,
+    UNAVAILABLE,
+    SharedTensors,
+    TensorRegion,
+    tensor_region,
+)
 from reposerve.tensor import Tensor
 
 
@@ -42,13 +49,6 @@ class _RequestHeader(msgspec.Struct):
 
 _header_decoder = msgspec.json.Decoder(_RequestHeader)
 
-# Parameters of Triton extensions reposerve does not implement yet: refused by name, since
-# ignoring them would answer something other than what the client asked for.
-_SHARED_MEMORY_PARAMETERS = (
-    "shared_memory_region",
-    "shared_memory_byte_size",
-    "shared_memory_offset",
-)
 # Request parameters the server acts on; the rest are the model's (request.parameters()).
 _SERVER_PARAMETERS = frozenset(
     {
@@ -74,6 +74,8 @@ class InferRequest(msgspec.Struct):
     # The request's parameters the server does not act on itself: the model's to read
     # (Triton's request.parameters()).
     parameters: dict[str, Any] = {}
+    # output -> where in a client's shared-memory region it is to be written
+    output_regions: dict[str, TensorRegion] = {}
     # Sequence batching: the sequence's correlation id (0 or "": none) and whether this
     # request starts or ends it.
     sequence_id: int | str = 0
@@ -82,9 +84,14 @@ class InferRequest(msgspec.Struct):
 
 
 def decode_request(
-    body: bytes, header_length: int | None, config: ModelConfig, model: str
+    body: bytes,
+    header_length: int | None,
+    config: ModelConfig,
+    model: str,
+    shared: SharedTensors = UNAVAILABLE,
 ) -> InferRequest:
-    """Parse ``body`` for ``config``'s model; ``model`` names it in errors."""
+    """Parse ``body`` for ``config``'s model; ``model`` names it in errors. Tensors placed
+    in client shared memory are read, and output regions reserved, through ``shared``."""
     size = len(body)
     if header_length is None:
         header_length = size
@@ -109,7 +116,7 @@ def decode_request(
 
     def read(item: _InputHeader, where: str) -> Tensor:
         nonlocal cursor
-        tensor, cursor = _read_tensor(item, view, cursor, where)
+        tensor, cursor = _read_tensor(item, view, cursor, where, shared)
         return tensor
 
     inputs = _read_inputs(header, read, config, model)
@@ -118,15 +125,20 @@ def decode_request(
             f"model '{model}': body has {size - cursor} bytes beyond the header and the "
             "binary_data_size of its inputs"
         )
-    return _request(header, inputs, config, model)
+    return _request(header, inputs, config, model, shared)
 
 
 def decode_parts(
-    header: dict[str, Any], raws: list[bytes], config: ModelConfig, model: str
+    header: dict[str, Any],
+    raws: list[bytes],
+    config: ModelConfig,
+    model: str,
+    shared: SharedTensors = UNAVAILABLE,
 ) -> InferRequest:
     """A request whose tensor data travels apart from its header (gRPC): ``header`` is the
     V2 JSON header as a dict (inputs without ``data``), ``raws[i]`` the binary data of input
-    ``i``. The tensors are views of ``raws``; every check is decode_request's."""
+    ``i`` (empty for an input placed in shared memory). The tensors are views of ``raws``
+    or of the regions; every check is decode_request's."""
     try:
         parsed = msgspec.convert(header, _RequestHeader)
     except msgspec.ValidationError as exc:
@@ -140,12 +152,17 @@ def decode_parts(
 
     def read(item: _InputHeader, where: str) -> Tensor:
         raw = memoryview(next(position))
-        _refuse_shared_memory(item.parameters or {}, where)
+        place = tensor_region(item.parameters or {}, where)
+        if place is not None:
+            if len(raw):
+                raise ProtocolError(f"{where}: has both raw contents and {REGION}; send one")
+            return _shared_input(item, place, shared, where)
         shape = tuple(item.shape)
         _check_binary(item.datatype, raw, element_count(shape), shape, where)
         return Tensor(item.datatype, shape, raw)
 
-    return _request(parsed, _read_inputs(parsed, read, config, model), config, model)
+    inputs = _read_inputs(parsed, read, config, model)
+    return _request(parsed, inputs, config, model, shared)
 
 
 def _read_inputs(
@@ -173,7 +190,11 @@ def _read_inputs(
 
 
 def _request(
-    header: _RequestHeader, inputs: dict[str, Tensor], config: ModelConfig, model: str
+    header: _RequestHeader,
+    inputs: dict[str, Tensor],
+    config: ModelConfig,
+    model: str,
+    shared: SharedTensors,
 ) -> InferRequest:
     specs = {tensor.name: tensor for tensor in config.input}
     missing = [name for name, spec in specs.items() if name not in inputs and not spec.optional]
@@ -192,7 +213,7 @@ def _request(
         id=header.id,
         inputs=inputs,
         batch_size=_batch_size(inputs, config.max_batch_size, model),
-        **_requested_outputs(header.outputs, config, model),
+        **_requested_outputs(header.outputs, config, model, shared),
         **_request_parameters(header.parameters, config, model),
     )
 
@@ -217,13 +238,20 @@ def _check_signature(item: _InputHeader, spec: TensorConfig, max_batch: int, whe
 
 
 def _read_tensor(
-    item: _InputHeader, view: memoryview, cursor: int, where: str
+    item: _InputHeader, view: memoryview, cursor: int, where: str, shared: SharedTensors
 ) -> tuple[Tensor, int]:
     shape = tuple(item.shape)
     count = element_count(shape)
     parameters = item.parameters or {}
-    _refuse_shared_memory(parameters, where)
     binary_size = parameters.get("binary_data_size")
+    place = tensor_region(parameters, where)
+    if place is not None:
+        if binary_size is not None or item.data is not msgspec.UNSET:
+            raise ProtocolError(
+                f"{where}: set only one of data, binary_data_size and {REGION} "
+                "(the tensor's data is in shared memory)"
+            )
+        return _shared_input(item, place, shared, where), cursor
     if binary_size is not None:
         if item.data is not msgspec.UNSET:
             raise ProtocolError(f"{where}: has both data and binary_data_size")
@@ -240,6 +268,33 @@ def _read_tensor(
     if item.data is msgspec.UNSET:
         raise ProtocolError(f"{where}: has neither data nor binary_data_size")
     return Tensor(item.datatype, shape, _json_to_wire(item, count, where)), cursor
+
+
+def _shared_input(
+    item: _InputHeader, place: TensorRegion, shared: SharedTensors, where: str
+) -> Tensor:
+    """An input whose bytes lie in a client's region: a view of the region (no copy), of
+    exactly the size its shape and datatype take (BYTES: that many well-framed elements)."""
+    shape = tuple(item.shape)
+    count = element_count(shape)
+    raw = shared.read(place, where)
+    if item.datatype != "BYTES":
+        needed = count * NUMPY_DTYPES[item.datatype].itemsize
+        if place.byte_size != needed:
+            raise ProtocolError(
+                f"{where}: shared_memory_byte_size {place.byte_size} in region "
+                f"'{place.region}' does not match shape {list(shape)} of {item.datatype}, "
+                f"which takes {needed} bytes"
+            )
+    else:
+        try:
+            bytes_offsets(raw, count)
+        except ValueError as exc:
+            raise ProtocolError(
+                f"{where}: the {place.byte_size} bytes in region '{place.region}' are not "
+                f"serialized BYTES of shape {list(shape)}: the data {exc}"
+            ) from None
+    return Tensor(item.datatype, shape, raw)
 
 
 def _check_binary(datatype: str, raw: memoryview, count: int, shape: tuple, where: str) -> None:
@@ -358,14 +413,16 @@ def _batch_size(inputs: dict[str, Tensor], max_batch: int, model: str) -> int:
 
 
 def _requested_outputs(
-    outputs: list[_OutputHeader] | None, config: ModelConfig, model: str
+    outputs: list[_OutputHeader] | None, config: ModelConfig, model: str, shared: SharedTensors
 ) -> dict[str, Any]:
-    """The ``outputs`` and ``classifications`` fields of the InferRequest."""
+    """The ``outputs``, ``classifications`` and ``output_regions`` fields of the
+    InferRequest."""
     if outputs is None:
         return {"outputs": None}
     specs = {tensor.name: tensor for tensor in config.output}
     requested: dict[str, bool | None] = {}
     classifications: dict[str, int] = {}
+    regions: dict[str, TensorRegion] = {}
     for output in outputs:
         spec = specs.get(output.name)
         if spec is None:
@@ -375,7 +432,6 @@ def _requested_outputs(
             )
         where = f"model '{model}': output '{output.name}'"
         parameters = output.parameters or {}
-        _refuse_shared_memory(parameters, where)
         binary = parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise ProtocolError(f"{where}: binary_data must be a bool")
@@ -389,16 +445,16 @@ def _requested_outputs(
             )
         if count:
             classifications[output.name] = count
-    return {"outputs": requested, "classifications": classifications}
-
-
-def _refuse_shared_memory(parameters: dict[str, Any], where: str) -> None:
-    for key in _SHARED_MEMORY_PARAMETERS:
-        if key in parameters:
-            raise ProtocolError(
-                f"{where}: parameter {key} (the shared-memory extension) is not supported "
-                "by reposerve (yet); send the tensor data in the request body"
-            )
+        place = tensor_region(parameters, where)
+        if place is not None:
+            # Triton's rules: the output goes to the region, so neither in the body nor
+            # as classes (which are made from the output, not written to it).
+            if binary or count:
+                other = "binary_data" if binary else "classification"
+                raise ProtocolError(f"{where}: set {REGION} or {other}, not both")
+            shared.reserve(place, where)
+            regions[output.name] = place
+    return {"outputs": requested, "classifications": classifications, "output_regions": regions}
 
 
 def _request_parameters(

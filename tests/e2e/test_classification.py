@@ -6,7 +6,6 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from tritonclient.utils import InferenceServerException
 
 from tests.server import SERVE_BROKEN, running_server, start_server
 from tests.toy_models import write_model
@@ -154,32 +153,37 @@ def _refusal(server, model: str, body: dict) -> str:
 INPUT = {"name": "INPUT", "shape": [1, CLASSES], "datatype": "FP32", "data": [0.0] * CLASSES}
 
 
-@pytest.mark.parametrize("key", ["sequence_id", "sequence_start", "sequence_end"])
-def test_sequence_parameters_are_refused_by_name(server, key):
-    body = {"inputs": [INPUT], "parameters": {key: 1 if key == "sequence_id" else True}}
-    assert _refusal(server, "scores", body) == (
-        f"model 'scores': parameter {key} (sequence batching) is not supported by reposerve (yet)"
-    )
+@pytest.mark.parametrize(
+    ("key", "value"), [("sequence_id", -1), ("sequence_start", "yes"), ("sequence_end", 1)]
+)
+def test_lying_sequence_parameters_are_refused_by_name(server, key, value):
+    body = {"inputs": [INPUT], "parameters": {key: value}}
+    assert f"model 'scores': parameter {key} must be" in _refusal(server, "scores", body)
 
 
-def test_tritonclient_sequence_id_is_refused(client):
+def test_a_model_without_sequence_batching_ignores_a_sequence_as_triton_does(client):
     data = triton.InferInput("INPUT", [1, CLASSES], "FP32")
     data.set_data_from_numpy(np.zeros((1, CLASSES), np.float32))
-    with pytest.raises(InferenceServerException, match="parameter sequence_id"):
-        client.infer("scores", [data], sequence_id=5, sequence_start=True)
+    result = client.infer("scores", [data], sequence_id=5, sequence_start=True)
+    assert result.as_numpy("SCORES").shape == (1, CLASSES)
 
 
-def test_shared_memory_parameters_are_refused_by_name(server):
+def test_shared_memory_parameters_are_refused_naming_the_flag(server):
+    """Client shared memory is off unless --allow-client-shm true (tests/e2e/
+    test_shared_memory.py has it on)."""
+    off = (
+        "shared_memory_region 'r': client shared memory is off on this server. Hint: start "
+        "it with --allow-client-shm true"
+    )
     on_input = dict(INPUT, parameters={"shared_memory_region": "r", "shared_memory_byte_size": 24})
     del on_input["data"]
     assert _refusal(server, "scores", {"inputs": [on_input]}) == (
-        "model 'scores': input 'INPUT': parameter shared_memory_region (the shared-memory "
-        "extension) is not supported by reposerve (yet); send the tensor data in the request body"
+        f"model 'scores': input 'INPUT': {off}"
     )
     output = {"name": "SCORES", "parameters": {"shared_memory_region": "r",
                                                "shared_memory_byte_size": 24}}  # fmt: skip
-    assert _refusal(server, "scores", {"inputs": [INPUT], "outputs": [output]}).startswith(
-        "model 'scores': output 'SCORES': parameter shared_memory_region (the shared-memory "
+    assert _refusal(server, "scores", {"inputs": [INPUT], "outputs": [output]}) == (
+        f"model 'scores': output 'SCORES': {off}"
     )
 
 

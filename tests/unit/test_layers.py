@@ -1,7 +1,7 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert, tune) -> server -> fronts -> http -> grpc -> service -> repository -> pipelines
--> scheduler -> instance -> backends
+cli (convert, tune) -> server -> fronts -> http -> grpc -> service -> shared_memory ->
+repository -> pipelines -> scheduler -> instance -> backends
 (the server object starts the fronts: HTTP, gRPC and metrics), and every layer may use the
 leaves (protocol, operations, config, errors, datatypes, tensor, statistics, settings,
 metrics, quantiles, utilization, access, arguments, files). Inside a layer, modules import one
@@ -28,6 +28,7 @@ ORDER = [
     "http",
     "grpc",
     "service",
+    "shared_memory",
     "repository",
     "pipelines",
     "scheduler",

@@ -21,6 +21,7 @@ from tools.bench.fronts import fronts, grpc_servers
 from tools.bench.plot import plot, plot_fronts
 from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
+from tools.bench.shared_memory import shared_memory_scenario
 from tools.bench.tune_vs_analyzer import tune_vs_analyzer
 
 # Scenarios that `all` leaves out: tune-vs-analyzer runs two searches, about half an hour.
@@ -29,6 +30,7 @@ SCENARIOS = {
     **SCENARIO_TABLE,
     "fronts": fronts,
     "grpc-servers": grpc_servers,
+    "shared-memory": shared_memory_scenario,
     "tune-vs-analyzer": tune_vs_analyzer,
 }
 

@@ -42,12 +42,17 @@ def infer_request_bytes(model: str, size: int, count: int = 16) -> list[bytes]:
 async def grpc_closed_loop(
     label: str, address: str, payloads: list[bytes], concurrency: int, duration: float
 ) -> RunResult:
-    """``concurrency`` callers on one channel (HTTP/2 streams), as tritonclient.grpc does."""
+    """``concurrency`` callers on one channel (HTTP/2 streams), as tritonclient.grpc does,
+    with its message limits (2 GiB - 1 either way, not gRPC's 4 MiB)."""
     import grpc
 
     from reposerve.grpc import schema
 
-    async with grpc.aio.insecure_channel(address) as channel:
+    limits = [
+        ("grpc.max_send_message_length", 2**31 - 1),
+        ("grpc.max_receive_message_length", 2**31 - 1),
+    ]
+    async with grpc.aio.insecure_channel(address, options=limits) as channel:
         rpc = channel.unary_unary(f"/{schema.SERVICE}/ModelInfer")
         await rpc(payloads[0])  # the connection is up before the clock starts
 

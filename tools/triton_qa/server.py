@@ -32,13 +32,13 @@ PASSED = {
     "--strict-readiness",
     "--exit-timeout-secs",
     "--exit-on-error",
+    "--allow-client-shm",
 }
 
 # Triton flags reposerve lacks: dropped, with why that changes nothing a test checks (or
 # what it does change).
 DROPPED = {
     "--backend-directory": "reposerve's backends are built in",
-    "--allow-client-shm": "reposerve has no shared-memory flag",
     "--backend-config": "python backend stub settings (shm-default-byte-size, "
     "stub-timeout-seconds) have no reposerve counterpart",
     "--cuda-memory-pool-byte-size": "reposerve has no CUDA memory pool setting",

@@ -1,0 +1,367 @@
+"""Client shared memory (Triton's shared-memory extension): the regions clients register,
+and the claims that the requests naming them hold.
+
+A client creates a POSIX shared-memory object (``/dev/shm/NAME``, as shm_open and
+``tritonclient.utils.shared_memory`` make one), registers a window of it as a named
+region, and then names the region in a tensor's parameters instead of sending the data:
+
+  input   a Tensor whose raw is a view of the region's mapping: the scheduler copies it
+          straight into the instance's slot, as it copies a request body's bytes
+  output  copied from the instance's slot straight into the client's file
+
+Safety. Reading a mapping past the end of its file kills the reader with SIGBUS, and the
+file here is a client's, which it may cut short at any time. So the file's size is
+checked (fstat) when the region is registered and again each time a request is about to
+read or write it, and outputs are written with ``pwrite`` on the file, which never
+faults (it would grow a file cut short). One window is left: a client that shrinks its
+file between a request's check and the scheduler's copy of that request's input (the
+request's time in the queue) still crashes the server: only a copy made while checking
+would close it, and the copy is what this extension saves. A region whose file the
+client unlinks stays readable: the mapping and the descriptor keep the memory.
+
+Regions are counted while requests use them: ``unregister`` takes the name away at once
+(new requests naming it are refused, the name may be registered again) and waits for the
+requests still using the region before unmapping it. Waiting, rather than failing or
+answering at once as Triton does, makes the answer mean what a client needs it to: once
+unregister returns, the server will neither read nor write that memory again, so the
+client may free or reuse it; a client that unregisters after its requests end (the usual
+order, and what Triton's examples do) never waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import mmap
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+from reposerve.errors import ErrorKind, SharedMemoryError
+from reposerve.operations import CudaRegion, SystemRegion
+from reposerve.protocol.shared_memory import TensorRegion
+from reposerve.repository.gpus import discover
+from reposerve.tensor import Tensor
+
+SHM_ROOT = Path("/dev/shm")  # where shm_open keeps its objects on Linux
+_NAME_MAX = 255
+DISABLED = "client shared memory is off on this server. Hint: start it with --allow-client-shm true"
+
+
+class _Region:
+    """One registered region: the client's file, mapped, and the requests using it."""
+
+    __slots__ = (
+        "status", "path", "_fd", "_mapping", "window", "users", "gone", "closed", "_loop",
+    )  # fmt: skip
+
+    def __init__(
+        self, status: SystemRegion, path: Path, fd: int, mapping: mmap.mmap, delta: int
+    ) -> None:
+        self.status = status
+        self.path = path  # for messages
+        self._fd = fd
+        self._mapping = mapping
+        # The region's bytes: the mapping starts at the page its offset lies in.
+        self.window = memoryview(mapping)[delta : delta + status.byte_size]
+        self.users = 0  # requests holding a claim
+        self.gone = False  # unregistered: closed when the last user lets go
+        self.closed = asyncio.Event()  # set once unmapped (on the loop: see ``close``)
+        self._loop = asyncio.get_running_loop()
+
+    def check_file(self, place: TensorRegion, where: str) -> None:
+        """Refuse ``place`` when the client's file no longer covers it (see the module's
+        docstring: it is about to be read or written)."""
+        end = self.status.offset + place.offset + place.byte_size
+        size = os.fstat(self._fd).st_size
+        if size < end:
+            raise SharedMemoryError(
+                f"{where}: region '{place.region}' lies past the end of its file "
+                f"{self.path} ({size} bytes now, {end} needed): the client shrank the file "
+                "after registering it. Hint: unregister the region and register it again"
+            )
+
+    def write(self, place: TensorRegion, data: bytes | memoryview) -> None:
+        """``data`` into the file at ``place`` (``pwrite``: never a fault, see above)."""
+        view = memoryview(data).cast("B")
+        position = self.status.offset + place.offset
+        done = 0
+        while done < len(view):
+            written = os.pwrite(self._fd, view[done:], position + done)
+            if written <= 0:
+                raise OSError(f"pwrite to {self.path} wrote nothing")
+            done += written
+
+    def close(self) -> None:
+        """Unmap; called by whoever lets go last, which may be a decoding thread."""
+        os.close(self._fd)
+        with contextlib.suppress(BufferError):
+            # A view outlived its request (a queue's record of it): unmapped with the last.
+            self.window.release()
+            self._mapping.close()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self.closed.set)
+
+
+class SharedMemory:
+    """The regions clients registered (Triton's system shared memory), by name; CUDA
+    shared memory answers for the GPU path to come. ``allowed``: --allow-client-shm."""
+
+    def __init__(self, allowed: bool, root: Path = SHM_ROOT) -> None:
+        self.allowed = allowed
+        self._root = root
+        self._regions: dict[str, _Region] = {}
+        # Claims may be taken in a decoding thread (a large body is decoded off the loop).
+        self._lock = threading.Lock()
+        self._refusing = Claims(self)  # switched off, every request's: it never holds any
+
+    def claims(self) -> Claims:
+        """A new request's claims (none yet)."""
+        return Claims(self) if self.allowed else self._refusing
+
+    # -- system shared memory ------------------------------------------------------------
+
+    def status(self, name: str | None) -> list[SystemRegion]:
+        """Every region, or the one named (an error if there is none)."""
+        if not name:
+            return [region.status for region in self._regions.values()]
+        region = self._regions.get(name)
+        if region is None:
+            raise self._unknown(f"system shared-memory region '{name}'")
+        return [region.status]
+
+    def register(self, wanted: SystemRegion) -> None:
+        """Map ``wanted`` (a window of a client's shm object) under its name. Every check
+        comes before anything is kept: a refused registration changes nothing."""
+        self._check_allowed()
+        name = wanted.name
+        label = f"register system shared-memory region '{name}'"
+        if not name:
+            raise SharedMemoryError("register system shared memory: a region needs a name")
+        if name in self._regions:
+            raise SharedMemoryError(
+                f"{label}: a region of that name is registered already. Hint: unregister it "
+                "first, or choose another name",
+                kind=ErrorKind.ALREADY_EXISTS,
+            )
+        if wanted.byte_size <= 0 or wanted.offset < 0:
+            raise SharedMemoryError(
+                f"{label}: byte_size must be > 0 and offset >= 0, got byte_size "
+                f"{wanted.byte_size} and offset {wanted.offset}"
+            )
+        path = self._root / _object_name(wanted.key, label)
+        fd = _open(path, wanted.key, label)
+        try:
+            size = os.fstat(fd).st_size
+            end = wanted.offset + wanted.byte_size
+            if end > size:
+                raise SharedMemoryError(
+                    f"{label}: offset {wanted.offset} + byte_size {wanted.byte_size} = {end} "
+                    f"runs past the end of '{wanted.key}' ({size} bytes)"
+                )
+            start = wanted.offset - wanted.offset % mmap.ALLOCATIONGRANULARITY
+            try:
+                mapping = mmap.mmap(fd, end - start, offset=start)
+            except (OSError, ValueError, OverflowError) as exc:
+                raise SharedMemoryError(f"{label}: could not map '{wanted.key}': {exc}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        region = _Region(wanted, path, fd, mapping, wanted.offset - start)
+        with self._lock:
+            self._regions[name] = region
+
+    async def unregister(self, name: str | None) -> None:
+        """Take the named region (every region, when None) away, and return once the
+        requests still using it have ended and it is unmapped. Unregistering a name that
+        is not registered does nothing (as Triton)."""
+        self._check_allowed()
+        with self._lock:
+            if name:
+                leaving = [region] if (region := self._regions.pop(name, None)) else []
+            else:
+                leaving = list(self._regions.values())
+                self._regions.clear()
+            for region in leaving:
+                region.gone = True
+                if not region.users:
+                    region.close()
+        for region in leaving:
+            await region.closed.wait()
+
+    # -- CUDA shared memory: answered, until the GPU path comes -----------------------------
+
+    def cuda_status(self, name: str | None) -> list[CudaRegion]:
+        """None registered: an empty list, or the named one's absence."""
+        if name:
+            raise self._unknown(f"CUDA shared-memory region '{name}'")
+        return []
+
+    async def register_cuda(self, name: str) -> None:
+        self._check_allowed()
+        label = f"register CUDA shared-memory region '{name}'"
+        gpus = await asyncio.to_thread(discover)  # runs the GPU probe once per process
+        if not gpus.visible:
+            raise SharedMemoryError(
+                f"{label}: CUDA shared memory needs a GPU, and none is visible "
+                f"({gpus.describe()}). Hint: use system shared memory "
+                "(v2/systemsharedmemory, tritonclient.utils.shared_memory)"
+            )
+        raise SharedMemoryError(
+            f"{label}: CUDA shared memory is not supported by reposerve yet. Hint: use "
+            "system shared memory (v2/systemsharedmemory, tritonclient.utils.shared_memory)",
+            kind=ErrorKind.UNSUPPORTED,
+        )
+
+    def unregister_cuda(self, name: str | None) -> None:
+        """Nothing is ever registered: nothing to do (Triton answers a name it does not
+        hold the same way)."""
+        self._check_allowed()
+
+    # -- claims --------------------------------------------------------------------------
+
+    def _claim(self, place: TensorRegion, where: str) -> _Region:
+        """One more user of the region ``place`` names, checked to hold ``place``."""
+        if not self.allowed:
+            raise SharedMemoryError(f"{where}: shared_memory_region '{place.region}': {DISABLED}")
+        with self._lock:
+            region = self._regions.get(place.region)
+            if region is not None:
+                region.users += 1
+        if region is None:
+            raise SharedMemoryError(
+                f"{where}: no shared-memory region '{place.region}' is registered",
+                kind=ErrorKind.NOT_FOUND,
+            )
+        return region
+
+    def _let_go(self, region: _Region) -> None:
+        with self._lock:
+            region.users -= 1
+            last = region.gone and not region.users
+        if last:
+            region.close()
+
+    def _check_allowed(self) -> None:
+        if not self.allowed:
+            raise SharedMemoryError(DISABLED, kind=ErrorKind.UNSUPPORTED)
+
+    def _unknown(self, what: str) -> SharedMemoryError:
+        hint = "" if self.allowed else f"; {DISABLED}"
+        return SharedMemoryError(f"no {what} is registered{hint}", kind=ErrorKind.NOT_FOUND)
+
+
+class Claims:
+    """The regions one request uses, held from its decoding until its answer is let go
+    (``release``, once, on the event loop: an unregister waiting for them wakes there)."""
+
+    __slots__ = ("_memory", "_held")
+
+    def __init__(self, memory: SharedMemory) -> None:
+        self._memory = memory
+        self._held: dict[str, _Region] = {}
+
+    @property
+    def held(self) -> bool:
+        """Whether the request named any region."""
+        return bool(self._held)
+
+    def read(self, place: TensorRegion, where: str) -> memoryview:
+        region = self._take(place, where)
+        region.check_file(place, where)
+        return region.window[place.offset : place.offset + place.byte_size]
+
+    def reserve(self, place: TensorRegion, where: str) -> None:
+        self._take(place, where)
+
+    def place(
+        self,
+        outputs: list[tuple[str, Tensor, bool]],
+        regions: dict[str, TensorRegion],
+        model: str,
+    ) -> dict[str, dict[str, Any]]:
+        """Write each output that has a region into it; ``outputs`` keeps such an output
+        as its metadata alone (no bytes). Returns their response parameters by name."""
+        placed: dict[str, dict[str, Any]] = {}
+        for index, (name, tensor, _) in enumerate(outputs):
+            place = regions.get(name)
+            if place is None:
+                continue
+            where = f"model '{model}': output '{name}'"
+            nbytes = len(tensor.raw)
+            if nbytes > place.byte_size:
+                raise SharedMemoryError(
+                    f"{where}: {nbytes} bytes do not fit the {place.byte_size} bytes given for "
+                    f"it in region '{place.region}' (shared_memory_byte_size)"
+                )
+            region = self._held[place.region]
+            region.check_file(place, where)
+            region.write(place, tensor.raw)
+            placed[name] = place.parameters(nbytes)
+            outputs[index] = (name, Tensor(tensor.datatype, tensor.shape, b""), False)
+        return placed
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        held, self._held = self._held, {}
+        for region in held.values():
+            self._memory._let_go(region)
+
+    def _take(self, place: TensorRegion, where: str) -> _Region:
+        """The region, claimed once per request however many of its tensors it holds,
+        checked to hold ``place``."""
+        region = self._held.get(place.region)
+        if region is None:
+            region = self._held[place.region] = self._memory._claim(place, where)
+        size = region.status.byte_size
+        if place.offset + place.byte_size > size:
+            raise SharedMemoryError(
+                f"{where}: shared_memory_offset {place.offset} + shared_memory_byte_size "
+                f"{place.byte_size} runs past the end of region '{place.region}' "
+                f"({size} bytes)"
+            )
+        return region
+
+
+def _object_name(key: str, label: str) -> str:
+    """The file name of shm object ``key`` under /dev/shm, by shm_open's rules: leading
+    slashes dropped, then one file name: no other slash, not '.' or '..', no NUL."""
+    name = key.lstrip("/")
+    if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > _NAME_MAX:
+        raise SharedMemoryError(
+            f"{label}: key {key!r:.80} does not name a shared-memory object; expected '/name' "
+            f"(one file name under {SHM_ROOT}, as shm_open and tritonclient.utils.shared_memory "
+            "name them)"
+        )
+    return name
+
+
+def _open(path: Path, key: str, label: str) -> int:
+    """The shm object's file, opened for reading and writing; it must be a regular file
+    in the shared-memory folder itself (no symbolic link out of it)."""
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise SharedMemoryError(
+            f"{label}: no shared-memory object '{key}' ({path} does not exist). Hint: create "
+            "it first (tritonclient.utils.shared_memory.create_shared_memory_region)"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            raise SharedMemoryError(
+                f"{label}: '{key}' ({path}) is a symbolic link, not a shared-memory object"
+            ) from None
+        raise SharedMemoryError(f"{label}: cannot open '{key}' ({path}): {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_dev != os.stat(path.parent).st_dev:
+            raise SharedMemoryError(f"{label}: '{key}' ({path}) is not a shared-memory object")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
