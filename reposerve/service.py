@@ -43,6 +43,7 @@ from reposerve.protocol.classification import classify
 from reposerve.protocol.generate import decode_generate
 from reposerve.protocol.repository import decode_load_request, decode_unload_request
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
+from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository.scan import ConfigOverride, check_model_name
 from reposerve.scheduler.lease import Lease
@@ -211,7 +212,8 @@ class InferenceService:
         model = self.repository.get(name, version)
         claims = self.shared_memory.claims()
         try:
-            if len(body) < DECODE_IN_THREAD:
+            header = body if header_length is None else body[:header_length]
+            if len(body) < DECODE_IN_THREAD and not may_read_bytes(header):
                 request = decode_request(body, header_length, model.config, name, claims)
             else:  # millions of small BYTES elements take seconds to walk: not on the loop
                 request = await asyncio.to_thread(
@@ -230,7 +232,7 @@ class InferenceService:
         model = self.repository.get(name, version)
         claims = self.shared_memory.claims()
         try:
-            request = decode_parts(header, raws, model.config, name, claims)
+            request = await _decode_parts(header, raws, model, name, claims)
             return await self._run(model, request, claims)
         except BaseException:
             claims.release()
@@ -251,7 +253,7 @@ class InferenceService:
         model = self.repository.get(name, version)
         claims = self.shared_memory.claims()
         try:
-            request = decode_parts(header, raws, model.config, name, claims)
+            request = await _decode_parts(header, raws, model, name, claims)
         except BaseException:
             claims.release()
             raise
@@ -574,3 +576,12 @@ class FrontService(Protocol):
     async def stream_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
     ) -> AsyncIterator[Answer]: ...
+
+
+async def _decode_parts(
+    header: dict[str, Any], raws: list[bytes], model: ModelVersion, name: str, claims: Claims
+) -> InferRequest:
+    """``decode_parts``, off the event loop when it reads BYTES from a region."""
+    if may_read_bytes(header):
+        return await asyncio.to_thread(decode_parts, header, raws, model.config, name, claims)
+    return decode_parts(header, raws, model.config, name, claims)

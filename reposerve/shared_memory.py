@@ -5,19 +5,18 @@ A client creates a POSIX shared-memory object (``/dev/shm/NAME``, as shm_open an
 ``tritonclient.utils.shared_memory`` make one), registers a window of it as a named
 region, and then names the region in a tensor's parameters instead of sending the data:
 
-  input   a Tensor whose raw is a view of the region's mapping: the scheduler copies it
-          straight into the instance's slot, as it copies a request body's bytes
-  output  copied from the instance's slot straight into the client's file
+  input   a Tensor whose raw is a ``FileWindow`` on the client's file: the batch is read
+          from it straight into the instance's slot (``preadv``), the one copy a request
+          body's bytes take too (BYTES are read at once: their framing is checked)
+  output  copied from the instance's slot straight into the client's file (``pwrite``)
 
-Safety. Reading a mapping past the end of its file kills the reader with SIGBUS, and the
-file here is a client's, which it may cut short at any time. So the file's size is
-checked (fstat) when the region is registered and again each time a request is about to
-read or write it, and outputs are written with ``pwrite`` on the file, which never
-faults (it would grow a file cut short). One window is left: a client that shrinks its
-file between a request's check and the scheduler's copy of that request's input (the
-request's time in the queue) still crashes the server: only a copy made while checking
-would close it, and the copy is what this extension saves. A region whose file the
-client unlinks stays readable: the mapping and the descriptor keep the memory.
+Safety. The file is a client's, which it may cut short at any time, and reading a mapping
+past the end of its file kills the reader (SIGBUS). So nothing here maps it: reads and
+writes go through the descriptor, where a file cut short costs a short read (that
+request fails, the others of its batch go on) and a write grows it back. Sizes are also
+checked (fstat) when the region is registered and before each request uses it, for a
+clear error early. A region whose file the client unlinks stays readable: the
+descriptor keeps the memory.
 
 Regions are counted while requests use them: ``unregister`` takes the name away at once
 (new requests naming it are refused, the name may be registered again) and waits for the
@@ -33,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import mmap
 import os
 import stat
 import threading
@@ -44,7 +42,7 @@ from reposerve.errors import ErrorKind, SharedMemoryError
 from reposerve.operations import CudaRegion, SystemRegion
 from reposerve.protocol.shared_memory import TensorRegion
 from reposerve.repository.gpus import discover
-from reposerve.tensor import Tensor
+from reposerve.tensor import FileWindow, Tensor
 
 SHM_ROOT = Path("/dev/shm")  # where shm_open keeps its objects on Linux
 _NAME_MAX = 255
@@ -54,19 +52,12 @@ DISABLED = "client shared memory is off on this server. Hint: start it with --al
 class _Region:
     """One registered region: the client's file, mapped, and the requests using it."""
 
-    __slots__ = (
-        "status", "path", "_fd", "_mapping", "window", "users", "gone", "closed", "_loop",
-    )  # fmt: skip
+    __slots__ = ("status", "path", "_fd", "users", "gone", "closed", "_loop")
 
-    def __init__(
-        self, status: SystemRegion, path: Path, fd: int, mapping: mmap.mmap, delta: int
-    ) -> None:
+    def __init__(self, status: SystemRegion, path: Path, fd: int) -> None:
         self.status = status
         self.path = path  # for messages
         self._fd = fd
-        self._mapping = mapping
-        # The region's bytes: the mapping starts at the page its offset lies in.
-        self.window = memoryview(mapping)[delta : delta + status.byte_size]
         self.users = 0  # requests holding a claim
         self.gone = False  # unregistered: closed when the last user lets go
         self.closed = asyncio.Event()  # set once unmapped (on the loop: see ``close``)
@@ -84,24 +75,30 @@ class _Region:
                 "after registering it. Hint: unregister the region and register it again"
             )
 
+    def window(self, place: TensorRegion, where: str) -> FileWindow:
+        """The bytes ``place`` names, read when copied."""
+        label = f"{where}: region '{place.region}' ({self.path})"
+        return FileWindow(self._fd, self.status.offset + place.offset, place.byte_size, label)
+
     def write(self, place: TensorRegion, data: bytes | memoryview) -> None:
         """``data`` into the file at ``place`` (``pwrite``: never a fault, see above)."""
         view = memoryview(data).cast("B")
         position = self.status.offset + place.offset
         done = 0
         while done < len(view):
-            written = os.pwrite(self._fd, view[done:], position + done)
+            try:
+                written = os.pwrite(self._fd, view[done:], position + done)
+            except OSError as exc:  # /dev/shm full (ENOSPC), a file size limit (EFBIG)
+                raise SharedMemoryError(
+                    f"region '{place.region}': could not write to {self.path}: {exc.strerror}"
+                ) from None
             if written <= 0:
-                raise OSError(f"pwrite to {self.path} wrote nothing")
+                raise SharedMemoryError(f"region '{place.region}': {self.path} took no bytes")
             done += written
 
     def close(self) -> None:
-        """Unmap; called by whoever lets go last, which may be a decoding thread."""
+        """Close the file; called by whoever lets go last, which may be a decoding thread."""
         os.close(self._fd)
-        with contextlib.suppress(BufferError):
-            # A view outlived its request (a queue's record of it): unmapped with the last.
-            self.window.release()
-            self._mapping.close()
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             self._loop.call_soon_threadsafe(self.closed.set)
 
@@ -134,7 +131,7 @@ class SharedMemory:
         return [region.status]
 
     def register(self, wanted: SystemRegion) -> None:
-        """Map ``wanted`` (a window of a client's shm object) under its name. Every check
+        """Keep ``wanted`` (a window of a client's shm object) under its name. Every check
         comes before anything is kept: a refused registration changes nothing."""
         self._check_allowed()
         name = wanted.name
@@ -162,21 +159,16 @@ class SharedMemory:
                     f"{label}: offset {wanted.offset} + byte_size {wanted.byte_size} = {end} "
                     f"runs past the end of '{wanted.key}' ({size} bytes)"
                 )
-            start = wanted.offset - wanted.offset % mmap.ALLOCATIONGRANULARITY
-            try:
-                mapping = mmap.mmap(fd, end - start, offset=start)
-            except (OSError, ValueError, OverflowError) as exc:
-                raise SharedMemoryError(f"{label}: could not map '{wanted.key}': {exc}") from None
         except BaseException:
             os.close(fd)
             raise
-        region = _Region(wanted, path, fd, mapping, wanted.offset - start)
+        region = _Region(wanted, path, fd)
         with self._lock:
             self._regions[name] = region
 
     async def unregister(self, name: str | None) -> None:
         """Take the named region (every region, when None) away, and return once the
-        requests still using it have ended and it is unmapped. Unregistering a name that
+        requests still using it have ended and its file is closed. Unregistering a name that
         is not registered does nothing (as Triton)."""
         self._check_allowed()
         with self._lock:
@@ -223,14 +215,17 @@ class SharedMemory:
 
     # -- claims --------------------------------------------------------------------------
 
-    def _claim(self, place: TensorRegion, where: str) -> _Region:
-        """One more user of the region ``place`` names, checked to hold ``place``."""
+    def _claim(self, place: TensorRegion, where: str, claims: Claims) -> _Region:
+        """One more user of the region ``place`` names, held by ``claims``."""
         if not self.allowed:
             raise SharedMemoryError(f"{where}: shared_memory_region '{place.region}': {DISABLED}")
         with self._lock:
+            if claims._released:
+                raise SharedMemoryError(f"{where}: the request was cancelled", ErrorKind.CANCELLED)
             region = self._regions.get(place.region)
             if region is not None:
                 region.users += 1
+                claims._held[place.region] = region
         if region is None:
             raise SharedMemoryError(
                 f"{where}: no shared-memory region '{place.region}' is registered",
@@ -258,21 +253,24 @@ class Claims:
     """The regions one request uses, held from its decoding until its answer is let go
     (``release``, once, on the event loop: an unregister waiting for them wakes there)."""
 
-    __slots__ = ("_memory", "_held")
+    __slots__ = ("_memory", "_held", "_released")
 
     def __init__(self, memory: SharedMemory) -> None:
         self._memory = memory
         self._held: dict[str, _Region] = {}
+        # Released (its request ended or was cancelled): a decoding thread still running
+        # for it may claim no more (``_claim``), or the claim would never be let go.
+        self._released = False
 
     @property
     def held(self) -> bool:
         """Whether the request named any region."""
         return bool(self._held)
 
-    def read(self, place: TensorRegion, where: str) -> memoryview:
+    def read(self, place: TensorRegion, where: str) -> FileWindow:
         region = self._take(place, where)
         region.check_file(place, where)
-        return region.window[place.offset : place.offset + place.byte_size]
+        return region.window(place, where)
 
     def reserve(self, place: TensorRegion, where: str) -> None:
         self._take(place, where)
@@ -305,9 +303,9 @@ class Claims:
         return placed
 
     def release(self) -> None:
-        if not self._held:
-            return
-        held, self._held = self._held, {}
+        with self._memory._lock:
+            self._released = True
+            held, self._held = self._held, {}
         for region in held.values():
             self._memory._let_go(region)
 
@@ -316,7 +314,7 @@ class Claims:
         checked to hold ``place``."""
         region = self._held.get(place.region)
         if region is None:
-            region = self._held[place.region] = self._memory._claim(place, where)
+            region = self._memory._claim(place, where, self)
         size = region.status.byte_size
         if place.offset + place.byte_size > size:
             raise SharedMemoryError(

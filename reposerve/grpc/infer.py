@@ -60,7 +60,11 @@ def request_parts(request: Any) -> tuple[dict[str, Any], list[bytes]]:
     input's binary data: its ``raw_input_contents`` as they came, or its typed ``contents``
     packed into the same form."""
     raw = request.raw_input_contents
-    shared = [REGION in tensor.parameters for tensor in request.inputs]
+    # as tensor_region reads it: a region parameter with no value set names no region
+    shared = [
+        REGION in tensor.parameters and parameter_value(tensor.parameters[REGION]) is not None
+        for tensor in request.inputs
+    ]
     carried = shared.count(False)  # the inputs whose data the message carries
     if raw and len(raw) != carried:
         placed = " not in shared memory" if carried < len(shared) else ""

@@ -12,7 +12,7 @@ import msgspec
 
 from reposerve.backends.base import RequestFailure
 from reposerve.instance.messages import TensorRef
-from reposerve.tensor import Tensor
+from reposerve.tensor import FileWindow, Tensor
 
 
 class RequestOutputs(msgspec.Struct, frozen=True):
@@ -63,7 +63,17 @@ class BatchTensor(msgspec.Struct, frozen=True):
     name: str
     datatype: str
     shape: tuple[int, ...]
-    parts: Sequence[bytes | memoryview]
+    parts: Sequence[bytes | memoryview | FileWindow]
+
+
+class PartUnreadable(OSError):
+    """One request's part of a batch could not be read (its client cut its shared-memory
+    file short): that request fails, and the batch goes on without it."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index  # the request's place in the batch
+        self.message = message
 
 
 class FailureCause(enum.Enum):

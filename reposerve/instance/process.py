@@ -64,6 +64,7 @@ from reposerve.instance.outcomes import (
     OnDone,
     OnResponse,
     OnStart,
+    PartUnreadable,
     RequestOutputs,
     SlotHold,
     StreamedResponse,
@@ -75,6 +76,7 @@ from reposerve.instance.slot_pool import SlotPool
 from reposerve.instance.spawn import spawn
 from reposerve.instance.spec import InstanceSpec
 from reposerve.instance.watchdog import Watchdog
+from reposerve.tensor import FileUnreadable, FileWindow
 
 log = logging.getLogger("reposerve.instance")
 
@@ -225,9 +227,16 @@ class InstanceProcess:
         view = memoryview(slot.buffer)
         for ref, tensor in zip(refs, inputs, strict=True):
             position = ref.offset
-            for part in tensor.parts:
+            for index, part in enumerate(tensor.parts):
                 end = position + len(part)
-                view[position:end] = part
+                if isinstance(part, FileWindow):
+                    try:
+                        part.copy_into(view[position:end])
+                    except FileUnreadable as exc:
+                        self._slots.give_back(slot_index)
+                        raise PartUnreadable(index, str(exc)) from None
+                else:
+                    view[position:end] = part
                 position = end
         hold = SlotHold(partial(self._slots.give_back, slot_index))
         batch_id = self._books.add(

@@ -24,7 +24,7 @@ from reposerve.protocol.shared_memory import (
     TensorRegion,
     tensor_region,
 )
-from reposerve.tensor import Tensor
+from reposerve.tensor import FileUnreadable, FileWindow, Tensor
 
 
 class _InputHeader(msgspec.Struct):
@@ -273,11 +273,12 @@ def _read_tensor(
 def _shared_input(
     item: _InputHeader, place: TensorRegion, shared: SharedTensors, where: str
 ) -> Tensor:
-    """An input whose bytes lie in a client's region: a view of the region (no copy), of
-    exactly the size its shape and datatype take (BYTES: that many well-framed elements)."""
+    """An input whose bytes lie in a client's region, of exactly the size its shape and
+    datatype take: read from there into the batch (no copy here), or for BYTES read now,
+    to check that many well-framed elements are there."""
     shape = tuple(item.shape)
     count = element_count(shape)
-    raw = shared.read(place, where)
+    raw: FileWindow | bytes = shared.read(place, where)
     if item.datatype != "BYTES":
         needed = count * NUMPY_DTYPES[item.datatype].itemsize
         if place.byte_size != needed:
@@ -288,7 +289,10 @@ def _shared_input(
             )
     else:
         try:
+            raw = raw.read()
             bytes_offsets(raw, count)
+        except FileUnreadable as exc:
+            raise ProtocolError(str(exc)) from None
         except ValueError as exc:
             raise ProtocolError(
                 f"{where}: the {place.byte_size} bytes in region '{place.region}' are not "

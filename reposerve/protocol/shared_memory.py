@@ -12,6 +12,7 @@ import msgspec
 
 from reposerve.errors import ProtocolError
 from reposerve.operations import SystemRegion
+from reposerve.tensor import FileWindow
 
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
@@ -40,8 +41,8 @@ class SharedTensors(Protocol):
     """Client shared memory as decoding a request uses it: one request's claims on the
     regions it names (``reposerve.shared_memory.Claims``)."""
 
-    def read(self, place: TensorRegion, where: str) -> memoryview:
-        """The input's bytes: a view of the region, checked to be there now."""
+    def read(self, place: TensorRegion, where: str) -> FileWindow:
+        """The input's bytes, read when copied, checked to be there now."""
         ...
 
     def reserve(self, place: TensorRegion, where: str) -> None:
@@ -53,7 +54,7 @@ class Unavailable:
     """``SharedTensors`` for a call that cannot use client shared memory (a model's own
     calls to other models, the generate extension)."""
 
-    def read(self, place: TensorRegion, where: str) -> memoryview:
+    def read(self, place: TensorRegion, where: str) -> FileWindow:
         raise self._refusal(where)
 
     def reserve(self, place: TensorRegion, where: str) -> None:
@@ -68,6 +69,23 @@ class Unavailable:
 
 
 UNAVAILABLE = Unavailable()
+
+
+def may_read_bytes(header: bytes | memoryview | dict[str, Any]) -> bool:
+    """Whether a request (its JSON header, or gRPC's as a dict) may put BYTES in a region:
+    those are read and their framing walked while decoding, which a small body does not
+    bound, so it is done off the event loop."""
+    if not isinstance(header, dict):
+        # (a memoryview, from a front process: copied; only its header, or a small body)
+        text = header if isinstance(header, bytes) else bytes(header)
+        return _REGION_BYTES in text and b'"BYTES"' in text
+    return any(
+        item.get("datatype") == "BYTES" and REGION in (item.get("parameters") or {})
+        for item in header.get("inputs") or ()
+    )
+
+
+_REGION_BYTES = REGION.encode()
 
 
 def tensor_region(parameters: dict[str, Any], where: str) -> TensorRegion | None:

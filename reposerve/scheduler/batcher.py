@@ -28,6 +28,7 @@ from reposerve.instance.outcomes import (
     BatchOutcome,
     BatchTensor,
     FailureCause,
+    PartUnreadable,
     SlotHold,
     StreamedResponse,
 )
@@ -328,6 +329,18 @@ class Scheduler:
                 on_response,
                 **deeper,
             )
+        except PartUnreadable as exc:  # a client cut its shared memory short: its request
+            self._in_flight -= 1  # fails alone, the rest go as a batch of their own
+            self._staged -= len(items)
+            for item in items:
+                item.batch = None
+            self._fail(items[exc.index], InvalidInput(exc.message), FailureReason.OTHER)
+            rest = items[: exc.index] + items[exc.index + 1 :]
+            if rest:
+                self._launch(instance, rest, rerun)
+            else:
+                self._check_idle()
+            return
         except OSError as exc:
             self._complete(
                 batch,

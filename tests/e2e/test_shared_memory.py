@@ -10,6 +10,7 @@ import os
 import queue
 import re
 import shutil
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -389,6 +390,45 @@ def test_a_file_cut_short_is_refused_and_the_server_lives_on(server, http, regio
     plain[1].set_data_from_numpy(b.reshape(1, 16))
     np.testing.assert_array_equal(http.infer("simple", plain).as_numpy("OUTPUT0")[0], a + b)
     assert server.process.poll() is None
+
+
+def test_a_file_cut_short_while_its_request_waits_fails_that_request_alone(server, regions):
+    """The size is fine when the request comes, and gone when its batch is assembled: the
+    read comes up short (a mapping would have killed the server), the request fails on its
+    own, and the server goes on."""
+    folder = _version_folder(server, "gated")
+    for name in ("STARTED", "GO"):
+        (folder / name).unlink(missing_ok=True)
+    handle, key = regions.create("cut_later", 16)
+    shm.set_shared_memory_region(handle, [np.ones((1, 4), np.float32)])
+    plain = httpclient.InferInput("INPUT", [1, 4], "FP32")
+    plain.set_data_from_numpy(np.ones((1, 4), np.float32))
+    shared = httpclient.InferInput("INPUT", [1, 4], "FP32")
+    shared.set_shared_memory("cut_later", 16)
+    with httpclient.InferenceServerClient(server.address) as client:
+        client.register_system_shared_memory("cut_later", key, 16)
+    with ThreadPoolExecutor(3) as pool:
+        running = pool.submit(_infer_alone, server.address, "gated", [plain])
+        wait_for((folder / "STARTED").exists, what="the gated request to start")
+        staged = pool.submit(_infer_alone, server.address, "gated", [plain])  # next in line
+        time.sleep(0.3)
+        waiting = pool.submit(_infer_alone, server.address, "gated", [shared])  # queued
+        time.sleep(0.5)
+        os.truncate(_file(key), 0)
+        (folder / "GO").touch()
+        np.testing.assert_array_equal(running.result(timeout=60), np.full((1, 4), 2))
+        np.testing.assert_array_equal(staged.result(timeout=60), np.full((1, 4), 2))
+        with pytest.raises(InferenceServerException) as caught:
+            waiting.result(timeout=60)
+    assert caught.value.status() == "400"
+    assert "model 'gated': input 'INPUT': region 'cut_later'" in caught.value.message()
+    assert "the client cut its file short" in caught.value.message()
+    assert server.process.poll() is None
+    with httpclient.InferenceServerClient(server.address) as client:
+        client.unregister_system_shared_memory("cut_later")
+        assert client.infer("gated", [plain]).as_numpy("OUTPUT") is not None
+    for name in ("STARTED", "GO"):  # the gate closed again for whoever comes next
+        (folder / name).unlink(missing_ok=True)
 
 
 # -- hostile registrations ----------------------------------------------------------------
