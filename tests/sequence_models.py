@@ -67,13 +67,15 @@ output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
 
 
-def write_simple_sequence(root: Path) -> None:
-    """Triton's docs' simple_sequence: direct strategy, START and READY."""
-    _onnx_sequence(root / "simple_sequence" / "1" / "model.onnx", with_corrid=False)
-    controls = ",\n".join(_control(name) for name in ("START", "READY"))
-    (root / "simple_sequence" / "config.pbtxt").write_text(
-        'name: "simple_sequence"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        f"sequence_batching {{ control_input [ {controls} ] }}\n{_TENSORS}"
+def write_simple_sequence(root: Path, name: str = "simple_sequence", auto: bool = False) -> None:
+    """Triton's docs' simple_sequence: direct strategy, START and READY. ``auto``: its
+    tensors left to auto-complete from the model file."""
+    _onnx_sequence(root / name / "1" / "model.onnx", with_corrid=False)
+    controls = ",\n".join(_control(control) for control in ("START", "READY"))
+    tensors = "" if auto else _TENSORS
+    (root / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        f"sequence_batching {{ control_input [ {controls} ] }}\n{tensors}"
         "instance_group [ { kind: KIND_CPU } ]\n"
     )
 
@@ -170,6 +172,8 @@ ACCUMULATE_CONFIG = (
     datatype = "FP32"
     shape = [1]
     initial_state = {{ datatype = "FP32", shape = [1], data_file = "base" }}
+    [[warmup]]  # its state and START, which no client sends, filled in too
+    batch_size = 1
 """
 )
 ACCUMULATE = """

@@ -11,6 +11,7 @@ import msgspec
 
 from reposerve.config.backends import backend_entry
 from reposerve.config.schema import DynamicBatching, ModelConfig, TensorConfig
+from reposerve.config.sequences import sequence_tensors
 from reposerve.errors import ConfigError
 
 
@@ -22,10 +23,12 @@ def complete_config(
 ) -> ModelConfig:
     """``inputs``/``outputs``: the model's own tensors, full shapes, -1 where dynamic."""
     config = _max_batch_size(config, inputs + outputs)
+    implied_inputs, implied_outputs = sequence_tensors(config)
+    batch = config.max_batch_size
     return msgspec.structs.replace(
         config,
-        input=_section("input", config.input, inputs, config.max_batch_size, label),
-        output=_section("output", config.output, outputs, config.max_batch_size, label),
+        input=_section("input", config.input, inputs, batch, label, implied_inputs),
+        output=_section("output", config.output, outputs, batch, label, implied_outputs),
     )
 
 
@@ -53,10 +56,16 @@ def _section(
     found: list[TensorConfig],
     max_batch: int,
     label: str,
+    implied: set[str],
 ) -> list[TensorConfig]:
+    """``implied``: tensors the server adds (sequence batching's), declared whether or not
+    the config gave the client's: those left out are filled in from the file beside them."""
     items = {tensor.name: _item(tensor, section, max_batch, label) for tensor in found}
-    if not declared:
-        return list(items.values())
+    if all(tensor.name in implied for tensor in declared):
+        filled = [tensor for name, tensor in items.items() if name not in implied]
+        declared = filled + declared
+        if not declared:
+            return list(items.values())
     for tensor in declared:
         model = items.get(tensor.name)
         if model is None:

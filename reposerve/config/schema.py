@@ -111,7 +111,7 @@ class SequenceBatching(_Section):
     # max_candidate_sequences per instance, batched by the oldest ready requests.
     strategy: Literal["direct", "oldest"] = "direct"
     # A sequence with no request for this long is released (Triton's default: 1 s).
-    max_sequence_idle_microseconds: NonNegative = 1_000_000
+    max_sequence_idle_microseconds: Positive = 1_000_000
     max_candidate_sequences: Positive | None = None  # oldest; None: max_batch_size
     preferred_batch_size: list[Positive] = []  # oldest
     max_queue_delay_microseconds: NonNegative = 0

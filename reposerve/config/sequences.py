@@ -66,6 +66,8 @@ def check_sequence_batching(config: ModelConfig) -> str | None:
         outputs.add(state.output_name)
         initial = state.initial_state
         if initial is not None:
+            if initial.data_file is not None and state.datatype == "BYTES":
+                return f"{here}.initial_state.data_file: a BYTES state starts empty (no file)"
             if initial.datatype != state.datatype:
                 return (
                     f"{here}.initial_state.datatype: {initial.datatype}, the state's is "
@@ -90,6 +92,16 @@ def check_sequence_batching(config: ModelConfig) -> str | None:
                 f"{config.max_batch_size}"
             )
     return None
+
+
+def sequence_tensors(config: ModelConfig) -> tuple[set[str], set[str]]:
+    """The inputs and outputs the sequence batcher fills and keeps (control inputs, the
+    state's input and output): the model's, never a client's."""
+    sequence = config.sequence_batching
+    if sequence is None:
+        return set(), set()
+    inputs = {c.name for c in sequence.control_input} | {s.input_name for s in sequence.state}
+    return inputs, {s.output_name for s in sequence.state}
 
 
 def model_facing(config: ModelConfig) -> ModelConfig:

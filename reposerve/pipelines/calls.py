@@ -85,7 +85,9 @@ async def serve_call(
             refs, answered = await _stream(model, request, call, slot, start, link)
             return CallResult(call.call_id, slot.size, refs, answered)
         with await model.scheduler.lease(request, call_depth=call.depth) as lease:
-            refs = _write(slot, start, lease.outputs)
+            # a stateful model's kept state is its own, as it is kept from its clients
+            outputs = {n: t for n, t in lease.outputs.items() if n in model.output_names}
+            refs = _write(slot, start, outputs)
             return CallResult(call.call_id, slot.size, refs, _parameters_text(lease.parameters))
     except ReposerveError as exc:
         message = f"{caller}: calling model '{call.model}': {exc.message}"

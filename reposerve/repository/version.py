@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from reposerve.config import ModelConfig
-from reposerve.config.sequences import client_facing
+from reposerve.config.sequences import client_facing, model_facing
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.messages import (
     Call,
@@ -220,7 +220,8 @@ class ModelVersion:
             self.config = completed
             # Derived once here rather than per request on the hot path.
             self.output_names = tuple(spec.name for spec in self.config.output)
-            self._warmups = warmup_batches(self.config)
+            # the inputs the model reads, its sequence controls and state included (zeros)
+            self._warmups = warmup_batches(model_facing(self.config))
             if isinstance(self.scheduler, SequenceBatcher):
                 self.scheduler.load_initial_state()
             await asyncio.gather(*(self._warm(instance) for instance in self.instances))

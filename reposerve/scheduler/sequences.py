@@ -119,6 +119,15 @@ class SequenceBatcher:
         self._closed = False
         self._aborted: ReposerveError | None = None
         self.revive: Callable[[], str | None] | None = None  # as Scheduler.revive
+        self._expecting = False  # a revived instance is coming: requests wait for it
+        self._numeric_corrid = next(
+            (
+                c.datatype
+                for c in sequence.control_input
+                if c.kind == "corrid" and c.datatype != "BYTES"
+            ),
+            None,
+        )
 
     def load_initial_state(self) -> None:
         """Read each state's initial value (a file's, for some) before requests come."""
@@ -142,17 +151,39 @@ class SequenceBatcher:
 
     def submit(self, request: InferRequest, call_depth: int = 0) -> asyncio.Future:
         sequence, request = self._admit(request)
-        return asyncio.ensure_future(self._run(sequence, request, call_depth))
+        return self._start(sequence, request, call_depth, None)
 
     def stream(self, request: InferRequest, call_depth: int = 0) -> LeaseStream:
         """A decoupled model's request of a sequence: its responses pass through; the
         sequence's next request runs once the last has come."""
         sequence, request = self._admit(request)
         outer = LeaseStream()
-        task = asyncio.ensure_future(self._run(sequence, request, call_depth, outer))
+        task = self._start(sequence, request, call_depth, outer)
         task.add_done_callback(_retrieve)  # its outcome went to the stream
         outer.on_cancel = task.cancel
         return outer
+
+    def _start(
+        self,
+        sequence: _Sequence,
+        request: InferRequest,
+        call_depth: int,
+        stream: LeaseStream | None,
+    ) -> asyncio.Task:
+        """The task running an admitted request. One cancelled before it ever ran (its
+        caller left at once) is counted out here, since ``_run`` never saw it."""
+        entered: list[bool] = []
+        task = asyncio.ensure_future(self._run(sequence, request, call_depth, stream, entered))
+
+        def never_ran(done: asyncio.Task) -> None:
+            if not entered:
+                self._unsent -= 1
+                self._finished(sequence, request, ran=False)
+                if stream is not None:
+                    stream.end(None)
+
+        task.add_done_callback(never_ran)
+        return task
 
     async def drain(self) -> None:
         self._closed = True
@@ -178,6 +209,7 @@ class SequenceBatcher:
             self._label, self._lane_config, [instance], self._statistics, self._clock
         )
         self._lanes.append(_Lane(instance, scheduler))
+        self._expecting = False
         self._grant()
 
     def remove_instance(self, instance: Executor) -> None:
@@ -188,6 +220,12 @@ class SequenceBatcher:
         if lane is None:
             return
         self._lanes.remove(lane)
+        if self._closed and not self._lanes:  # none is coming back: the backlog fails now
+            error = self._aborted or SchedulerError(f"{self._label}: its last instance stopped")
+            while self._backlog:
+                _, waiter = self._backlog.popleft()
+                if not waiter.done():
+                    waiter.set_exception(error)
         why = f"{self._label}: the instance running this sequence stopped; start the sequence again"
         lane.scheduler.abort(SchedulerError(why))
         for sequence in [s for s in self._sequences.values() if s.lane is lane]:
@@ -208,13 +246,20 @@ class SequenceBatcher:
             raise self._aborted or SchedulerError(
                 f"{self._label} is unloading; retry on another version"
             )
-        if not self._lanes:
-            why = self.revive() if self.revive is not None else None
+        if self.revive is not None and (why := self.revive()) is not None:
+            self._expecting = True  # the requests after this one wait for the replacement
             self._statistics.record_failure(1, 0, FailureReason.OTHER)
-            if why is not None:
-                raise InstanceError(why)
+            raise InstanceError(why)
+        if not self._lanes and not self._expecting:
+            self._statistics.record_failure(1, 0, FailureReason.OTHER)
             raise SchedulerError(
                 f"{self._label} has no running instance (it is being restarted); retry shortly"
+            )
+        if self._batched and request.batch_size != 1:
+            raise SchedulerError(  # Triton's words: one row per request of a sequence
+                f"inference request to model '{self._name}' must specify batch-size 1 due to "
+                f"requirements of sequence batcher (got {request.batch_size})",
+                ErrorKind.INVALID_ARGUMENT,
             )
         key: SequenceId | tuple[str, int] = request.sequence_id
         if (key == 0 or key == "") and self._sequence.iterative_sequence:
@@ -226,6 +271,8 @@ class SequenceBatcher:
                 "non-empty correlation ID",
                 ErrorKind.INVALID_ARGUMENT,
             )
+        if isinstance(key, str) and self._numeric_corrid is not None:
+            _numeric_id(key, self._numeric_corrid, self._name)  # refused now, not in a slot
         sequence = self._sequences.get(key)
         lost = self._lost.pop(key, None)
         if sequence is None:
@@ -252,11 +299,15 @@ class SequenceBatcher:
         sequence: _Sequence,
         request: InferRequest,
         call_depth: int,
-        stream: LeaseStream | None = None,
+        stream: LeaseStream | None,
+        entered: list[bool],
     ) -> Lease | None:
+        entered.append(True)
         sent = False
         try:
             async with sequence.turn:
+                if self._aborted is not None:
+                    raise self._aborted
                 if sequence.gone is not None:
                     raise SchedulerError(sequence.gone)
                 if request.sequence_start:
@@ -300,10 +351,11 @@ class SequenceBatcher:
         finally:
             inner.cancel()
 
-    def _finished(self, sequence: _Sequence, request: InferRequest) -> None:
+    def _finished(self, sequence: _Sequence, request: InferRequest, ran: bool = True) -> None:
+        """``ran``: the request took its turn (one cancelled before ends nothing)."""
         sequence.waiting -= 1
         self._running -= 1
-        if request.sequence_end:
+        if request.sequence_end and ran:
             sequence.ended = True
             sequence.state = {}
         if sequence.waiting == 0 and sequence.gone is None:
@@ -350,6 +402,8 @@ class SequenceBatcher:
         the backlog until a sequence ends."""
         if sequence.lane is not None:
             return sequence.lane
+        if self._closed and not self._lanes:
+            raise self._aborted or SchedulerError(f"{self._label} is unloading; retry elsewhere")
         waiter = asyncio.get_running_loop().create_future()
         self._backlog.append((sequence, waiter))
         self._grant()

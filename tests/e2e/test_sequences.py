@@ -49,6 +49,7 @@ VALUES = [11, 7, 5, 3, 2, 0, 1]  # what Triton's examples send after the first v
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("repository")
     write_simple_sequence(root)
+    write_simple_sequence(root, "simple_sequence_auto", auto=True)
     write_simple_dyna_sequence(root)
     write_simple_string_dyna_sequence(root)
     write_accumulate(root)
@@ -117,6 +118,12 @@ def _expected(first: int, values: list[int], sign: int, dyna: bool, corrid: int)
     if dyna:
         expected[-1] += corrid
     return expected
+
+
+def test_auto_complete_and_warmup_leave_the_controls_to_the_server(http):
+    config = http.get_model_config("simple_sequence_auto")
+    assert [t["name"] for t in config["input"]] == ["INPUT"]  # from the model file
+    assert _send(http, httpclient, "simple_sequence_auto", 77, [5, 6]) == [6, 6]
 
 
 @pytest.mark.parametrize("dyna", [False, True])

@@ -127,6 +127,16 @@ def test_triton_json_round_trips_through_the_pbtxt_reader():
             "sequence_batching.state[0].initial_state.shape: [3] does not fit [2]",
         ),
         ('[sequence_batching]\nstrategy = "newest"', "sequence_batching.strategy: invalid enum"),
+        (  # Triton reads 0 as its default; a sequence never released would hold its slot
+            "[sequence_batching]\nmax_sequence_idle_microseconds = 0",
+            "sequence_batching.max_sequence_idle_microseconds: expected int >= 1",
+        ),
+        (
+            '[sequence_batching]\n[[sequence_batching.state]]\ninput_name = "S"\n'
+            'output_name = "T"\ndatatype = "BYTES"\nshape = [1]\n'
+            'initial_state = { datatype = "BYTES", shape = [1], data_file = "f" }',
+            "sequence_batching.state[0].initial_state.data_file: a BYTES state starts empty",
+        ),
     ],
 )
 def test_sequence_rules_name_the_key(extra, message):
