@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+import msgspec
+
 
 def boolean(value: str) -> bool:
     if value.lower() in ("true", "1", "yes", "on"):
@@ -49,3 +51,47 @@ def positive_int(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value!r}")
     return int(value)
+
+
+class Budget(msgspec.Struct, frozen=True):
+    """A budget as given: bytes, or a share of the machine's (or a GPU's) total."""
+
+    text: str
+    nbytes: int | None = None  # fixed bytes
+    share: float | None = None  # of the total, 0 < share <= 1
+
+    def of(self, total: int) -> int:
+        return self.nbytes if self.nbytes is not None else int(total * (self.share or 0))
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_budget(text: str) -> Budget:
+    """``"1500000000"``, ``"1.5G"`` (K, M, G, T: powers of 1024, an optional ``iB``/``B``)
+    or ``"60%"``; ValueError says what is wrong."""
+    value = text.strip().lower()
+    if value.endswith("%"):
+        share = float(value[:-1]) / 100
+        if not 0 < share <= 1:
+            raise ValueError(f"{text!r}: a share must be above 0% and at most 100%")
+        return Budget(text, share=share)
+    for suffix in ("ib", "b"):
+        if value.endswith(suffix) and value[: -len(suffix)][-1:].isalpha():
+            value = value[: -len(suffix)]
+    unit = value[-1:] if value[-1:].isalpha() else ""
+    if unit not in _UNITS:
+        raise ValueError(f"{text!r}: not bytes (1500000000, 1.5G, 512M) or a share (60%)")
+    number = float(value[: len(value) - len(unit)])
+    nbytes = int(number * _UNITS[unit])
+    if nbytes <= 0:
+        raise ValueError(f"{text!r}: a budget must be above 0 bytes")
+    return Budget(text, nbytes=nbytes)
+
+
+def memory_budget(text: str) -> Budget:
+    """``parse_budget`` as an argparse type."""
+    try:
+        return parse_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

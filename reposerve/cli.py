@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from reposerve.access import API_CATEGORIES
-from reposerve.arguments import boolean, non_negative, positive, positive_int
+from reposerve.arguments import boolean, memory_budget, non_negative, positive, positive_int
 from reposerve.errors import ConfigError
 from reposerve.fronts import default_workers, usable_cores
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
@@ -123,12 +123,30 @@ def serve_parser() -> argparse.ArgumentParser:
         )
     add(
         "--model-control-mode",
-        choices=("explicit", "poll", "none"),
+        choices=("explicit", "poll", "none", "on-demand"),
         default=None,
         help="explicit: the load/unload endpoints work and only --load-model models load at "
         "start-up (none without it), as in Triton; poll: changes on disk are loaded every "
-        "--repository-poll-secs; none: the repository is fixed. Not given: every model "
-        "loads and the load/unload endpoints work (explicit with --load-model '*')",
+        "--repository-poll-secs; none: the repository is fixed; on-demand: a model loads "
+        "when its first request comes (which waits for it), and the load/unload endpoints "
+        "work. Not given: every model loads and the load/unload endpoints work (explicit "
+        "with --load-model '*')",
+    )
+    add(
+        "--host-memory-budget",
+        type=memory_budget,
+        default=None,
+        metavar="BYTES|SHARE",
+        help="keep the loaded models' host memory (their instances' PSS) within this: bytes "
+        "(1500000000, 1.5G) or a share of the machine's (60%%); idle models are unloaded, "
+        "least recently used first, to make room (none: no budget)",
+    )
+    add(
+        "--gpu-memory-budget",
+        type=memory_budget,
+        default=None,
+        metavar="BYTES|SHARE",
+        help="the same for each GPU's memory (measured through NVML where present)",
     )
     add(
         "--server-name",
@@ -384,7 +402,7 @@ def _start_models(mode: str | None, names: list[str] | None) -> list[str] | None
     --load-model ones; reposerve's default (no mode given) loads every model."""
     if names is not None:
         return None if "*" in names else names
-    return [] if mode == "explicit" else None
+    return [] if mode in ("explicit", "on-demand") else None
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -405,6 +423,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             **dict(args.metrics_config),  # later settings win, as in Triton
         ),
         model_control_mode=args.model_control_mode or "explicit",
+        host_memory_budget=args.host_memory_budget,
+        gpu_memory_budget=args.gpu_memory_budget,
         repository_poll_secs=args.repository_poll_secs,
         load_models=names,
         http_server=args.http_server,

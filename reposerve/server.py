@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING
 
 import uvloop
 
+from reposerve.arguments import Budget
 from reposerve.fronts import default_workers, usable_cores
 from reposerve.fronts.workers import FrontWorkers
 from reposerve.http.metrics import MetricsServer
 from reposerve.http.server import SEND_MARGIN_S, listening_socket, serve_http
 from reposerve.logs import LogControl, start_logging
 from reposerve.repository import Repository
+from reposerve.repository.residency import Residency, describe_bytes
 from reposerve.repository.watch import RepositoryWatcher, snapshot
 from reposerve.service import InferenceService
 from reposerve.settings import Settings
@@ -69,6 +71,7 @@ class Server:
             load_threads=settings.model_load_thread_count,
             latency_summaries=settings.metrics.summary_latencies,
             restart_on_request=settings.instance_restart == "on-request",
+            residency=Residency(settings.host_memory_budget, settings.gpu_memory_budget),
         )
         self.service = InferenceService(
             repository,
@@ -196,6 +199,13 @@ class Server:
         roots = service.repository.roots
         baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
         failed = await service.start(settings.load_models)
+        residency = service.repository.residency
+        log.info(
+            "model control: %s; host memory budget: %s; GPU memory budget: %s",
+            settings.model_control_mode,
+            _budget(settings.host_memory_budget, residency.host_limit),
+            settings.gpu_memory_budget.text if settings.gpu_memory_budget else "none",
+        )
         # A line a record: the text log escapes line breaks inside a message.
         for line in ["models:", *startup_table(service).splitlines()]:
             log.info("%s", line)
@@ -252,6 +262,12 @@ def fronts_line(settings: Settings) -> str:
         f"fronts: {', '.join(counts)} (--http-workers, --grpc-workers; the default is "
         f"{default_workers(usable_cores())} for {usable_cores()} usable cores)"
     )
+
+
+def _budget(budget: Budget | None, limit: int | None) -> str:
+    if budget is None or limit is None:
+        return "none"
+    return f"{budget.text} ({describe_bytes(limit)})"
 
 
 def startup_table(service: InferenceService) -> str:

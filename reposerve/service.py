@@ -22,7 +22,14 @@ import msgspec
 
 from reposerve.config.onnx_options import file_options
 from reposerve.config.triton_json import parse_triton_config
-from reposerve.errors import ConfigError, ErrorKind, ProtocolError, ReposerveError, RepositoryError
+from reposerve.errors import (
+    ConfigError,
+    ErrorKind,
+    ProtocolError,
+    ReposerveError,
+    RepositoryError,
+    SchedulerError,
+)
 from reposerve.instance.messages import CallFailure, CallResult, ModelControl
 from reposerve.logs import LogControl, LogSettings, LogUpdate
 from reposerve.metrics import CustomFamily, MetricsOptions, VersionMetrics, render
@@ -45,7 +52,7 @@ from reposerve.protocol.repository import decode_load_request, decode_unload_req
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
-from reposerve.repository.scan import ConfigOverride, check_model_name
+from reposerve.repository.scan import ConfigOverride, ModelSource, check_model_name
 from reposerve.scheduler.lease import Lease
 from reposerve.shared_memory import Claims, SharedMemory
 from reposerve.tensor import Tensor
@@ -53,6 +60,9 @@ from reposerve.utilization import Usage
 
 T = TypeVar("T")
 
+# How many times a request for an on-demand model follows it through evictions that
+# overtake it before it fails with the reason (each a load of its own).
+_EVICTIONS_OUTLIVED = 3
 # Request bodies at least this large are decoded in a worker thread, so that walking one
 # (its BYTES elements, its JSON numbers) never stalls the event loop that serves everyone.
 DECODE_IN_THREAD = 1 << 20
@@ -145,20 +155,54 @@ class InferenceService:
         return self._logs
 
     async def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
-        model = self.repository.get(name, version)
+        try:
+            model = self.repository.get(name, version)
+        except RepositoryError as exc:
+            source = self._on_demand_source(name, version, exc)
+            numbers = [v.number for v in source.versions]
+            return documents.model_metadata(
+                name, numbers, source.versions[-1].backend, source.config
+            )
         ready = [v.version for v in self.repository.versions(name) if v.state is ModelState.READY]
         return documents.model_metadata(name, ready, model.backend, model.config)
 
     async def model_config(self, name: str, version: str | None) -> ModelConfigDocument:
-        model = self.repository.get(name, version)
+        try:
+            model = self.repository.get(name, version)
+        except RepositoryError as exc:
+            source = self._on_demand_source(name, version, exc)
+            return documents.config_document(name, source.versions[-1].backend, source.config)
         return documents.config_document(name, model.backend, model.config)
 
     async def model_ready(self, name: str, version: str | None) -> bool:
+        """Ready to serve; in on-demand mode a model that is not loaded is, when its
+        folder reads (its first request loads it)."""
         try:
             model = self.repository.get(name, version)
-        except RepositoryError:
-            return False
+        except RepositoryError as exc:
+            try:
+                self._on_demand_source(name, version, exc)
+            except RepositoryError:
+                return False
+            return True
         return await model.check_ready()
+
+    def _on_demand_source(
+        self, name: str, version: str | None, error: RepositoryError
+    ) -> ModelSource:
+        """An on-demand model that is not loaded, as its folder describes it (its config
+        and versions, without loading it); ``error`` (why ``get`` found no version to
+        serve) otherwise."""
+        if self.model_control_mode != "on-demand":
+            raise error
+        try:
+            source = self.repository.source(name)
+        except ConfigError:
+            raise error from None
+        numbers = {str(v.number) for v in source.versions}
+        if not numbers or (version and version not in numbers):
+            raise error
+        return source
 
     async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics:
         if name is None:
@@ -193,6 +237,7 @@ class InferenceService:
             usage,
             itertools.chain(
                 server,
+                self._residency_families(),
                 (
                     family
                     for version in self.repository.loaded()
@@ -202,6 +247,13 @@ class InferenceService:
             ),
         )
 
+    def _residency_families(self) -> list[CustomFamily]:
+        """Loads, evictions and resident bytes, where models come and go on their own."""
+        repository = self.repository
+        if self.model_control_mode != "on-demand" and not repository.residency.budgeted:
+            return []
+        return repository.residency.families(repository.resident_bytes())
+
     # -- inference -----------------------------------------------------------------------
 
     async def infer(
@@ -209,8 +261,10 @@ class InferenceService:
     ) -> Answer:
         """Run one V2 request (its JSON, or its header and binary tensors); the front
         encodes the answer and releases it."""
-        model = self.repository.get(name, version)
+        model = await self._serving(name, version)
         claims = self.shared_memory.claims()
+        residency = self.repository.residency
+        residency.begin(name)  # in use: not evicted until it has its answer
         try:
             header = body if header_length is None else body[:header_length]
             if len(body) < DECODE_IN_THREAD and not may_read_bytes(header):
@@ -223,25 +277,31 @@ class InferenceService:
         except BaseException:
             claims.release()
             raise
+        finally:
+            residency.end(name)
 
     async def infer_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
     ) -> Answer:
         """Run one request whose tensor data travels apart from its header (gRPC; see
         ``decode_parts``)."""
-        model = self.repository.get(name, version)
+        model = await self._serving(name, version)
         claims = self.shared_memory.claims()
+        residency = self.repository.residency
+        residency.begin(name)
         try:
             request = await _decode_parts(header, raws, model, name, claims)
             return await self._run(model, request, claims)
         except BaseException:
             claims.release()
             raise
+        finally:
+            residency.end(name)
 
     async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
         """Triton's generate extension (``reposerve.protocol.generate``): the request is
         decoded now (its errors raise here); the answers come as they are made."""
-        model = self.repository.get(name, version)
+        model = await self._serving(name, version)
         request = decode_generate(body, model.config, name)
         return self._responses(model, request, self.shared_memory.claims())
 
@@ -250,7 +310,7 @@ class InferenceService:
     ) -> AsyncIterator[Answer]:
         """``infer_parts`` for a streaming call: any model; a decoupled model's answers
         come as they are made, and end after its last."""
-        model = self.repository.get(name, version)
+        model = await self._serving(name, version)
         claims = self.shared_memory.claims()
         try:
             request = await _decode_parts(header, raws, model, name, claims)
@@ -268,6 +328,8 @@ class InferenceService:
         """The answers to ``request``: one, or a decoupled model's as they come. Closing
         this iterator early (the client left) cancels the generation in the instance and
         releases what it had not handed out; its end lets go of ``claims``."""
+        residency = self.repository.residency
+        residency.begin(model.name)  # in use (not evicted) until its stream ends
         try:
             selected = _selected_outputs(request, model.output_names)
             if not model.config.decoupled:
@@ -281,7 +343,22 @@ class InferenceService:
             finally:
                 stream.cancel()  # nothing left to stop once it has ended
         finally:
+            residency.end(model.name)
             claims.release()
+
+    async def _serving(self, name: str, version: str | None) -> ModelVersion:
+        """The version to run a request on; in on-demand mode a model on disk that is not
+        loaded is loaded first (its first requests wait for one load)."""
+        if self.model_control_mode != "on-demand":
+            return self.repository.get(name, version)
+        for _ in range(_EVICTIONS_OUTLIVED):
+            await self.repository.ensure_loaded(name)
+            try:
+                return self.repository.get(name, version)
+            except RepositoryError as exc:  # evicted again before this request took it
+                if exc.kind is not ErrorKind.UNAVAILABLE:
+                    raise
+        return self.repository.get(name, version)
 
     async def _run(self, model: ModelVersion, request: InferRequest, claims: Claims) -> Answer:
         """Submit ``request`` for its one response."""
@@ -293,7 +370,15 @@ class InferenceService:
                 kind=ErrorKind.UNSUPPORTED,
             )
         selected = _selected_outputs(request, model.output_names)
-        lease = await model.scheduler.lease(request)
+        try:
+            lease = await model.scheduler.lease(request)
+        except SchedulerError:
+            if self.model_control_mode != "on-demand" or not model.unloaded:
+                raise
+            # Chosen for eviction just before this request marked it in use: it goes
+            # to the model loaded again, as if it had come a moment later.
+            model = await self._serving(model.name, None)
+            lease = await model.scheduler.lease(request)
         # The regions are the request's until its answer is let go.
         return _answer(model, request, selected, lease, True, claims, hold=True)
 
@@ -390,7 +475,7 @@ class InferenceService:
         return CallResult(control.call_id, 0, [], msgspec.json.encode({"ready": ready}).decode())
 
     def _check_control(self) -> None:
-        if self.model_control_mode != "explicit":
+        if self.model_control_mode not in ("explicit", "on-demand"):
             raise RepositoryError(
                 "explicit model load / unload is not allowed with "
                 f"--model-control-mode {self.model_control_mode}",

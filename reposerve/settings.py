@@ -7,6 +7,7 @@ from typing import Literal
 
 import msgspec
 
+from reposerve.arguments import Budget
 from reposerve.metrics import MetricsOptions
 
 
@@ -25,7 +26,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     http_port: int | None = 8000  # None: no HTTP front (--allow-http false)
     metrics_port: int | None = 8002  # None: no metrics endpoint
     metrics: MetricsOptions = MetricsOptions()  # address, interval, --metrics-config
-    model_control_mode: str = "explicit"  # "explicit" | "poll" | "none"
+    model_control_mode: str = "explicit"  # "explicit" | "poll" | "none" | "on-demand"
+    # Memory budgets: idle models are unloaded, least recently used first, to stay within
+    host_memory_budget: Budget | None = None
+    gpu_memory_budget: Budget | None = None  # per GPU
     repository_poll_secs: float = 15.0
     load_models: list[str] | None = None  # None: every model in the repository
     http_server: str = "auto"

@@ -63,6 +63,8 @@ EVERY_SETTING = "version_policy = { all = true }\n" + vector_config(
     [execution]
     timeout_seconds = 30.5
     isolate_failures = false
+    [lifecycle]
+    pinned = true
     [[warmup]]
     batch_size = 2
     inputs = { INPUT = "random" }

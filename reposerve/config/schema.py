@@ -137,6 +137,12 @@ class Execution(_Section):
     isolate_failures: bool = True
 
 
+class Lifecycle(_Section):
+    """How the server may treat the model under memory budgets."""
+
+    pinned: bool = False  # never evicted to make room for another model
+
+
 class Warmup(_Section):
     batch_size: Positive = 1
     inputs: dict[str, Literal["zero", "random"]] = {}
@@ -172,6 +178,7 @@ class ModelConfig(_Section):
     sequence_batching: SequenceBatching | None = None
     optimization: Optimization = Optimization()
     execution: Execution = Execution()
+    lifecycle: Lifecycle = Lifecycle()
     warmup: list[Warmup] = []
     # Triton's model_transaction_policy: execute yields any number of responses per
     # request (a generator); served only on the streaming endpoints. Set by itself when

@@ -13,7 +13,7 @@ import msgspec
 from reposerve.config.schema import ModelConfig
 
 _ARRAYS_OF_TABLES = ("input", "output", "instance_group", "warmup", "step")
-_TABLES = ("dynamic_batching", "sequence_batching", "optimization", "execution")
+_TABLES = ("dynamic_batching", "sequence_batching", "optimization", "execution", "lifecycle")
 _encoder = msgspec.json.Encoder()
 
 

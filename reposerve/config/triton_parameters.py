@@ -10,6 +10,7 @@ schema has no field for travel in its free-form ``parameters`` map (string value
     reposerve.execution.timeout_seconds  "120.0"
     reposerve.execution.isolate_failures "true" | "false"
     reposerve.instance_group.<i>.cpus    "[0, 1]"   (group i's pinned cores, when set)
+    reposerve.lifecycle.pinned           "true" | "false"
 
 The model's own ``[parameters]`` travel beside them under their own keys. Triton's values
 are strings, reposerve's are typed: a value other than a string is written as JSON, and a
@@ -32,6 +33,7 @@ _PRECISION = "reposerve.optimization.precision"
 _TIMEOUT = "reposerve.execution.timeout_seconds"
 _ISOLATE = "reposerve.execution.isolate_failures"
 _GROUP_CPUS = "reposerve.instance_group.{index}.cpus"
+_PINNED = "reposerve.lifecycle.pinned"
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -64,6 +66,7 @@ def to_triton_parameters(config: ModelConfig) -> dict[str, dict[str, str]]:
     values[_PRECISION] = config.optimization.precision
     values[_TIMEOUT] = config.execution.timeout_seconds
     values[_ISOLATE] = config.execution.isolate_failures
+    values[_PINNED] = config.lifecycle.pinned
     for index, group in enumerate(config.instance_group or ()):
         if group.cpus:
             values[_GROUP_CPUS.format(index=index)] = group.cpus
@@ -88,6 +91,8 @@ def apply_triton_parameters(
             table.setdefault("optimization", {})["precision"] = value
         elif key in (_TIMEOUT, _ISOLATE):
             table.setdefault("execution", {})[key.rsplit(".", 1)[1]] = value
+        elif key == _PINNED:
+            table.setdefault("lifecycle", {})["pinned"] = value
         else:
             _group_cpus(table, key, value, label)
     if own:  # beside what other fields put there (the TensorRT accelerator's options)
@@ -102,7 +107,7 @@ def _group_cpus(table: dict[str, Any], key: str, value: Any, label: str) -> None
     if not known or not parts[2].isdigit():
         raise ConfigError(
             f"{label}: parameters.{key}: unknown reposerve setting (known: {_PRECISION}, "
-            f"{_TIMEOUT}, {_ISOLATE}, {_GROUP_CPUS.format(index='<i>')})"
+            f"{_TIMEOUT}, {_ISOLATE}, {_PINNED}, {_GROUP_CPUS.format(index='<i>')})"
         )
     index = int(parts[2])
     if index >= len(groups):

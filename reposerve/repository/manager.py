@@ -21,8 +21,17 @@ from reposerve.errors import ConfigError, ErrorKind, RepositoryError
 from reposerve.operations import IndexEntry
 from reposerve.pipelines.ensemble import check_steps
 from reposerve.repository.override import OverrideFolder
+from reposerve.repository.residency import (
+    Residency,
+    Resident,
+    choose_victims,
+    describe_bytes,
+    folder_bytes,
+    footprint,
+    refusal,
+)
 from reposerve.repository.roots import all_model_names, check_exists, find_root
-from reposerve.repository.scan import ConfigOverride, check_model_name, read_model
+from reposerve.repository.scan import ConfigOverride, ModelSource, check_model_name, read_model
 from reposerve.repository.version import Control, ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
@@ -59,8 +68,13 @@ class Repository:
         load_threads: int = 4,
         latency_summaries: bool = False,
         restart_on_request: bool = False,
+        residency: Residency | None = None,
     ) -> None:
         self.roots = tuple(roots)
+        # Memory budgets and the book eviction reads (reposerve.repository.residency).
+        self.residency = residency or Residency()
+        self._budget = asyncio.Lock()  # loads under a budget: one at a time
+        self._on_demand: dict[str, asyncio.Future] = {}  # loads first requests wait for
         self._restart_on_request = restart_on_request
         self._load_timeout = load_timeout
         self._unload_timeout = unload_timeout
@@ -136,7 +150,126 @@ class Repository:
             with contextlib.suppress(ConfigError):  # its own reason is in the index
                 await self.load(ensemble)
 
+    async def ensure_loaded(self, name: str) -> None:
+        """Load ``name`` unless it serves (on-demand mode: its first request). Requests
+        that come while it loads wait for the same load; its failure is theirs."""
+        if self._serving(name):
+            return
+        try:
+            check_exists(self.roots, name)
+        except ConfigError:
+            return  # not a model: asking for it says so
+        load = self._on_demand.get(name)
+        if load is None:
+            load = self._on_demand[name] = asyncio.ensure_future(self.load(name))
+            load.add_done_callback(lambda _: self._on_demand.pop(name, None))
+        with contextlib.suppress(ConfigError):  # its index entry and get() say why
+            await asyncio.shield(load)  # a request that leaves does not stop the others
+
     async def _load(
+        self,
+        name: str,
+        config: ConfigOverride | None,
+        files: Mapping[str, bytes] | None,
+    ) -> list[ModelVersion]:
+        if not self.residency.budgeted:
+            return await self._load_now(name, config, files)
+        async with self._budget:  # room made for one load at a time: never two at once
+            await self._make_room(name)
+            started = time.monotonic()
+            fresh = await self._load_now(name, config, files)
+            serving = [v for v in fresh if v.state is ModelState.READY]
+            if serving:
+                nbytes = sum(footprint(version) for version in serving)
+                self.residency.loaded(name, nbytes, time.monotonic() - started)
+                await self._trim(name)
+            return fresh
+
+    async def _make_room(self, name: str) -> None:
+        """Unload idle models, least recently used first, until ``name`` fits (by its
+        footprint when it was loaded before, else its files' size)."""
+        residency = self.residency
+        limit = residency.host_limit
+        assert limit is not None
+        needed = residency.footprints.get(name) or await asyncio.to_thread(
+            folder_bytes, self.roots, name
+        )
+        residents = self._residents(exclude=name)
+        over = sum(r.nbytes for r in residents) + needed - limit
+        if over <= 0:
+            return
+        victims = choose_victims(residents, over)
+        if victims is None:
+            message = refusal(name, needed, residency, residents)
+            residency.reasons[name] = message
+            raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
+        for victim in victims:
+            await self._evict(victim, name)
+
+    async def _trim(self, loaded: str) -> None:
+        """Measured after its load, ``loaded`` may take the total past the budget: the
+        least recently used idle models go until it fits, as far as they can."""
+        residency = self.residency
+        limit = residency.host_limit
+        assert limit is not None
+        residents = self._residents(exclude=loaded)
+        over = sum(r.nbytes for r in residents) + residency.footprints[loaded] - limit
+        if over <= 0:
+            return
+        victims = choose_victims(residents, over)
+        if victims is None:  # what holds the rest may not go: neither does it stay
+            message = refusal(loaded, residency.footprints[loaded], residency, residents)
+            log.error("%s", message)
+            await self.unload(loaded)
+            residency.reasons[loaded] = message
+            raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
+        for victim in victims:
+            await self._evict(victim, loaded)
+
+    async def _evict(self, victim: Resident, making_room_for: str) -> None:
+        reason = (
+            f"evicted: least recently used, {describe_bytes(victim.nbytes)} for '{making_room_for}'"
+        )
+        log.info("%s %s", victim.name, reason)
+        await self.unload(victim.name)
+        self.residency.evicted(victim.name, reason)
+
+    def _residents(self, exclude: str) -> list[Resident]:
+        """The resident models (not ensembles: they hold no memory), as eviction sees
+        them."""
+        used_by: dict[str, str] = {}
+        for name, model in self._models.items():
+            for version in model.versions.values():
+                if version.state is ModelState.READY:
+                    for step in version.config.step:
+                        used_by[step.model] = name
+        residents = []
+        for name, model in self._models.items():
+            serving = [v for v in model.versions.values() if v.state is ModelState.READY]
+            if name == exclude or not serving or any(v.pipeline for v in serving):
+                continue
+            ensemble = used_by.get(name)
+            residents.append(
+                Resident(
+                    name,
+                    self.residency.footprints.get(name, 0),
+                    self.residency.last_used.get(name, 0.0),
+                    busy=self.residency.busy(name) or any(v.scheduler.pending for v in serving),
+                    pinned=any(v.config.lifecycle.pinned for v in serving),
+                    protected=f"a step of the resident ensemble '{ensemble}'" if ensemble else None,
+                )
+            )
+        return residents
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Each resident model's measured host footprint."""
+        return {
+            name: self.residency.footprints.get(name, 0)
+            for name, model in self._models.items()
+            if any(v.state is ModelState.READY and not v.pipeline for v in model.versions.values())
+        }
+
+    async def _load_now(
         self,
         name: str,
         config: ConfigOverride | None,
@@ -248,6 +381,10 @@ class Repository:
             for step in sorted(steps - used):
                 if step in self._models:
                     await self.unload(step, deadline, dependents=True)
+
+    def source(self, name: str) -> ModelSource:
+        """``name`` as its folder describes it (ConfigError when it cannot be read)."""
+        return read_model(find_root(self.roots, name), name)
 
     def steps_of(self, name: str) -> list[str]:
         """The models an ensemble on disk calls (none for another model, or one whose
@@ -369,17 +506,19 @@ class Repository:
         for name in sorted(set(self.names()) | set(self._models)):
             model = self._models.get(name)
             if model is None or (not model.versions and not model.error):
-                if not ready_only:
-                    entries.append(IndexEntry(name))
+                if not ready_only:  # not loaded: why, when a budget kept it out
+                    entries.append(IndexEntry(name, reason=self.residency.reasons.get(name, "")))
                 continue
             if model.error and not model.versions:
                 if not ready_only:
                     entries.append(IndexEntry(name, state="UNAVAILABLE", reason=model.error))
                 continue
+            why = self.residency.reasons.get(name)
             for number, version in sorted(model.versions.items()):
                 if ready_only and version.state is not ModelState.READY:
                     continue
-                entries.append(IndexEntry(name, str(number), version.state.value, version.reason))
+                reason = why if why and version.unloaded else version.reason
+                entries.append(IndexEntry(name, str(number), version.state.value, reason))
         return entries
 
 

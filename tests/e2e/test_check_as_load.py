@@ -111,7 +111,8 @@ SERVED = "python, onnxruntime/onnxruntime_onnx, pytorch/pytorch_libtorch, ensemb
 MODEL_FILES = "model.py, model.onnx, model.pt, model.pt2"
 KNOWN = (
     "reposerve.optimization.precision, reposerve.execution.timeout_seconds, "
-    "reposerve.execution.isolate_failures, reposerve.instance_group.<i>.cpus"
+    "reposerve.execution.isolate_failures, reposerve.lifecycle.pinned, "
+    "reposerve.instance_group.<i>.cpus"
 )
 RULES: dict[str, Rule] = {
     # The file and the schema (config.load, config.validate, config.tables)

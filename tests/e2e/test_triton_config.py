@@ -54,6 +54,7 @@ def test_every_setting_parses_strictly_and_is_carried(repository, tmp_path):
         "reposerve.optimization.precision": "fp16",
         "reposerve.execution.timeout_seconds": "30.5",
         "reposerve.execution.isolate_failures": "false",
+        "reposerve.lifecycle.pinned": "true",
         "reposerve.instance_group.0.cpus": "[0]",
     }
     assert config.version_policy.WhichOneof("policy_choice") == "all"

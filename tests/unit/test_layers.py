@@ -64,7 +64,8 @@ LEAF_RULES = {
     "quantiles": set(),
     "utilization": set(),
     "metrics": {"statistics", "utilization"},
-    "settings": {"metrics"},  # MetricsOptions, the metrics flags as one value
+    # MetricsOptions, the metrics flags as one value; Budget, a memory budget flag's
+    "settings": {"metrics", "arguments"},
     "logs": {"errors", "settings"},  # start_logging: the --log-* flags
     "framing": set(),
     "arguments": set(),

@@ -20,6 +20,7 @@ from reposerve.http.access import AccessPolicy
 from reposerve.http.generate import _documents
 from reposerve.http.infer import InferEndpoint
 from reposerve.instance.outcomes import BatchOutcome, SlotHold, StreamedResponse
+from reposerve.repository.residency import Residency
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.lease import COPY_AHEAD, COPY_AHEAD_BYTES, LeaseStream, take
 from reposerve.service import InferenceService
@@ -152,7 +153,8 @@ def _model(scheduler: Scheduler, decoupled: bool) -> SimpleNamespace:
 
 
 def _service(model: SimpleNamespace) -> InferenceService:
-    return InferenceService(SimpleNamespace(get=lambda name, version: model))
+    repository = SimpleNamespace(get=lambda name, version: model, residency=Residency())
+    return InferenceService(repository)
 
 
 def _decoupled_model() -> tuple[SimpleNamespace, DecoupledStandIn]:

@@ -62,7 +62,8 @@ def test_protobuf_json_spellings_read():
             {"parameters": {"reposerve.precision": {"string_value": "fp16"}}},
             f"{LABEL}: parameters.reposerve.precision: unknown reposerve setting (known: "
             "reposerve.optimization.precision, reposerve.execution.timeout_seconds, "
-            "reposerve.execution.isolate_failures, reposerve.instance_group.<i>.cpus)",
+            "reposerve.execution.isolate_failures, reposerve.lifecycle.pinned, "
+            "reposerve.instance_group.<i>.cpus)",
         ),
         (
             {"parameters": {"reposerve.optimization.precision": {"string_value": "fp8"}}},

@@ -1,0 +1,215 @@
+"""Which models stay resident under memory budgets (``--host-memory-budget``,
+``--gpu-memory-budget``), and what each one costs.
+
+Each loaded model's footprint is measured once it is loaded: the proportional set size
+(PSS) of its instance processes, so pages they share (libraries, the interpreter) are
+counted once across them, and, where NVML is present, the GPU memory they hold. When a
+load would take the resident total past a budget, idle models are unloaded, least recently
+used first, until it fits. A model is never evicted while it has requests in progress, nor
+when ``[lifecycle] pinned = true``, nor while a resident ensemble uses it (an ensemble's
+steps go with the ensemble, never under it). When nothing can be freed, the load fails
+naming the budget and what holds it.
+
+``Residency`` keeps the book (last use, requests in progress, footprints, why a model is
+not resident); ``choose_victims`` is the decision, a pure function of that book.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from reposerve.arguments import Budget
+from reposerve.metrics import CustomFamily, CustomMetric
+
+GIB = 1 << 30
+
+
+def host_memory_total() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def pss_bytes(pid: int) -> int:
+    """The proportional set size of ``pid`` (0 when it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
+            for line in rollup:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
+
+
+def footprint(version: Any) -> int:
+    """A loaded version's host footprint: its instance processes' PSS."""
+    return sum(pss_bytes(instance.pid) for instance in version.instances if instance.pid)
+
+
+def folder_bytes(roots: Sequence[Path], name: str) -> int:
+    """What a model never loaded before is expected to take: its files' size (its weights,
+    mostly); 0 when the folder cannot be read (its load will say why)."""
+    for root in roots:
+        folder = root / name
+        if folder.is_dir():
+            return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    return 0
+
+
+def refusal(name: str, needed: int, residency: Residency, residents: Sequence[Resident]) -> str:
+    """Why ``name`` cannot load: the budget, and what holds it that cannot go."""
+    budget = residency.host_budget
+    held = [
+        f"'{r.name}' {describe_bytes(r.nbytes)} ({_why_kept(r)})"
+        for r in sorted(residents, key=lambda r: -r.nbytes)
+    ]
+    holders = f"; held by {', '.join(held)}" if held else ""
+    limit = describe_bytes(residency.host_limit or 0)
+    return (
+        f"load '{name}': it takes about {describe_bytes(needed)}, which does not fit the host "
+        f"memory budget {budget.text if budget else ''} ({limit}){holders}. Hint: raise "
+        "--host-memory-budget, or unpin or unload a model"
+    )
+
+
+def _why_kept(resident: Resident) -> str:
+    if resident.pinned:
+        return "pinned"
+    if resident.busy:
+        return "busy"
+    return resident.protected or "idle"
+
+
+def describe_bytes(nbytes: int) -> str:
+    if nbytes >= GIB:
+        return f"{nbytes / GIB:.1f} GiB"
+    return f"{nbytes / (1 << 20):.0f} MiB"
+
+
+class Resident(msgspec.Struct, frozen=True):
+    """A resident model as eviction sees it."""
+
+    name: str
+    nbytes: int
+    last_used: float
+    busy: bool  # requests queued or running
+    pinned: bool
+    protected: str | None = None  # why it may not go alone (a resident ensemble uses it)
+
+
+def choose_victims(residents: Iterable[Resident], needed: int) -> list[Resident] | None:
+    """The idle, unpinned, unprotected models to unload, least recently used first, until
+    ``needed`` bytes are freed; None when all of them together do not free enough."""
+    victims: list[Resident] = []
+    freed = 0
+    for resident in sorted(residents, key=lambda r: r.last_used):
+        if freed >= needed:
+            break
+        if resident.busy or resident.pinned or resident.protected:
+            continue
+        victims.append(resident)
+        freed += resident.nbytes
+    return victims if freed >= needed else None
+
+
+class Residency:
+    """The book: when each model was last used, its requests in progress, its measured
+    footprint, and why a model that is not resident is not."""
+
+    def __init__(
+        self,
+        host_budget: Budget | None = None,
+        gpu_budget: Budget | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.host_budget = host_budget
+        self.gpu_budget = gpu_budget
+        self.host_limit = host_budget.of(host_memory_total()) if host_budget else None
+        self._clock = clock
+        self.last_used: dict[str, float] = {}
+        self.active: dict[str, int] = {}
+        self.footprints: dict[str, int] = {}  # host bytes, as last measured
+        self.reasons: dict[str, str] = {}  # name -> why not resident (evicted: ...)
+        self.loads = 0
+        self.evictions = 0
+        self._load_buckets = [0] * len(LOAD_BUCKETS)  # per bucket, not cumulative
+        self._load_seconds = 0.0
+
+    @property
+    def budgeted(self) -> bool:
+        return self.host_limit is not None
+
+    def begin(self, name: str) -> None:
+        """A request for ``name`` is in progress: it is used, and busy until ``end``."""
+        self.last_used[name] = self._clock()
+        self.active[name] = self.active.get(name, 0) + 1
+
+    def end(self, name: str) -> None:
+        left = self.active.get(name, 0) - 1
+        if left > 0:
+            self.active[name] = left
+        else:
+            self.active.pop(name, None)
+
+    def busy(self, name: str) -> bool:
+        return name in self.active
+
+    def loaded(self, name: str, nbytes: int, seconds: float) -> None:
+        self.footprints[name] = nbytes
+        self.reasons.pop(name, None)
+        self.last_used.setdefault(name, self._clock())
+        self.loads += 1
+        self._load_seconds += seconds
+        for index, bound in enumerate(LOAD_BUCKETS):
+            if seconds <= bound:
+                self._load_buckets[index] += 1
+                break
+
+    def evicted(self, name: str, reason: str) -> None:
+        self.reasons[name] = reason
+        self.evictions += 1
+
+    def families(self, resident: dict[str, int]) -> list[CustomFamily]:
+        """Loads, evictions, load times and ``resident`` bytes per model, for /metrics."""
+        return [
+            CustomFamily(
+                "reposerve_model_loads_total",
+                "Model loads (on demand, or asked for)",
+                "counter",
+                [CustomMetric((), self.loads)],
+            ),
+            CustomFamily(
+                "reposerve_model_evictions_total",
+                "Models unloaded to keep within a memory budget",
+                "counter",
+                [CustomMetric((), self.evictions)],
+            ),
+            CustomFamily(
+                "reposerve_model_load_duration_seconds",
+                "Time to load a model, its instances started and warmed up",
+                "histogram",
+                [
+                    CustomMetric(
+                        (),
+                        self._load_seconds,
+                        LOAD_BUCKETS,
+                        tuple(self._load_buckets),
+                        self.loads,
+                    )
+                ],
+            ),
+            CustomFamily(
+                "reposerve_model_resident_bytes",
+                "Host memory a resident model's instances hold (PSS)",
+                "gauge",
+                [CustomMetric((("model", name),), nbytes) for name, nbytes in resident.items()],
+            ),
+        ]
+
+
+LOAD_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)

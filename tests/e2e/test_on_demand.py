@@ -1,0 +1,148 @@
+"""On-demand loading and memory budgets through a real server: models load on their first
+request, and idle ones are evicted least recently used first to stay within the budget;
+busy and pinned ones never are, and a budget that cannot hold a model says so."""
+
+from __future__ import annotations
+
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.probes import wait_for
+from tests.server import running_server
+from tests.toy_models import GATED, vector_body, vector_config, write_model
+
+pytestmark = pytest.mark.e2e
+
+MIB = 1 << 20
+# Each holds 60 MiB it has written (resident); with its interpreter about 90 MB of PSS.
+HOLDS = """
+    import numpy as np
+
+    class Model:
+        def load(self, context):
+            self.weights = np.ones(60 << 20, np.uint8)
+
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"] + 1}
+"""
+BUDGET = "200M"  # two such models, not three
+FLAGS = ("--model-control-mode", "on-demand", "--host-memory-budget", BUDGET)
+
+
+def _repository(root: Path, pinned: tuple[str, ...] = ()) -> Path:
+    for name in ("a", "b", "c"):
+        lifecycle = "[lifecycle]\npinned = true" if name in pinned else ""
+        write_model(root, name, vector_config(size=4, extra=lifecycle), HOLDS)
+    write_model(root, "gated", vector_config(size=4), GATED)
+    return root
+
+
+def _infer(url: str, model: str) -> httpx.Response:
+    return httpx.post(f"{url}/v2/models/{model}/infer", json=vector_body(1.0), timeout=60)
+
+
+def _index(url: str) -> dict[str, dict]:
+    entries = httpx.post(f"{url}/v2/repository/index", json={}).json()
+    return {entry["name"]: entry for entry in entries}
+
+
+def _metric(server, name: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
+    return float(re.search(rf"^{name} (\S+)$", text, re.MULTILINE)[1])
+
+
+def test_first_requests_share_one_load_and_metadata_needs_none(tmp_path):
+    with running_server(_repository(tmp_path / "repository"), tmp_path, *FLAGS) as server:
+        assert _index(server.url)["a"].get("state") is None  # listed, not loaded
+        config = httpx.get(f"{server.url}/v2/models/a/config").json()
+        assert config["max_batch_size"] == 8  # answered from the folder
+        assert httpx.get(f"{server.url}/v2/models/a/ready").status_code == 200
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: _infer(server.url, "a"), range(6)))
+        assert [answer.status_code for answer in answers] == [200] * 6
+        assert _metric(server, "reposerve_model_loads_total") == 1
+        assert _index(server.url)["a"]["state"] == "READY"
+
+
+def test_the_least_recently_used_idle_model_makes_room(tmp_path):
+    with running_server(_repository(tmp_path / "repository"), tmp_path, *FLAGS) as server:
+        for model in ("a", "b", "a"):  # b is now the least recently used
+            assert _infer(server.url, model).status_code == 200
+        assert _infer(server.url, "c").status_code == 200
+        index = _index(server.url)
+        assert index["a"]["state"] == "READY" and index["c"]["state"] == "READY"
+        assert index["b"]["state"] == "UNAVAILABLE"
+        assert re.fullmatch(r"evicted: least recently used, \d+ MiB for 'c'", index["b"]["reason"])
+        assert _metric(server, "reposerve_model_evictions_total") == 1
+        resident = _metric(server, 'reposerve_model_resident_bytes{model="a"}')
+        assert 60 * MIB < resident < 200 * MIB
+        assert _infer(server.url, "b").status_code == 200  # back on demand, evicting a
+        assert _index(server.url)["a"]["reason"].endswith("for 'b'")
+
+
+def test_a_model_with_a_request_in_progress_is_not_evicted(tmp_path):
+    repository = _repository(tmp_path / "repository")
+    folder = repository / "gated" / "1"
+    with running_server(repository, tmp_path, *FLAGS) as server:
+        assert _infer(server.url, "a").status_code == 200
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(_infer, server.url, "gated")  # loads, then holds its request
+            wait_for((folder / "STARTED").exists, what="the gated request to start")
+            # gated is the least recently used now, but busy: a makes room for b
+            assert _infer(server.url, "b").status_code == 200
+            assert _infer(server.url, "c").status_code == 200
+            index = _index(server.url)
+            assert index["gated"]["state"] == "READY"
+            (folder / "GO").touch()
+            assert held.result(timeout=60).status_code == 200
+
+
+def test_pinned_models_stay_and_a_budget_that_cannot_fit_says_why(tmp_path):
+    repository = _repository(tmp_path / "repository", pinned=("a", "b"))
+    with running_server(repository, tmp_path, *FLAGS) as server:
+        for model in ("a", "b"):
+            assert _infer(server.url, model).status_code == 200
+        for _ in range(2):  # measured once loaded, then known before it loads
+            refused = _infer(server.url, "c")
+            assert refused.status_code == 503
+            error = refused.json()["error"]
+            assert "which does not fit the host memory budget 200M" in error
+            assert "held by 'a'" in error and "(pinned)" in error
+        index = _index(server.url)
+        assert "does not fit the host memory budget" in index["c"]["reason"]
+        assert index["a"]["state"] == index["b"]["state"] == "READY"
+
+
+def test_a_budget_smaller_than_one_model_fails_its_load_with_the_reason(tmp_path):
+    flags = ("--model-control-mode", "on-demand", "--host-memory-budget", "40M")
+    with running_server(_repository(tmp_path / "repository"), tmp_path, *flags) as server:
+        refused = _infer(server.url, "a")
+        assert refused.status_code == 503, refused.text
+        assert "does not fit the host memory budget 40M" in refused.json()["error"]
+        assert _index(server.url)["a"]["state"] == "UNAVAILABLE"
+
+
+def test_requests_keep_their_answers_while_models_come_and_go(tmp_path):
+    """Every request sent to models churning through a budget of two gets its answer."""
+    with running_server(_repository(tmp_path / "repository"), tmp_path, *FLAGS) as server:
+        failures: list[str] = []
+        lock = threading.Lock()
+
+        def client(models: str) -> None:
+            for model in models * 3:
+                answer = _infer(server.url, model)
+                if answer.status_code != 200:
+                    with lock:
+                        failures.append(f"{model}: {answer.status_code} {answer.text}")
+
+        threads = [threading.Thread(target=client, args=(order,)) for order in ("abc", "cab")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert failures == []
