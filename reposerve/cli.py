@@ -141,13 +141,7 @@ def serve_parser() -> argparse.ArgumentParser:
         "(1500000000, 1.5G) or a share of the machine's (60%%); idle models are unloaded, "
         "least recently used first, to make room (none: no budget)",
     )
-    add(
-        "--gpu-memory-budget",
-        type=memory_budget,
-        default=None,
-        metavar="BYTES|SHARE",
-        help="the same for each GPU's memory (measured through NVML where present)",
-    )
+
     add(
         "--server-name",
         default="triton",
@@ -424,7 +418,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ),
         model_control_mode=args.model_control_mode or "explicit",
         host_memory_budget=args.host_memory_budget,
-        gpu_memory_budget=args.gpu_memory_budget,
         repository_poll_secs=args.repository_poll_secs,
         load_models=names,
         http_server=args.http_server,

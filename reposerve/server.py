@@ -71,7 +71,7 @@ class Server:
             load_threads=settings.model_load_thread_count,
             latency_summaries=settings.metrics.summary_latencies,
             restart_on_request=settings.instance_restart == "on-request",
-            residency=Residency(settings.host_memory_budget, settings.gpu_memory_budget),
+            residency=Residency(settings.host_memory_budget),
         )
         self.service = InferenceService(
             repository,
@@ -201,10 +201,9 @@ class Server:
         failed = await service.start(settings.load_models)
         residency = service.repository.residency
         log.info(
-            "model control: %s; host memory budget: %s; GPU memory budget: %s",
+            "model control: %s; host memory budget: %s",
             settings.model_control_mode,
             _budget(settings.host_memory_budget, residency.host_limit),
-            settings.gpu_memory_budget.text if settings.gpu_memory_budget else "none",
         )
         # A line a record: the text log escapes line breaks inside a message.
         for line in ["models:", *startup_table(service).splitlines()]:

@@ -1,9 +1,9 @@
-"""Which models stay resident under memory budgets (``--host-memory-budget``,
-``--gpu-memory-budget``), and what each one costs.
+"""Which models stay resident under a memory budget (``--host-memory-budget``), and what
+each one costs.
 
 Each loaded model's footprint is measured once it is loaded: the proportional set size
 (PSS) of its instance processes, so pages they share (libraries, the interpreter) are
-counted once across them, and, where NVML is present, the GPU memory they hold. When a
+counted once across them. When a
 load would take the resident total past a budget, idle models are unloaded, least recently
 used first, until it fits. A model is never evicted while it has requests in progress, nor
 when ``[lifecycle] pinned = true``, nor while a resident ensemble uses it (an ensemble's
@@ -122,13 +122,9 @@ class Residency:
     footprint, and why a model that is not resident is not."""
 
     def __init__(
-        self,
-        host_budget: Budget | None = None,
-        gpu_budget: Budget | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        self, host_budget: Budget | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.host_budget = host_budget
-        self.gpu_budget = gpu_budget
         self.host_limit = host_budget.of(host_memory_total()) if host_budget else None
         self._clock = clock
         self.last_used: dict[str, float] = {}

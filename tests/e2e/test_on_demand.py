@@ -14,7 +14,7 @@ import pytest
 
 from tests.probes import wait_for
 from tests.server import running_server
-from tests.toy_models import GATED, vector_body, vector_config, write_model
+from tests.toy_models import GATED, ensemble_head, vector_body, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
 
@@ -146,3 +146,42 @@ def test_requests_keep_their_answers_while_models_come_and_go(tmp_path):
         for thread in threads:
             thread.join(timeout=120)
         assert failures == []
+
+
+def test_an_ensembles_steps_load_with_it_and_stay_while_it_does(tmp_path):
+    repository = _repository(tmp_path / "repository")
+    write_model(
+        repository,
+        "pipeline",
+        ensemble_head(8)
+        + '[[step]]\nmodel = "a"\ninput_map = { INPUT = "IN" }\noutput_map = { OUTPUT = "OUT" }',
+        None,
+    )
+    body = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+    with running_server(repository, tmp_path, *FLAGS) as server:
+        answer = httpx.post(f"{server.url}/v2/models/pipeline/infer", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert _index(server.url)["a"]["state"] == "READY"  # loaded as its step
+        for model in ("b", "c"):  # a is the least recently used, but the ensemble needs it
+            assert _infer(server.url, model).status_code == 200
+        index = _index(server.url)
+        assert index["a"]["state"] == "READY" and index["b"]["reason"].endswith("for 'c'")
+
+
+def test_a_model_the_poll_adds_makes_room_under_the_budget(tmp_path):
+    repository = tmp_path / "repository"
+    for name in ("a", "b"):
+        write_model(repository, name, vector_config(size=4), HOLDS)
+    flags = (
+        "--model-control-mode", "poll", "--repository-poll-secs", "0.5",
+        "--host-memory-budget", BUDGET,
+    )  # fmt: skip
+    with running_server(repository, tmp_path, *flags) as server:
+        assert _infer(server.url, "b").status_code == 200  # a is the least recently used
+        write_model(repository, "c", vector_config(size=4), HOLDS)
+        wait_for(lambda: _index(server.url)["c"].get("state") == "READY", what="c to load")
+        # measured once loaded, c takes the total over: a goes
+        wait_for(lambda: _index(server.url)["a"]["state"] == "UNAVAILABLE", what="a to go")
+        index = _index(server.url)
+        assert index["a"]["reason"].endswith("for 'c'")
+        assert index["b"]["state"] == "READY"
