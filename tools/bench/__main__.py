@@ -18,18 +18,21 @@ from reposerve.tune.client import ServerClient, requests_for
 from reposerve.tune.load import RunResult, closed_loop, open_loop
 from tools.bench.compare import compare
 from tools.bench.fronts import fronts, grpc_servers
+from tools.bench.many_models import many_models
 from tools.bench.plot import plot, plot_fronts
 from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
 from tools.bench.shared_memory import shared_memory_scenario
 from tools.bench.tune_vs_analyzer import tune_vs_analyzer
 
-# Scenarios that `all` leaves out: tune-vs-analyzer runs two searches, about half an hour.
-ON_REQUEST = ("tune-vs-analyzer",)
+# Scenarios that `all` leaves out: tune-vs-analyzer runs two searches, about half an hour;
+# many-models runs for minutes (its --duration, at least 60 s) over 6 GiB of models.
+ON_REQUEST = ("tune-vs-analyzer", "many-models")
 SCENARIOS = {
     **SCENARIO_TABLE,
     "fronts": fronts,
     "grpc-servers": grpc_servers,
+    "many-models": many_models,
     "shared-memory": shared_memory_scenario,
     "tune-vs-analyzer": tune_vs_analyzer,
 }

@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from reposerve.repository.residency import pss_bytes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -138,13 +140,7 @@ def children_of(pid: int) -> list[int]:
 
 def pss_mib(pid: int) -> float:
     """One process's proportional set size in MiB (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return pss_bytes(pid) / (1 << 20)
 
 
 def environment_note() -> str:
