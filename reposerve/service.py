@@ -15,11 +15,12 @@ import asyncio
 import contextlib
 import itertools
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Protocol
 
 import msgspec
 
+from reposerve.answers import Answer, make_answer, selected_outputs
 from reposerve.config.onnx_options import file_options
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import (
@@ -46,19 +47,14 @@ from reposerve.operations import (
     UnloadRequest,
 )
 from reposerve.protocol import documents
-from reposerve.protocol.classification import classify
 from reposerve.protocol.generate import decode_generate
 from reposerve.protocol.repository import decode_load_request, decode_unload_request
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository.scan import ConfigOverride, ModelSource, check_model_name
-from reposerve.scheduler.lease import Lease
 from reposerve.shared_memory import Claims, SharedMemory
-from reposerve.tensor import Tensor
 from reposerve.utilization import Usage
-
-T = TypeVar("T")
 
 # How many times a request for an on-demand model follows it through evictions that
 # overtake it before it fails with the reason (each a load of its own).
@@ -261,37 +257,43 @@ class InferenceService:
     ) -> Answer:
         """Run one V2 request (its JSON, or its header and binary tensors); the front
         encodes the answer and releases it."""
-        model = await self._serving(name, version)
-        claims = self.shared_memory.claims()
-        residency = self.repository.residency
-        residency.begin(name)  # in use: not evicted until it has its answer
-        try:
+
+        async def decode(model: ModelVersion, claims: Claims) -> InferRequest:
             header = body if header_length is None else body[:header_length]
             if len(body) < DECODE_IN_THREAD and not may_read_bytes(header):
-                request = decode_request(body, header_length, model.config, name, claims)
-            else:  # millions of small BYTES elements take seconds to walk: not on the loop
-                request = await asyncio.to_thread(
-                    decode_request, body, header_length, model.config, name, claims
-                )
-            return await self._run(model, request, claims)
-        except BaseException:
-            claims.release()
-            raise
-        finally:
-            residency.end(name)
+                return decode_request(body, header_length, model.config, name, claims)
+            # millions of small BYTES elements take seconds to walk: not on the loop
+            return await asyncio.to_thread(
+                decode_request, body, header_length, model.config, name, claims
+            )
+
+        return await self._answer_once(name, version, decode)
 
     async def infer_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
     ) -> Answer:
         """Run one request whose tensor data travels apart from its header (gRPC; see
         ``decode_parts``)."""
+
+        async def decode(model: ModelVersion, claims: Claims) -> InferRequest:
+            return await _decode_parts(header, raws, model, name, claims)
+
+        return await self._answer_once(name, version, decode)
+
+    async def _answer_once(
+        self,
+        name: str,
+        version: str | None,
+        decode: Callable[[ModelVersion, Claims], Awaitable[InferRequest]],
+    ) -> Answer:
+        """A request decoded by ``decode``, run for its one answer. Its model is in use
+        (never evicted) from here until its answer is made."""
         model = await self._serving(name, version)
         claims = self.shared_memory.claims()
         residency = self.repository.residency
         residency.begin(name)
         try:
-            request = await _decode_parts(header, raws, model, name, claims)
-            return await self._run(model, request, claims)
+            return await self._run(model, await decode(model, claims), claims)
         except BaseException:
             claims.release()
             raise
@@ -331,15 +333,15 @@ class InferenceService:
         residency = self.repository.residency
         residency.begin(model.name)  # in use (not evicted) until its stream ends
         try:
-            selected = _selected_outputs(request, model.output_names)
+            selected = selected_outputs(request, model.output_names)
             if not model.config.decoupled:
                 lease = await model.scheduler.lease(request)
-                yield _answer(model, request, selected, lease, True, claims)  # answered once
+                yield make_answer(model, request, selected, lease, True, claims)  # answered once
                 return
             stream = model.scheduler.stream(request)
             try:
                 async for lease in stream:
-                    yield _answer(model, request, selected, lease, lease.final, claims)
+                    yield make_answer(model, request, selected, lease, lease.final, claims)
             finally:
                 stream.cancel()  # nothing left to stop once it has ended
         finally:
@@ -369,7 +371,7 @@ class InferenceService:
                 "POST .../generate_stream, or gRPC ModelStreamInfer",
                 kind=ErrorKind.UNSUPPORTED,
             )
-        selected = _selected_outputs(request, model.output_names)
+        selected = selected_outputs(request, model.output_names)
         try:
             lease = await model.scheduler.lease(request)
         except SchedulerError:
@@ -380,7 +382,7 @@ class InferenceService:
             model = await self._serving(model.name, None)
             lease = await model.scheduler.lease(request)
         # The regions are the request's until its answer is let go.
-        return _answer(model, request, selected, lease, True, claims, hold=True)
+        return make_answer(model, request, selected, lease, True, claims, hold=True)
 
     # -- repository control --------------------------------------------------------------
 
@@ -481,131 +483,6 @@ class InferenceService:
                 f"--model-control-mode {self.model_control_mode}",
                 kind=ErrorKind.INVALID_ARGUMENT,
             )
-
-
-def _selected_outputs(request: InferRequest, declared: tuple[str, ...]) -> list[tuple[str, bool]]:
-    """(output, binary) in response order: the requested ones, or every declared output."""
-    if request.outputs is None:
-        return [(output, request.binary_output) for output in declared]
-    return [
-        (output, request.binary_output if binary is None else binary)
-        for output, binary in request.outputs.items()
-    ]
-
-
-async def encoded(
-    answers: AsyncIterator[Answer], encode: Callable[[Answer], T]
-) -> AsyncIterator[T]:
-    """Each answer as ``encode`` makes it, released as soon as it is encoded. Closing this
-    closes ``answers`` (which stops a generation the client no longer wants)."""
-    async with contextlib.aclosing(answers):
-        async for answer in answers:
-            with answer:
-                message = encode(answer)
-            yield message
-
-
-class Releasable(Protocol):
-    """What keeps an answer's outputs valid until released: a scheduler's ``Lease``, or a
-    front process's claim on the slot its answer was copied into."""
-
-    def release(self) -> None: ...
-
-
-class Answer:
-    """One response to a request, as it asked: ``outputs`` as (output, tensor, binary) in
-    response order, views on the batch's shared memory until ``release`` (or the end of
-    a ``with`` block), and the response's parameters. ``final``: the request's last
-    response (a model that answers once; a decoupled one's that the model sent with the
-    final flag: one that sends the flag alone ends its stream with no answer).
-    ``shared_outputs``: the outputs written into client shared memory, by name, with their
-    response parameters (their tensors in ``outputs`` hold no bytes)."""
-
-    __slots__ = (
-        "outputs", "parameters", "final", "version", "request_id", "shared_outputs", "_lease",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        outputs: list[tuple[str, Tensor, bool]],
-        parameters: dict[str, Any],
-        final: bool,
-        version: str,
-        request_id: str | None,
-        lease: Releasable,
-        shared_outputs: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
-        self.outputs = outputs
-        self.parameters = parameters
-        self.final = final
-        self.version = version  # the model version that answered, as text
-        self.request_id = request_id
-        self.shared_outputs = shared_outputs or {}
-        self._lease = lease
-
-    @property
-    def tensors(self) -> list[tuple[str, Tensor]]:
-        return [(output, tensor) for output, tensor, _ in self.outputs]
-
-    def release(self) -> None:
-        self._lease.release()
-
-    def __enter__(self) -> Answer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._lease.release()
-
-
-class _Both:
-    """An answer's lease and its request's claims on client shared memory, let go as one."""
-
-    __slots__ = ("_lease", "_claims")
-
-    def __init__(self, lease: Lease, claims: Claims) -> None:
-        self._lease = lease
-        self._claims = claims
-
-    def release(self) -> None:
-        self._lease.release()
-        self._claims.release()
-
-
-def _answer(
-    model: ModelVersion,
-    request: InferRequest,
-    selected: list[tuple[str, bool]],
-    lease: Lease,
-    final: bool,
-    claims: Claims,
-    hold: bool = False,
-) -> Answer:
-    """The answer ``lease`` makes: its outputs selected and classified as the request
-    asks, those it placed in client shared memory written there. A requested output the
-    model left out of its answer (a Triton model may) is left out of the response, as
-    Triton does. ``hold``: the answer lets go of ``claims`` too."""
-    try:
-        outputs = lease.outputs
-        classes = request.classifications
-        if classes:
-            batched = model.config.max_batch_size > 0
-            outputs = {
-                output: classify(tensor, classes[output], batched, model.labels.get(output, ()))
-                if output in classes
-                else tensor
-                for output, tensor in outputs.items()
-            }
-        chosen = [
-            (output, outputs[output], binary) for output, binary in selected if output in outputs
-        ]
-        shared = {}
-        if request.output_regions:
-            shared = claims.place(chosen, request.output_regions, model.name)
-    except BaseException:
-        lease.release()
-        raise
-    keeper = _Both(lease, claims) if hold and claims.held else lease
-    return Answer(chosen, lease.parameters, final, model.version_text, request.id, keeper, shared)
 
 
 class FrontService(Protocol):

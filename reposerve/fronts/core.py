@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from reposerve.answers import Answer
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.framing import FrameReader, Outgoing, encode
 from reposerve.fronts.frames import (
@@ -44,7 +45,7 @@ from reposerve.fronts.frames import (
 from reposerve.fronts.operations import OPERATIONS
 from reposerve.instance.arena import Slot, align
 from reposerve.scheduler.lease import COPY_AHEAD
-from reposerve.service import Answer, InferenceService
+from reposerve.service import InferenceService
 
 log = logging.getLogger("reposerve.fronts")
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from reposerve.answers import Answer
 from reposerve.errors import (
     ConfigError,
     ErrorKind,
@@ -68,7 +69,6 @@ from reposerve.operations import (
     UnloadRequest,
 )
 from reposerve.scheduler.stream import Stream
-from reposerve.service import Answer
 from reposerve.tensor import Tensor
 
 log = logging.getLogger("reposerve.fronts")

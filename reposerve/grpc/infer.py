@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from reposerve.answers import Answer
 from reposerve.datatypes import pack_bytes
 from reposerve.errors import ProtocolError
 from reposerve.protocol.shared_memory import REGION
-from reposerve.service import Answer
 
 # Triton's InferTensorContents field for each datatype (FP16 and BF16 have none: raw only).
 _CONTENTS = {

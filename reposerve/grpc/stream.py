@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from reposerve.answers import encoded
 from reposerve.errors import ProtocolError, ReposerveError
 from reposerve.grpc import schema
 from reposerve.grpc.decoding import Undecodable
@@ -32,7 +33,7 @@ from reposerve.grpc.infer import (
     wants_empty_final,
 )
 from reposerve.grpc.outbox import Outbox
-from reposerve.service import FrontService, encoded
+from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.grpc")
 

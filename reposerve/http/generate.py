@@ -21,12 +21,13 @@ from typing import TypeVar
 
 from starlette.types import Receive, Scope, Send
 
+from reposerve.answers import Answer, encoded
 from reposerve.errors import InstanceError, InvalidInput, ProtocolError, ReposerveError
 from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import RETRY_AFTER, STATUS, error_body
 from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
 from reposerve.protocol.generate import encode_generate
-from reposerve.service import Answer, FrontService, encoded
+from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.http")
 T = TypeVar("T")

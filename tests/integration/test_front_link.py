@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from reposerve.answers import Answer
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError
 from reposerve.framing import FrameReader, encode
 from reposerve.fronts.core import FrontPeer
 from reposerve.fronts.frames import Cancel, Failed, Infer, SlotOpened, ToFront
 from reposerve.fronts.remote import RemoteService
 from reposerve.instance.arena import Slot
-from reposerve.service import Answer
 from reposerve.tensor import Tensor
 
 pytestmark = pytest.mark.integration

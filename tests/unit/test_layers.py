@@ -28,6 +28,7 @@ ORDER = [
     "http",
     "grpc",
     "service",
+    "answers",
     "shared_memory",
     "repository",
     "pipelines",

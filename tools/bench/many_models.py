@@ -28,7 +28,7 @@ import numpy as np
 
 from reposerve.tune.load import RunResult
 from tools.bench import servers
-from tools.bench.scenarios import Report
+from tools.bench.scenarios import Report, vector_config
 
 MODELS = 30
 HOLDS_MIB = 200
@@ -36,17 +36,6 @@ BUDGET = "1.5G"
 BUDGET_MIB = 1.5 * 1024
 RATE = 10.0  # requests per second
 ZIPF_S = 1.1
-CONFIG = """
-    max_batch_size = 8
-    [[input]]
-    name = "INPUT"
-    datatype = "FP32"
-    shape = [4]
-    [[output]]
-    name = "OUTPUT"
-    datatype = "FP32"
-    shape = [4]
-"""
 CODE = f"""
     import numpy as np
 
@@ -64,7 +53,7 @@ def _repository(root: Path) -> list[str]:
     names = [f"model_{index:02d}" for index in range(MODELS)]
     for name in names:
         (root / name / "1").mkdir(parents=True)
-        (root / name / "config.toml").write_text(textwrap.dedent(CONFIG))
+        (root / name / "config.toml").write_text(textwrap.dedent(vector_config(4, 8, False)))
         (root / name / "1" / "model.py").write_text(textwrap.dedent(CODE))
     return names
 

@@ -50,7 +50,7 @@ def _model(root: Path, name: str, config: str, code: str) -> None:
     (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
 
 
-def _vector_config(size: int, max_batch: int, batching: bool) -> str:
+def vector_config(size: int, max_batch: int, batching: bool) -> str:
     return f"""
         max_batch_size = {max_batch}
         [[input]]
@@ -107,7 +107,7 @@ def _mean_batch(port: int, model: str) -> tuple[int, int]:
 ECHO_FLOOR = {1: 0.29, 8: 0.36, 32: 0.44}
 ECHO = "starlette echo uvicorn"
 # The overhead workload's model: +1 on FP32[16], dynamically batched.
-PLUS_ONE_CONFIG = _vector_config(16, 64, batching=True)
+PLUS_ONE_CONFIG = vector_config(16, 64, batching=True)
 PLUS_ONE = """
     class Model:
         def execute(self, inputs):
@@ -220,8 +220,8 @@ async def batching(duration: float, concurrency: int = 64) -> Report:
     facts: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        _model(root, "slow_batched", _vector_config(16, 64, batching=True), code)
-        _model(root, "slow_alone", _vector_config(16, 64, batching=False), code)
+        _model(root, "slow_batched", vector_config(16, 64, batching=True), code)
+        _model(root, "slow_alone", vector_config(16, 64, batching=False), code)
         server = servers.reposerve(root)
         try:
             for model in ("slow_batched", "slow_alone"):
@@ -241,7 +241,7 @@ async def async_sleep(duration: float, rate: float = 100.0) -> Report:
     """MLServer's known complaint: an async model awaiting asyncio.sleep(1), open loop."""
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        config = _vector_config(16, 0, batching=False).replace("[16]", "[1, 16]")
+        config = vector_config(16, 0, batching=False).replace("[16]", "[1, 16]")
         _model(root, "sleep_1s", config, """
             import asyncio
 
@@ -298,7 +298,7 @@ async def staging(duration: float, rounds: int = 3) -> Report:
         root = Path(folder)
         for case, code, batching, _ in cases:
             for stage in ("true", "false"):
-                config = _vector_config(16, 8, batching=False) + batching
+                config = vector_config(16, 8, batching=False) + batching
                 config += f"\n[parameters]\nstage_next_batch = {stage}\n"
                 _model(root, _staging_model(case, stage), config, code)
         server = servers.reposerve(root)
@@ -453,7 +453,7 @@ async def protocols(duration: float, concurrency: int = 32, rounds: int = 3) -> 
 
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        _model(root, "plus_one", _vector_config(16, 64, batching=True), _PLUS_ONE)
+        _model(root, "plus_one", vector_config(16, 64, batching=True), _PLUS_ONE)
         grpc_port = servers.free_port()
         server = servers.reposerve(root, "--grpc-port", str(grpc_port))
         fastapi = servers.asgi("fastapi", "tools.bench.baselines:fastapi_plus_one", "uvicorn")
