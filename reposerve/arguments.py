@@ -76,9 +76,10 @@ def parse_budget(text: str) -> Budget:
         if not 0 < share <= 1:
             raise ValueError(f"{text!r}: a share must be above 0% and at most 100%")
         return Budget(text, share=share)
-    for suffix in ("ib", "b"):
-        if value.endswith(suffix) and value[: -len(suffix)][-1:].isalpha():
-            value = value[: -len(suffix)]
+    if value.endswith("ib") and value[-3:-2] in "kmgt":  # 512MiB
+        value = value[:-2]
+    elif value.endswith("b") and (value[-2:-1].isdigit() or value[-2:-1] in "kmgt"):  # 2GB, 100B
+        value = value[:-1]
     unit = value[-1:] if value[-1:].isalpha() else ""
     if unit not in _UNITS:
         raise ValueError(f"{text!r}: not bytes (1500000000, 1.5G, 512M) or a share (60%)")

@@ -71,7 +71,9 @@ class Server:
             load_threads=settings.model_load_thread_count,
             latency_summaries=settings.metrics.summary_latencies,
             restart_on_request=settings.instance_restart == "on-request",
-            residency=Residency(settings.host_memory_budget),
+            residency=Residency(
+                settings.host_memory_budget, on_demand=settings.model_control_mode == "on-demand"
+            ),
         )
         self.service = InferenceService(
             repository,

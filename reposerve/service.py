@@ -12,8 +12,8 @@ decodes and encodes in its own protocol. Status codes and headers stay in the fr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
+import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import msgspec
 
 from reposerve.answers import Answer, make_answer, selected_outputs
+from reposerve.config import ModelConfig
 from reposerve.config.onnx_options import file_options
 from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import (
@@ -52,9 +53,11 @@ from reposerve.protocol.repository import decode_load_request, decode_unload_req
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
-from reposerve.repository.scan import ConfigOverride, ModelSource, check_model_name
+from reposerve.repository.scan import ConfigOverride, check_model_name
 from reposerve.shared_memory import Claims, SharedMemory
 from reposerve.utilization import Usage
+
+log = logging.getLogger("reposerve")
 
 # How many times a request for an on-demand model follows it through evictions that
 # overtake it before it fails with the reason (each a load of its own).
@@ -115,9 +118,14 @@ class InferenceService:
         await self.repository.close(deadline)
 
     async def _load_quietly(self, name: str) -> None:
-        # A broken model is recorded in the index and logged by the repository.
-        with contextlib.suppress(ConfigError):
+        # A broken model is recorded in the index and logged by the repository; one a
+        # memory budget refused, in the index (its reason) and logged here.
+        try:
             await self.repository.load(name)
+        except ConfigError:
+            pass
+        except RepositoryError as exc:
+            log.error("%s", exc.message)
 
     # -- health --------------------------------------------------------------------------
 
@@ -154,11 +162,8 @@ class InferenceService:
         try:
             model = self.repository.get(name, version)
         except RepositoryError as exc:
-            source = self._on_demand_source(name, version, exc)
-            numbers = [v.number for v in source.versions]
-            return documents.model_metadata(
-                name, numbers, source.versions[-1].backend, source.config
-            )
+            backend, config, numbers = self._not_loaded(name, version, exc)
+            return documents.model_metadata(name, numbers, backend, config)
         ready = [v.version for v in self.repository.versions(name) if v.state is ModelState.READY]
         return documents.model_metadata(name, ready, model.backend, model.config)
 
@@ -166,39 +171,37 @@ class InferenceService:
         try:
             model = self.repository.get(name, version)
         except RepositoryError as exc:
-            source = self._on_demand_source(name, version, exc)
-            return documents.config_document(name, source.versions[-1].backend, source.config)
+            backend, config, _ = self._not_loaded(name, version, exc)
+            return documents.config_document(name, backend, config)
         return documents.config_document(name, model.backend, model.config)
 
     async def model_ready(self, name: str, version: str | None) -> bool:
-        """Ready to serve; in on-demand mode a model that is not loaded is, when its
-        folder reads (its first request loads it)."""
+        """Ready to serve; in on-demand mode a model that is not loaded is, unless its
+        last load failed or a budget refused it (its first request loads it)."""
         try:
             model = self.repository.get(name, version)
         except RepositoryError as exc:
             try:
-                self._on_demand_source(name, version, exc)
+                self._not_loaded(name, version, exc)
             except RepositoryError:
                 return False
-            return True
+            return self.repository.refused(name) is None
         return await model.check_ready()
 
-    def _on_demand_source(
+    def _not_loaded(
         self, name: str, version: str | None, error: RepositoryError
-    ) -> ModelSource:
-        """An on-demand model that is not loaded, as its folder describes it (its config
-        and versions, without loading it); ``error`` (why ``get`` found no version to
-        serve) otherwise."""
+    ) -> tuple[str, ModelConfig, list[int]]:
+        """An on-demand model that is not loaded, as ``Repository.describe`` has it;
+        ``error`` (why ``get`` found no version to serve) otherwise."""
         if self.model_control_mode != "on-demand":
             raise error
         try:
-            source = self.repository.source(name)
+            backend, config, numbers = self.repository.describe(name)
         except ConfigError:
             raise error from None
-        numbers = {str(v.number) for v in source.versions}
-        if not numbers or (version and version not in numbers):
+        if version and version not in {str(number) for number in numbers}:
             raise error
-        return source
+        return backend, config, numbers
 
     async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics:
         if name is None:
@@ -288,50 +291,86 @@ class InferenceService:
     ) -> Answer:
         """A request decoded by ``decode``, run for its one answer. Its model is in use
         (never evicted) from here until its answer is made."""
-        model = await self._serving(name, version)
-        claims = self.shared_memory.claims()
         residency = self.repository.residency
-        residency.begin(name)
+        residency.begin(name)  # before its load: a model just loaded for it stays for it
         try:
-            return await self._run(model, await decode(model, claims), claims)
-        except BaseException:
-            claims.release()
-            raise
+            model = await self._serving(name, version)
+            claims = self.shared_memory.claims()
+            try:
+                return await self._run(model, await decode(model, claims), claims, version)
+            except BaseException:
+                claims.release()
+                raise
         finally:
             residency.end(name)
 
     async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
         """Triton's generate extension (``reposerve.protocol.generate``): the request is
         decoded now (its errors raise here); the answers come as they are made."""
-        model = await self._serving(name, version)
-        request = decode_generate(body, model.config, name)
-        return self._responses(model, request, self.shared_memory.claims())
+        in_use = self._in_use(name)
+        try:
+            model = await self._serving(name, version)
+            request = decode_generate(body, model.config, name)
+        except BaseException:
+            in_use()
+            raise
+        return self._answers(model, request, self.shared_memory.claims(), in_use)
 
     async def stream_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
     ) -> AsyncIterator[Answer]:
         """``infer_parts`` for a streaming call: any model; a decoupled model's answers
         come as they are made, and end after its last."""
-        model = await self._serving(name, version)
+        in_use = self._in_use(name)
         claims = self.shared_memory.claims()
         try:
+            model = await self._serving(name, version)
             request = await _decode_parts(header, raws, model, name, claims)
         except BaseException:
+            in_use()
             claims.release()
             raise
-        answers = self._responses(model, request, claims)
-        if claims.held:  # let go of them even if the answers are never asked for
+        return self._answers(model, request, claims, in_use)
+
+    def _answers(
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        claims: Claims,
+        in_use: Callable[[], None],
+    ) -> AsyncIterator[Answer]:
+        """``_responses``, whose claims and use end even if it is never iterated."""
+        answers = self._responses(model, request, claims, in_use)
+        weakref.finalize(answers, in_use)
+        if claims.held:
             weakref.finalize(answers, claims.release)
         return answers
 
+    def _in_use(self, name: str) -> Callable[[], None]:
+        """Mark ``name`` in use for a stream; the callable ends that, once."""
+        residency = self.repository.residency
+        residency.begin(name)
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                residency.end(name)
+
+        return end
+
     async def _responses(
-        self, model: ModelVersion, request: InferRequest, claims: Claims
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        claims: Claims,
+        in_use: Callable[[], None],
     ) -> AsyncIterator[Answer]:
         """The answers to ``request``: one, or a decoupled model's as they come. Closing
         this iterator early (the client left) cancels the generation in the instance and
-        releases what it had not handed out; its end lets go of ``claims``."""
-        residency = self.repository.residency
-        residency.begin(model.name)  # in use (not evicted) until its stream ends
+        releases what it had not handed out; its end lets go of ``claims`` and ends its
+        model's use (``in_use``)."""
         try:
             selected = selected_outputs(request, model.output_names)
             if not model.config.decoupled:
@@ -345,7 +384,7 @@ class InferenceService:
             finally:
                 stream.cancel()  # nothing left to stop once it has ended
         finally:
-            residency.end(model.name)
+            in_use()
             claims.release()
 
     async def _serving(self, name: str, version: str | None) -> ModelVersion:
@@ -357,12 +396,18 @@ class InferenceService:
             await self.repository.ensure_loaded(name)
             try:
                 return self.repository.get(name, version)
-            except RepositoryError as exc:  # evicted again before this request took it
-                if exc.kind is not ErrorKind.UNAVAILABLE:
+            except RepositoryError:  # evicted again before this request took it
+                if not self.repository.evicted(name):
                     raise
         return self.repository.get(name, version)
 
-    async def _run(self, model: ModelVersion, request: InferRequest, claims: Claims) -> Answer:
+    async def _run(
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        claims: Claims,
+        version: str | None = None,
+    ) -> Answer:
         """Submit ``request`` for its one response."""
         if model.config.decoupled:
             raise ProtocolError(
@@ -379,7 +424,7 @@ class InferenceService:
                 raise
             # Chosen for eviction just before this request marked it in use: it goes
             # to the model loaded again, as if it had come a moment later.
-            model = await self._serving(model.name, None)
+            model = await self._serving(model.name, version)
             lease = await model.scheduler.lease(request)
         # The regions are the request's until its answer is let go.
         return make_answer(model, request, selected, lease, True, claims, hold=True)

@@ -162,6 +162,10 @@ class EnsembleScheduler:
         return len(self._running)
 
     @property
+    def busy(self) -> bool:
+        return bool(self._running)
+
+    @property
     def serving(self) -> bool:
         """Whether every step model is ready now."""
         try:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from reposerve.config import ModelConfig
 from reposerve.config.complete import require_declared
 from reposerve.errors import ConfigError, ErrorKind, RepositoryError
 from reposerve.operations import IndexEntry
@@ -29,9 +30,10 @@ from reposerve.repository.residency import (
     folder_bytes,
     footprint,
     refusal,
+    residents_of,
 )
 from reposerve.repository.roots import all_model_names, check_exists, find_root
-from reposerve.repository.scan import ConfigOverride, ModelSource, check_model_name, read_model
+from reposerve.repository.scan import ConfigOverride, check_model_name, read_model
 from reposerve.repository.version import Control, ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
@@ -75,6 +77,8 @@ class Repository:
         self.residency = residency or Residency()
         self._budget = asyncio.Lock()  # loads under a budget: one at a time
         self._on_demand: dict[str, asyncio.Future] = {}  # loads first requests wait for
+        # name -> (backend, completed config, versions) as last loaded
+        self._described: dict[str, tuple[str, ModelConfig, list[int]]] = {}
         self._restart_on_request = restart_on_request
         self._load_timeout = load_timeout
         self._unload_timeout = unload_timeout
@@ -152,17 +156,25 @@ class Repository:
 
     async def ensure_loaded(self, name: str) -> None:
         """Load ``name`` unless it serves (on-demand mode: its first request). Requests
-        that come while it loads wait for the same load; its failure is theirs."""
+        that come while it loads wait for the same load, or for one under way from
+        elsewhere (an explicit load, the poll); its failure is theirs."""
         if self._serving(name):
             return
         try:
             check_exists(self.roots, name)
         except ConfigError:
             return  # not a model: asking for it says so
+        model = self._models.get(name)
+        if model is not None and model.lock.locked():  # loading (or unloading) now
+            async with model.lock:
+                pass
+            if self._serving(name):
+                return
         load = self._on_demand.get(name)
         if load is None:
             load = self._on_demand[name] = asyncio.ensure_future(self.load(name))
-            load.add_done_callback(lambda _: self._on_demand.pop(name, None))
+            load.add_done_callback(lambda done: self._on_demand.pop(name, None) and None)
+            load.add_done_callback(_retrieved)
         with contextlib.suppress(ConfigError):  # its index entry and get() say why
             await asyncio.shield(load)  # a request that leaves does not stop the others
 
@@ -172,97 +184,96 @@ class Repository:
         config: ConfigOverride | None,
         files: Mapping[str, bytes] | None,
     ) -> list[ModelVersion]:
-        if not self.residency.budgeted:
+        self._refuse_if_closing(name)
+        residency = self.residency
+        if not residency.tracking:
             return await self._load_now(name, config, files)
-        async with self._budget:  # room made for one load at a time: never two at once
-            await self._make_room(name)
+        # Room is made for one load at a time, so two never count on the same bytes.
+        async with self._budget if residency.budgeted else contextlib.nullcontext():
+            if residency.budgeted:
+                await self._make_room(name)
             started = time.monotonic()
             fresh = await self._load_now(name, config, files)
             serving = [v for v in fresh if v.state is ModelState.READY]
             if serving:
                 nbytes = sum(footprint(version) for version in serving)
-                self.residency.loaded(name, nbytes, time.monotonic() - started)
-                await self._trim(name)
+                residency.loaded(name, nbytes, time.monotonic() - started)
+                newest = serving[-1]  # its completed config, for when it is not loaded
+                self._described[name] = (
+                    newest.backend,
+                    newest.config,
+                    [v.version for v in serving],
+                )
+                if residency.budgeted:
+                    await self._trim(name)
             return fresh
 
     async def _make_room(self, name: str) -> None:
         """Unload idle models, least recently used first, until ``name`` fits (by its
-        footprint when it was loaded before, else its files' size)."""
+        footprint when it was loaded before, else its files' size). Each victim is chosen
+        afresh, so one that took a request meanwhile stays."""
         residency = self.residency
-        limit = residency.host_limit
-        assert limit is not None
         needed = residency.footprints.get(name) or await asyncio.to_thread(
             folder_bytes, self.roots, name
         )
-        residents = self._residents(exclude=name)
-        over = sum(r.nbytes for r in residents) + needed - limit
-        if over <= 0:
-            return
-        victims = choose_victims(residents, over)
-        if victims is None:
-            message = refusal(name, needed, residency, residents)
-            residency.reasons[name] = message
-            raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
-        for victim in victims:
-            await self._evict(victim, name)
+        while True:
+            residents = self._residents(exclude=name)
+            over = sum(r.nbytes for r in residents) + needed - (residency.host_limit or 0)
+            if over <= 0:
+                return
+            victims = choose_victims(residents, over)
+            if victims is None:
+                message = refusal(name, needed, residency, residents)
+                residency.reasons[name] = message
+                raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
+            await self._evict(victims[0], name)
 
     async def _trim(self, loaded: str) -> None:
         """Measured after its load, ``loaded`` may take the total past the budget: the
-        least recently used idle models go until it fits, as far as they can."""
+        least recently used idle models go until it fits. When what holds the rest is
+        busy, it stays over for now (the next load trims again); when it is pinned (it
+        will never go), ``loaded`` goes and its load fails, saying why."""
         residency = self.residency
-        limit = residency.host_limit
-        assert limit is not None
-        residents = self._residents(exclude=loaded)
-        over = sum(r.nbytes for r in residents) + residency.footprints[loaded] - limit
-        if over <= 0:
-            return
-        victims = choose_victims(residents, over)
-        if victims is None:  # what holds the rest may not go: neither does it stay
+        while True:
+            residents = self._residents(exclude=loaded)
+            total = sum(r.nbytes for r in residents) + residency.footprints[loaded]
+            over = total - (residency.host_limit or 0)
+            if over <= 0:
+                return
+            victims = choose_victims(residents, over)
+            if victims is not None:
+                await self._evict(victims[0], loaded)
+                continue
+            for victim in sorted(residents, key=lambda r: r.last_used):
+                if not (victim.busy or victim.pinned or victim.protected):
+                    await self._evict(victim, loaded)
+            if any(r.busy for r in residents):
+                log.warning("%s: over the host memory budget for now: busy models hold it", loaded)
+                return
             message = refusal(loaded, residency.footprints[loaded], residency, residents)
             log.error("%s", message)
             await self.unload(loaded)
             residency.reasons[loaded] = message
             raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
-        for victim in victims:
-            await self._evict(victim, loaded)
 
     async def _evict(self, victim: Resident, making_room_for: str) -> None:
         reason = (
             f"evicted: least recently used, {describe_bytes(victim.nbytes)} for '{making_room_for}'"
         )
         log.info("%s %s", victim.name, reason)
-        await self.unload(victim.name)
+        # An ensemble goes with the steps no other loaded ensemble uses.
+        await self.unload(victim.name, dependents=victim.ensemble)
         self.residency.evicted(victim.name, reason)
 
     def _residents(self, exclude: str) -> list[Resident]:
-        """The resident models (not ensembles: they hold no memory), as eviction sees
-        them."""
-        used_by: dict[str, str] = {}
-        for name, model in self._models.items():
-            for version in model.versions.values():
-                if version.state is ModelState.READY:
-                    for step in version.config.step:
-                        used_by[step.model] = name
-        residents = []
-        for name, model in self._models.items():
-            serving = [v for v in model.versions.values() if v.state is ModelState.READY]
-            if name == exclude or not serving or any(v.pipeline for v in serving):
-                continue
-            ensemble = used_by.get(name)
-            residents.append(
-                Resident(
-                    name,
-                    self.residency.footprints.get(name, 0),
-                    self.residency.last_used.get(name, 0.0),
-                    busy=self.residency.busy(name) or any(v.scheduler.pending for v in serving),
-                    pinned=any(v.config.lifecycle.pinned for v in serving),
-                    protected=f"a step of the resident ensemble '{ensemble}'" if ensemble else None,
-                )
-            )
-        return residents
+        serving = {
+            name: [v for v in model.versions.values() if v.state is ModelState.READY]
+            for name, model in self._models.items()
+        }
+        return residents_of({n: v for n, v in serving.items() if v}, self.residency, exclude)
 
     def resident_bytes(self) -> dict[str, int]:
-        """Each resident model's measured host footprint."""
+        """Each resident model's measured host footprint (ensembles hold none)."""
         return {
             name: self.residency.footprints.get(name, 0)
             for name, model in self._models.items()
@@ -382,9 +393,34 @@ class Repository:
                 if step in self._models:
                     await self.unload(step, deadline, dependents=True)
 
-    def source(self, name: str) -> ModelSource:
-        """``name`` as its folder describes it (ConfigError when it cannot be read)."""
-        return read_model(find_root(self.roots, name), name)
+    def describe(self, name: str) -> tuple[str, ModelConfig, list[int]]:
+        """``name`` when it is not loaded: its backend, config and versions as its last
+        load completed them (an auto-completed model's tensors included), else as its
+        folder says (ConfigError when it cannot be read)."""
+        known = self._described.get(name)
+        if known is not None:
+            return known
+        source = read_model(find_root(self.roots, name), name)
+        if not source.versions:
+            raise ConfigError(f"{name}: no version folder")
+        return source.versions[-1].backend, source.config, [v.number for v in source.versions]
+
+    def evicted(self, name: str) -> bool:
+        """Whether ``name`` is out because a budget evicted it (so it may come back)."""
+        model = self._models.get(name)
+        return (
+            model is not None
+            and all(v.unloaded for v in model.versions.values())
+            and self.residency.reasons.get(name, "").startswith("evicted")
+        )
+
+    def refused(self, name: str) -> str | None:
+        """Why ``name`` is not serving, when its load failed or a budget refused it."""
+        model = self._models.get(name)
+        if model is not None and model.error:
+            return model.error
+        reason = self.residency.reasons.get(name)
+        return reason if reason and not reason.startswith("evicted") else None
 
     def steps_of(self, name: str) -> list[str]:
         """The models an ensemble on disk calls (none for another model, or one whose
@@ -415,6 +451,8 @@ class Repository:
         """Unload everything by ``deadline``, and refuse loads from now on: the shutdown.
         Ensembles go first, so what they hold finishes while their steps still serve."""
         self._closing = True
+        for load in list(self._on_demand.values()):  # their waiters get the shutdown's 503
+            load.cancel()
         ensembles = [
             name
             for name, model in self._models.items()
@@ -487,12 +525,14 @@ class Repository:
         return [version for name in sorted(self._models) for version in self.versions(name)]
 
     def failed(self) -> list[IndexEntry]:
-        """The index rows of the models whose load failed: not those unloaded on purpose,
-        nor ensembles that stopped because a step model was unloaded."""
+        """The index rows of the models whose load failed (or a memory budget refused):
+        not those unloaded on purpose, nor ensembles that stopped because a step model
+        was unloaded."""
         return [
             entry
             for entry in self.index()
-            if entry.state == ModelState.UNAVAILABLE.value
+            if self.refused(entry.name)  # a budget's refusal, loaded or not
+            or entry.state == ModelState.UNAVAILABLE.value
             and not any(
                 v.unloaded or v.lost_a_step
                 for v in self._models[entry.name].versions.values()
@@ -537,3 +577,9 @@ def _not_ready(subject: str, state: ModelState, reason: str) -> RepositoryError:
     detail = f": {reason}" if reason else ""
     kind = ErrorKind.NOT_FOUND if state is ModelState.UNAVAILABLE else ErrorKind.UNAVAILABLE
     return RepositoryError(f"{UNKNOWN} {subject} ({state.value}){detail}", kind=kind)
+
+
+def _retrieved(load: asyncio.Future) -> None:
+    """An on-demand load whose waiters all left: its error is in the index already."""
+    if not load.cancelled():
+        load.exception()

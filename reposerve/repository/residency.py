@@ -31,7 +31,17 @@ GIB = 1 << 30
 
 
 def host_memory_total() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The machine's memory, or the container's limit when it sets a lower one (a share
+    of more than the container may hold would end in the OOM killer)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
 
 
 def pss_bytes(pid: int) -> int:
@@ -92,14 +102,61 @@ def describe_bytes(nbytes: int) -> str:
 
 
 class Resident(msgspec.Struct, frozen=True):
-    """A resident model as eviction sees it."""
+    """A resident model as eviction sees it (an ensemble: with the steps only it uses)."""
 
     name: str
     nbytes: int
     last_used: float
-    busy: bool  # requests queued or running
+    busy: bool  # requests queued or running, or sequences open
     pinned: bool
     protected: str | None = None  # why it may not go alone (a resident ensemble uses it)
+    ensemble: bool = False
+
+
+def residents_of(
+    serving: dict[str, list[Any]], residency: Residency, exclude: str
+) -> list[Resident]:
+    """The resident models as eviction sees them, ``serving`` (name -> its READY
+    versions) measured afresh. A step of a resident ensemble is protected: it goes with
+    the ensemble (as part of its unit, when no other ensemble uses it), never under it."""
+    users: dict[str, list[str]] = {}
+    for name, versions in serving.items():
+        for step in {step.model for v in versions for step in v.config.step}:
+            users.setdefault(step, []).append(name)
+    for name, versions in serving.items():
+        if not any(v.pipeline for v in versions):
+            residency.footprints[name] = sum(footprint(v) for v in versions)
+    # a step only one ensemble uses is part of that ensemble's unit, not a resident alone
+    in_units = {step for step, used in users.items() if len(used) == 1 and used[0] != exclude}
+    residents = []
+    for name, versions in serving.items():
+        if name == exclude or name in in_units:
+            continue
+        ensemble = any(v.pipeline for v in versions)
+        steps = [s for s, used in users.items() if used == [name]] if ensemble else []
+        members = [name, *steps]
+        residents.append(
+            Resident(
+                name,
+                sum(residency.footprints.get(member, 0) for member in members),
+                residency.last_used.get(name, 0.0),
+                busy=any(
+                    residency.busy(member) or _busy(serving.get(member, [])) for member in members
+                ),
+                pinned=any(v.config.lifecycle.pinned for v in versions),
+                protected=(
+                    f"a step of the resident ensemble '{users[name][0]}'" if name in users else None
+                ),
+                ensemble=ensemble,
+            )
+        )
+    return residents
+
+
+def _busy(versions: list[Any]) -> bool:
+    """Whether a version has work its scheduler holds: requests queued or running, or
+    (a stateful model) sequences open, whose state an eviction would lose."""
+    return any(v.scheduler.busy for v in versions)
 
 
 def choose_victims(residents: Iterable[Resident], needed: int) -> list[Resident] | None:
@@ -122,10 +179,16 @@ class Residency:
     footprint, and why a model that is not resident is not."""
 
     def __init__(
-        self, host_budget: Budget | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        host_budget: Budget | None = None,
+        on_demand: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host_budget = host_budget
         self.host_limit = host_budget.of(host_memory_total()) if host_budget else None
+        # Whether loads are counted and requests tracked at all (models come and go on
+        # their own): a server without a budget or on-demand loading pays nothing for it.
+        self.tracking = on_demand or host_budget is not None
         self._clock = clock
         self.last_used: dict[str, float] = {}
         self.active: dict[str, int] = {}
@@ -142,10 +205,14 @@ class Residency:
 
     def begin(self, name: str) -> None:
         """A request for ``name`` is in progress: it is used, and busy until ``end``."""
+        if not self.tracking:
+            return
         self.last_used[name] = self._clock()
         self.active[name] = self.active.get(name, 0) + 1
 
     def end(self, name: str) -> None:
+        if not self.tracking:
+            return
         left = self.active.get(name, 0) - 1
         if left > 0:
             self.active[name] = left
@@ -158,7 +225,7 @@ class Residency:
     def loaded(self, name: str, nbytes: int, seconds: float) -> None:
         self.footprints[name] = nbytes
         self.reasons.pop(name, None)
-        self.last_used.setdefault(name, self._clock())
+        self.last_used[name] = self._clock()  # just loaded: not the next to go
         self.loads += 1
         self._load_seconds += seconds
         for index, bound in enumerate(LOAD_BUCKETS):

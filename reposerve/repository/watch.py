@@ -60,7 +60,8 @@ class RepositoryWatcher:
             removed = [name for name in known if name not in current]
             for name in changed:
                 log.info("poll: %s %s", "loading" if name not in known else "reloading", name)
-                with contextlib.suppress(ConfigError):  # logged and kept in the index
+                # logged and kept in the index (a budget's refusal: its reason)
+                with contextlib.suppress(ConfigError, RepositoryError):
                     await self._repository.load(name)
             for name in removed:
                 log.info("poll: unloading %s (its folder is gone)", name)

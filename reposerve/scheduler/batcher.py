@@ -92,6 +92,11 @@ class Scheduler:
         return self._queued + self._staged + sum(len(items) for items, _ in self._reruns)
 
     @property
+    def busy(self) -> bool:
+        """Whether it holds requests: queued, staged or running."""
+        return bool(self._queued or self._in_flight or self._reruns)
+
+    @property
     def serving(self) -> bool:
         """Whether a live instance can take work (false while every one is restarting)."""
         return bool(self._instances)

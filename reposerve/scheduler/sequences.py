@@ -143,6 +143,12 @@ class SequenceBatcher:
         return self._unsent + sum(lane.scheduler.pending for lane in self._lanes)
 
     @property
+    def busy(self) -> bool:
+        """Whether it holds requests, or sequences whose state is kept (an open one
+        would lose it if its model went)."""
+        return bool(self._running or self._sequences)
+
+    @property
     def serving(self) -> bool:
         return bool(self._lanes)
 

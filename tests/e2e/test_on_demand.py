@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.probes import wait_for
-from tests.server import running_server
+from tests.server import Server, running_server
 from tests.toy_models import GATED, ensemble_head, vector_body, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -159,13 +159,36 @@ def test_an_ensembles_steps_load_with_it_and_stay_while_it_does(tmp_path):
     )
     body = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
     with running_server(repository, tmp_path, *FLAGS) as server:
-        answer = httpx.post(f"{server.url}/v2/models/pipeline/infer", json=body, timeout=60)
-        assert answer.status_code == 200, answer.text
+
+        def pipeline() -> None:
+            answer = httpx.post(f"{server.url}/v2/models/pipeline/infer", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+
+        pipeline()
         assert _index(server.url)["a"]["state"] == "READY"  # loaded as its step
-        for model in ("b", "c"):  # a is the least recently used, but the ensemble needs it
-            assert _infer(server.url, model).status_code == 200
+        assert _infer(server.url, "b").status_code == 200
+        pipeline()  # b is now the least recently used
+        assert _infer(server.url, "c").status_code == 200
         index = _index(server.url)
         assert index["a"]["state"] == "READY" and index["b"]["reason"].endswith("for 'c'")
+        # the pipeline is the least recently used now: it goes, its step with it
+        assert _infer(server.url, "b").status_code == 200
+        index = _index(server.url)
+        assert index["pipeline"]["reason"].endswith("for 'b'")
+        assert index["a"]["state"] == "UNAVAILABLE" and index["c"]["state"] == "READY"
+        pipeline()  # and both come back on demand
+
+
+def test_a_budget_that_refuses_a_model_at_start_up_stops_the_server(tmp_path):
+    repository = _repository(tmp_path / "repository")
+    server = Server(repository, "--host-memory-budget", "40M", log_path=tmp_path / "log")
+    try:
+        assert server.process.wait(timeout=120) == 1
+    finally:
+        server.stop()
+    log = server.log()
+    assert "does not fit the host memory budget 40M" in log
+    assert "failed to load (--exit-on-error true" in log
 
 
 def test_a_model_the_poll_adds_makes_room_under_the_budget(tmp_path):

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.unit
         ("512MiB", 512 << 20),
         ("2gb", 2 << 30),
         ("64k", 64 << 10),
+        ("100B", 100),
     ],
 )
 def test_budgets_in_bytes(text, nbytes):

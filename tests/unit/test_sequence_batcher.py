@@ -74,6 +74,7 @@ def test_abort_answers_the_backlog_and_the_requests_behind_it():
         instance.finish()
         await turn()
         first.result().release()
+        assert batcher.busy  # an open sequence: its model must not be evicted
         waiting = batcher.submit(_request(2, start=True))  # in the backlog
         behind = batcher.submit(_request(2))  # waits for its turn behind it
         await turn()
