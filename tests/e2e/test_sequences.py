@@ -59,7 +59,7 @@ def server(tmp_path_factory):
         strategy="oldest",
         strategy_settings="max_candidate_sequences = 8\nmax_queue_delay_microseconds = 20000",
     )
-    write_accumulate(root, "accumulate_idle", idle_us=300_000)
+    write_accumulate(root, "accumulate_idle", idle_us=1_000_000)
     write_accumulate(root, "accumulate_fault")
     write_python_pbtxt(root, "bls_accumulate", BLS_ACCUMULATE_PBTXT, BLS_ACCUMULATE)
     write_model(root, "ensemble_accumulate", ENSEMBLE_ACCUMULATE, None)
@@ -267,7 +267,7 @@ def test_refusals_say_what_to_send(http):
 def test_an_idle_sequence_is_released(http):
     _accumulate(http, "accumulate_idle", 9, 1.0, start=True)
     assert _accumulate(http, "accumulate_idle", 9, 1.0)[0] == ACCUMULATE_BASE + 2  # in time
-    time.sleep(0.8)  # idle limit: 300 ms
+    time.sleep(2.5)  # idle limit: 1 s
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         _accumulate(http, "accumulate_idle", 9, 1.0)
 

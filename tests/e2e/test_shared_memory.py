@@ -10,7 +10,6 @@ import os
 import queue
 import re
 import shutil
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +23,7 @@ from tritonclient import utils
 from tritonclient.utils import InferenceServerException
 
 from tests.client_shared_memory import Regions, shm
-from tests.probes import wait_for
+from tests.probes import metric, wait_for
 from tests.server import REPO_ROOT, running_server, start_server
 from tests.toy_models import GATED, SIMPLE_STRING, SIMPLE_STRING_CONFIG, vector_config, write_model
 
@@ -338,6 +337,10 @@ def test_unregister_waits_for_the_requests_using_the_region(server, http, region
         unregistering.result(timeout=60)
 
 
+def _pending(server) -> float:
+    return metric(server, "nv_inference_pending_request_count", "gated")
+
+
 def _version_folder(server, model: str) -> Path:
     repository = Path(server.process.args[server.process.args.index("--model-repository") + 1])
     return repository / model / "1"
@@ -411,9 +414,9 @@ def test_a_file_cut_short_while_its_request_waits_fails_that_request_alone(serve
         running = pool.submit(_infer_alone, server.address, "gated", [plain])
         wait_for((folder / "STARTED").exists, what="the gated request to start")
         staged = pool.submit(_infer_alone, server.address, "gated", [plain])  # next in line
-        time.sleep(0.3)
+        wait_for(lambda: _pending(server) == 1, what="the second request to be staged")
         waiting = pool.submit(_infer_alone, server.address, "gated", [shared])  # queued
-        time.sleep(0.5)
+        wait_for(lambda: _pending(server) == 2, what="the third request to queue")
         os.truncate(_file(key), 0)
         (folder / "GO").touch()
         np.testing.assert_array_equal(running.result(timeout=60), np.full((1, 4), 2))
