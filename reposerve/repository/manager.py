@@ -28,7 +28,7 @@ from reposerve.repository.residency import (
     choose_victims,
     describe_bytes,
     folder_bytes,
-    footprint,
+    measure,
     refusal,
     residents_of,
 )
@@ -196,7 +196,7 @@ class Repository:
             fresh = await self._load_now(name, config, files)
             serving = [v for v in fresh if v.state is ModelState.READY]
             if serving:
-                nbytes = sum(footprint(version) for version in serving)
+                nbytes = (await asyncio.to_thread(measure, {name: serving})).get(name, 0)
                 residency.loaded(name, nbytes, time.monotonic() - started)
                 newest = serving[-1]  # its completed config, for when it is not loaded
                 self._described[name] = (
@@ -216,6 +216,7 @@ class Repository:
         needed = residency.footprints.get(name) or await asyncio.to_thread(
             folder_bytes, self.roots, name
         )
+        await self._measure()
         while True:
             residents = self._residents(exclude=name)
             over = sum(r.nbytes for r in residents) + needed - (residency.host_limit or 0)
@@ -234,6 +235,7 @@ class Repository:
         busy, it stays over for now (the next load trims again); when it is pinned (it
         will never go), ``loaded`` goes and its load fails, saying why."""
         residency = self.residency
+        await self._measure()
         while True:
             residents = self._residents(exclude=loaded)
             total = sum(r.nbytes for r in residents) + residency.footprints[loaded]
@@ -265,12 +267,20 @@ class Repository:
         await self.unload(victim.name, dependents=victim.ensemble)
         self.residency.evicted(victim.name, reason)
 
-    def _residents(self, exclude: str) -> list[Resident]:
+    def _serving_versions(self) -> dict[str, list[ModelVersion]]:
         serving = {
             name: [v for v in model.versions.values() if v.state is ModelState.READY]
             for name, model in self._models.items()
         }
-        return residents_of({n: v for n, v in serving.items() if v}, self.residency, exclude)
+        return {name: versions for name, versions in serving.items() if versions}
+
+    def _residents(self, exclude: str) -> list[Resident]:
+        return residents_of(self._serving_versions(), self.residency, exclude)
+
+    async def _measure(self) -> None:
+        """The resident models' footprints now, measured off the event loop."""
+        measured = await asyncio.to_thread(measure, self._serving_versions())
+        self.residency.footprints.update(measured)
 
     def resident_bytes(self) -> dict[str, int]:
         """Each resident model's measured host footprint (ensembles hold none)."""

@@ -117,15 +117,13 @@ def residents_of(
     serving: dict[str, list[Any]], residency: Residency, exclude: str
 ) -> list[Resident]:
     """The resident models as eviction sees them, ``serving`` (name -> its READY
-    versions) measured afresh. A step of a resident ensemble is protected: it goes with
-    the ensemble (as part of its unit, when no other ensemble uses it), never under it."""
+    versions), by their footprints as last measured (``measure``). A step of a resident
+    ensemble is protected: it goes with the ensemble (as part of its unit, when no other
+    ensemble uses it), never under it."""
     users: dict[str, list[str]] = {}
     for name, versions in serving.items():
         for step in {step.model for v in versions for step in v.config.step}:
             users.setdefault(step, []).append(name)
-    for name, versions in serving.items():
-        if not any(v.pipeline for v in versions):
-            residency.footprints[name] = sum(footprint(v) for v in versions)
     # a step only one ensemble uses is part of that ensemble's unit, not a resident alone
     in_units = {step for step, used in users.items() if len(used) == 1 and used[0] != exclude}
     residents = []
@@ -151,6 +149,16 @@ def residents_of(
             )
         )
     return residents
+
+
+def measure(serving: dict[str, list[Any]]) -> dict[str, int]:
+    """Each model's footprint now (PSS moves as shared pages lose their other users and
+    arenas grow): a walk of each instance's page tables, so run it off the event loop."""
+    return {
+        name: sum(footprint(v) for v in versions)
+        for name, versions in serving.items()
+        if not any(v.pipeline for v in versions)
+    }
 
 
 def _busy(versions: list[Any]) -> bool:
