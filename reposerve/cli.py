@@ -12,6 +12,7 @@ from reposerve.arguments import boolean, memory_budget, non_negative, positive, 
 from reposerve.errors import ConfigError
 from reposerve.fronts import default_workers, usable_cores
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
+from reposerve.repository import gpus
 from reposerve.repository.roots import all_model_names, find_root
 from reposerve.repository.scan import read_model
 from reposerve.settings import RestrictedApi, Settings
@@ -140,6 +141,14 @@ def serve_parser() -> argparse.ArgumentParser:
         help="keep the loaded models' host memory (their instances' PSS) within this: bytes "
         "(1500000000, 1.5G) or a share of the machine's (60%%); idle models are unloaded, "
         "least recently used first, to make room (none: no budget)",
+    )
+    add(
+        "--gpu-memory-budget",
+        type=memory_budget,
+        default=None,
+        metavar="BYTES|SHARE",
+        help="the same on each GPU alone, by the GPU memory NVML lists for the instances: "
+        "bytes or a share of each GPU's memory (80%%); needs a visible GPU (none: no budget)",
     )
 
     add(
@@ -418,6 +427,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ),
         model_control_mode=args.model_control_mode or "explicit",
         host_memory_budget=args.host_memory_budget,
+        gpu_memory_budget=args.gpu_memory_budget,
         repository_poll_secs=args.repository_poll_secs,
         load_models=names,
         http_server=args.http_server,
@@ -519,6 +529,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = os.path.dirname(os.path.abspath(settings.log_file))
     if settings.log_file and not os.access(folder, os.W_OK):
         print(f"reposerve: --log-file: cannot write in {folder}", file=sys.stderr)
+        return 2
+    if settings.gpu_memory_budget and not gpus.discover().visible:
+        print(
+            f"reposerve: --gpu-memory-budget {settings.gpu_memory_budget.text}: "
+            f"{gpus.discover().describe()}; drop the flag, or make a GPU visible",
+            file=sys.stderr,
+        )
         return 2
     if settings.http_port is None and settings.grpc_port is None:
         print(

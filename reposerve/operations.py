@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from reposerve.logs import LogSettings, LogUpdate
-from reposerve.statistics import ModelStats
+from reposerve.statistics import MemoryUsage, ModelStats
 
 __all__ = [
     "CudaRegion",
@@ -81,6 +81,8 @@ class IndexEntry(msgspec.Struct, omit_defaults=True):
     version: str = ""
     state: str = ""
     reason: str = ""
+    # reposerve's addition: what a loaded version holds, as /stats says (gRPC drops it)
+    memory_usage: list[MemoryUsage] = []
 
 
 class LoadRequest(msgspec.Struct, frozen=True):

@@ -34,7 +34,7 @@ from reposerve.fronts.workers import FrontWorkers
 from reposerve.http.metrics import MetricsServer
 from reposerve.http.server import SEND_MARGIN_S, listening_socket, serve_http
 from reposerve.logs import LogControl, start_logging
-from reposerve.repository import Repository
+from reposerve.repository import Repository, gpus
 from reposerve.repository.residency import Residency, describe_bytes
 from reposerve.repository.watch import RepositoryWatcher, snapshot
 from reposerve.service import InferenceService
@@ -72,7 +72,12 @@ class Server:
             latency_summaries=settings.metrics.summary_latencies,
             restart_on_request=settings.instance_restart == "on-request",
             residency=Residency(
-                settings.host_memory_budget, on_demand=settings.model_control_mode == "on-demand"
+                settings.host_memory_budget,
+                on_demand=settings.model_control_mode == "on-demand",
+                gpu_budget=settings.gpu_memory_budget,
+                gpu_memory=[device.memory for device in gpus.discover().visible]
+                if settings.gpu_memory_budget
+                else (),
             ),
         )
         self.service = InferenceService(
@@ -203,9 +208,10 @@ class Server:
         failed = await service.start(settings.load_models)
         residency = service.repository.residency
         log.info(
-            "model control: %s; host memory budget: %s",
+            "model control: %s; host memory budget: %s; GPU memory budget: %s",
             settings.model_control_mode,
             _budget(settings.host_memory_budget, residency.host_limit),
+            _gpu_budget(settings.gpu_memory_budget, residency.gpu_limits),
         )
         # A line a record: the text log escapes line breaks inside a message.
         for line in ["models:", *startup_table(service).splitlines()]:
@@ -269,6 +275,13 @@ def _budget(budget: Budget | None, limit: int | None) -> str:
     if budget is None or limit is None:
         return "none"
     return f"{budget.text} ({describe_bytes(limit)})"
+
+
+def _gpu_budget(budget: Budget | None, limits: dict[int, int]) -> str:
+    if budget is None or not limits:
+        return "none"
+    each = ", ".join(f"GPU {device}: {describe_bytes(n)}" for device, n in limits.items())
+    return f"{budget.text} on each GPU ({each})"
 
 
 def startup_table(service: InferenceService) -> str:

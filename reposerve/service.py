@@ -210,7 +210,8 @@ class InferenceService:
             versions = [self.repository.get(name, version)]
         else:
             versions = self.repository.versions(name)
-        return ModelStatistics([v.statistics.snapshot() for v in versions])
+        await self.repository.keeper.refresh()
+        return ModelStatistics([v.statistics_now() for v in versions])
 
     def metrics(
         self,
@@ -251,7 +252,7 @@ class InferenceService:
         repository = self.repository
         if self.model_control_mode != "on-demand" and not repository.residency.budgeted:
             return []
-        return repository.residency.families(repository.resident_bytes())
+        return repository.residency.families(repository.keeper.resident_bytes())
 
     # -- inference -----------------------------------------------------------------------
 
@@ -432,6 +433,7 @@ class InferenceService:
     # -- repository control --------------------------------------------------------------
 
     async def repository_index(self, request: IndexRequest) -> list[IndexEntry]:
+        await self.repository.keeper.refresh()
         return self.repository.index(ready_only=request.ready)
 
     async def load_model(self, request: LoadRequest) -> None:

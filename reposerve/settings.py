@@ -29,6 +29,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     model_control_mode: str = "explicit"  # "explicit" | "poll" | "none" | "on-demand"
     # Memory budgets: idle models are unloaded, least recently used first, to stay within
     host_memory_budget: Budget | None = None
+    gpu_memory_budget: Budget | None = None  # on each GPU alone
     repository_poll_secs: float = 15.0
     load_models: list[str] | None = None  # None: every model in the repository
     http_server: str = "auto"

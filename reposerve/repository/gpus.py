@@ -22,13 +22,14 @@ from collections.abc import Sequence
 import msgspec
 
 from reposerve.repository import nvml
-from reposerve.repository.nvml import Gpu
+from reposerve.repository.nvml import Gpu, ProcessMemory
 
 log = logging.getLogger("reposerve.repository")
 
 PROBE_VARIABLE = "REPOSERVE_GPU_PROBE"
 PROBE_TIMEOUT_S = 30.0  # NVML waking 8 GPUs without persistence mode takes seconds
 _PROBE_OUTPUT = msgspec.json.Decoder(list[Gpu])
+_PROCESSES_OUTPUT = msgspec.json.Decoder(list[ProcessMemory])
 
 
 class Device(msgspec.Struct, frozen=True):
@@ -132,26 +133,46 @@ def _devices(gpu: Gpu) -> list[Device]:
 
 def probe(timeout: float = PROBE_TIMEOUT_S) -> list[Gpu]:
     """The node's GPUs from the probe process; [] when it fails or hangs (logged)."""
+    return _run_probe([], _PROBE_OUTPUT, "list of GPUs", "no GPU will be used", timeout)
+
+
+def process_memory(timeout: float = PROBE_TIMEOUT_S) -> dict[int, dict[int, int]]:
+    """pid -> {NVML GPU index: bytes} for every process holding GPU memory, from the probe
+    process; {} when it fails (logged): footprints then count host memory only."""
+    found = _run_probe(
+        ["processes"], _PROCESSES_OUTPUT, "list of processes", "GPU footprints read 0", timeout
+    )
+    held: dict[int, dict[int, int]] = {}
+    for entry in found:
+        on_gpus = held.setdefault(entry.pid, {})
+        on_gpus[entry.gpu] = on_gpus.get(entry.gpu, 0) + entry.memory
+    return held
+
+
+def _run_probe(
+    arguments: list[str], output: msgspec.json.Decoder, what: str, otherwise: str, timeout: float
+) -> list:
+    """The probe's decoded stdout (``what`` it lists), run with ``arguments``; [] when it
+    fails (logged, with ``otherwise``: what that means)."""
     command = os.environ.get(PROBE_VARIABLE)
-    argv = shlex.split(command) if command else [sys.executable, "-I", nvml.__file__]
+    argv = [*(shlex.split(command) if command else [sys.executable, "-I", nvml.__file__])]
+    argv += arguments
     try:
         done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout)
     except subprocess.TimeoutExpired:
-        log.error("GPU probe %s gave no answer within %g s: no GPU will be used", argv, timeout)
+        log.error("GPU probe %s gave no answer within %g s: %s", argv, timeout, otherwise)
         return []
     except OSError as exc:
-        log.error("GPU probe %s could not start (%s): no GPU will be used", argv, exc)
+        log.error("GPU probe %s could not start (%s): %s", argv, exc, otherwise)
         return []
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip()
-        log.error(
-            "GPU probe %s failed (exit %d): %s; no GPU will be used", argv, done.returncode, why
-        )
+        log.error("GPU probe %s failed (exit %d): %s; %s", argv, done.returncode, why, otherwise)
         return []
     try:
-        return _PROBE_OUTPUT.decode(done.stdout)
+        return output.decode(done.stdout)
     except msgspec.DecodeError as exc:
-        log.error("GPU probe %s printed no list of GPUs (%s): no GPU will be used", argv, exc)
+        log.error("GPU probe %s printed no %s (%s): %s", argv, what, exc, otherwise)
         return []
 
 

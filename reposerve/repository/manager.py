@@ -21,17 +21,9 @@ from reposerve.config.complete import require_declared
 from reposerve.errors import ConfigError, ErrorKind, RepositoryError
 from reposerve.operations import IndexEntry
 from reposerve.pipelines.ensemble import check_steps
+from reposerve.repository.keeper import BudgetKeeper
 from reposerve.repository.override import OverrideFolder
-from reposerve.repository.residency import (
-    Residency,
-    Resident,
-    choose_victims,
-    describe_bytes,
-    folder_bytes,
-    measure,
-    refusal,
-    residents_of,
-)
+from reposerve.repository.residency import Residency
 from reposerve.repository.roots import all_model_names, check_exists, find_root
 from reposerve.repository.scan import ConfigOverride, check_model_name, read_model
 from reposerve.repository.version import Control, ModelState, ModelVersion
@@ -75,7 +67,12 @@ class Repository:
         self.roots = tuple(roots)
         # Memory budgets and the book eviction reads (reposerve.repository.residency).
         self.residency = residency or Residency()
-        self._budget = asyncio.Lock()  # loads under a budget: one at a time
+        self.keeper = BudgetKeeper(
+            self.residency,
+            self.roots,
+            self._serving_versions,
+            lambda name, dependents: self.unload(name, dependents=dependents),
+        )
         self._on_demand: dict[str, asyncio.Future] = {}  # loads first requests wait for
         # name -> (backend, completed config, versions) as last loaded
         self._described: dict[str, tuple[str, ModelConfig, list[int]]] = {}
@@ -185,87 +182,15 @@ class Repository:
         files: Mapping[str, bytes] | None,
     ) -> list[ModelVersion]:
         self._refuse_if_closing(name)
-        residency = self.residency
-        if not residency.tracking:
-            return await self._load_now(name, config, files)
-        # Room is made for one load at a time, so two never count on the same bytes.
-        async with self._budget if residency.budgeted else contextlib.nullcontext():
-            if residency.budgeted:
-                await self._make_room(name)
-            started = time.monotonic()
-            fresh = await self._load_now(name, config, files)
-            serving = [v for v in fresh if v.state is ModelState.READY]
-            if serving:
-                nbytes = (await asyncio.to_thread(measure, {name: serving})).get(name, 0)
-                residency.loaded(name, nbytes, time.monotonic() - started)
-                newest = serving[-1]  # its completed config, for when it is not loaded
-                self._described[name] = (
-                    newest.backend,
-                    newest.config,
-                    [v.version for v in serving],
-                )
-                if residency.budgeted:
-                    await self._trim(name)
-            return fresh
-
-    async def _make_room(self, name: str) -> None:
-        """Unload idle models, least recently used first, until ``name`` fits (by its
-        footprint when it was loaded before, else its files' size). Each victim is chosen
-        afresh, so one that took a request meanwhile stays."""
-        residency = self.residency
-        needed = residency.footprints.get(name) or await asyncio.to_thread(
-            folder_bytes, self.roots, name
-        )
-        await self._measure()
-        while True:
-            residents = self._residents(exclude=name)
-            over = sum(r.nbytes for r in residents) + needed - (residency.host_limit or 0)
-            if over <= 0:
-                return
-            victims = choose_victims(residents, over)
-            if victims is None:
-                message = refusal(name, needed, residency, residents)
-                residency.reasons[name] = message
-                raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
-            await self._evict(victims[0], name)
-
-    async def _trim(self, loaded: str) -> None:
-        """Measured after its load, ``loaded`` may take the total past the budget: the
-        least recently used idle models go until it fits. When what holds the rest is
-        busy, it stays over for now (the next load trims again); when it is pinned (it
-        will never go), ``loaded`` goes and its load fails, saying why."""
-        residency = self.residency
-        await self._measure()
-        while True:
-            residents = self._residents(exclude=loaded)
-            total = sum(r.nbytes for r in residents) + residency.footprints[loaded]
-            over = total - (residency.host_limit or 0)
-            if over <= 0:
-                return
-            victims = choose_victims(residents, over)
-            if victims is not None:
-                await self._evict(victims[0], loaded)
-                continue
-            for victim in sorted(residents, key=lambda r: r.last_used):
-                if not (victim.busy or victim.pinned or victim.protected):
-                    await self._evict(victim, loaded)
-            if any(r.busy for r in residents):
-                log.warning("%s: over the host memory budget for now: busy models hold it", loaded)
-                return
-            message = refusal(loaded, residency.footprints[loaded], residency, residents)
-            log.error("%s", message)
-            await self.unload(loaded)
-            residency.reasons[loaded] = message
-            raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
-
-    async def _evict(self, victim: Resident, making_room_for: str) -> None:
-        reason = (
-            f"evicted: least recently used, {describe_bytes(victim.nbytes)} for '{making_room_for}'"
-        )
-        log.info("%s %s", victim.name, reason)
-        # An ensemble goes with the steps no other loaded ensemble uses.
-        await self.unload(victim.name, dependents=victim.ensemble)
-        self.residency.evicted(victim.name, reason)
+        fresh = await self.keeper.load(name, lambda: self._load_now(name, config, files))
+        serving = [v for v in fresh if v.state is ModelState.READY]
+        if serving:  # its completed config, for when it is not loaded
+            self._described[name] = (
+                serving[-1].backend,
+                serving[-1].config,
+                [v.version for v in serving],
+            )
+        return fresh
 
     def _serving_versions(self) -> dict[str, list[ModelVersion]]:
         serving = {
@@ -273,22 +198,6 @@ class Repository:
             for name, model in self._models.items()
         }
         return {name: versions for name, versions in serving.items() if versions}
-
-    def _residents(self, exclude: str) -> list[Resident]:
-        return residents_of(self._serving_versions(), self.residency, exclude)
-
-    async def _measure(self) -> None:
-        """The resident models' footprints now, measured off the event loop."""
-        measured = await asyncio.to_thread(measure, self._serving_versions())
-        self.residency.footprints.update(measured)
-
-    def resident_bytes(self) -> dict[str, int]:
-        """Each resident model's measured host footprint (ensembles hold none)."""
-        return {
-            name: self.residency.footprints.get(name, 0)
-            for name, model in self._models.items()
-            if any(v.state is ModelState.READY and not v.pipeline for v in model.versions.values())
-        }
 
     async def _load_now(
         self,
@@ -568,7 +477,8 @@ class Repository:
                 if ready_only and version.state is not ModelState.READY:
                     continue
                 reason = why if why and version.unloaded else version.reason
-                entries.append(IndexEntry(name, str(number), version.state.value, reason))
+                usage = version.footprint.usage() if version.state is ModelState.READY else []
+                entries.append(IndexEntry(name, str(number), version.state.value, reason, usage))
         return entries
 
 

@@ -4,7 +4,8 @@ The front never loads CUDA: a CUDA context would pin memory on every GPU and a b
 driver could hang the server. It runs this file as a short process instead (by path, with
 ``python -I``, so that nothing but ctypes and msgspec is imported) and reads one JSON list
 of ``Gpu`` from its stdout. No NVML library, or no driver loaded, prints ``[]``; any other
-NVML error goes to stderr with exit status 1.
+NVML error goes to stderr with exit status 1. With the argument ``processes`` it lists the
+GPU memory each process holds instead (``ProcessMemory``), for the memory budgets.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ class Gpu(msgspec.Struct, frozen=True):
     mig_devices: list[MigDevice] = []  # in MIG mode CUDA runs on these, never on the GPU itself
 
 
+class ProcessMemory(msgspec.Struct, frozen=True):
+    gpu: int  # NVML's index of the GPU
+    pid: int  # as the driver sees it: in a container, the host's pid unless NVML maps it
+    memory: int  # bytes
+
+
 class NvmlError(Exception):
     def __init__(self, call: str, code: int, text: str) -> None:
         super().__init__(f"{call} failed: {text} (NVML error {code})")
@@ -50,6 +57,21 @@ class _Memory(ctypes.Structure):
         ("free", ctypes.c_ulonglong),
         ("used", ctypes.c_ulonglong),
     ]
+
+
+class _ProcessInfo(ctypes.Structure):
+    """nvmlProcessInfo_t (the layout of NVML's _v2 and _v3 process queries)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+_INSUFFICIENT_SIZE = 7
+_VALUE_NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory under some drivers (Windows, MIG)
 
 
 class _Nvml:
@@ -112,27 +134,79 @@ class _Nvml:
             )
         return devices
 
+    def processes(self, handle: ctypes.c_void_p) -> list[tuple[int, int]]:
+        """(pid, bytes) of each compute process on the GPU ``handle``."""
+        query = "nvmlDeviceGetComputeRunningProcesses_v3"
+        if not hasattr(self._lib, query):  # drivers before 510
+            query = "nvmlDeviceGetComputeRunningProcesses_v2"
+        count = ctypes.c_uint(0)
+        while True:
+            infos = (_ProcessInfo * max(count.value, 1))()
+            try:
+                self.call(query, handle, ctypes.byref(count), infos)
+            except NvmlError as exc:
+                if exc.code == _INSUFFICIENT_SIZE:  # count now holds what it needs
+                    count = ctypes.c_uint(count.value + 4)  # room for processes starting
+                    continue
+                raise
+            return [
+                (info.pid, 0 if info.usedGpuMemory == _VALUE_NOT_AVAILABLE else info.usedGpuMemory)
+                for info in infos[: count.value]
+            ]
 
-def probe() -> list[Gpu]:
-    """Every GPU this process may use, with its MIG devices; [] without NVML or a driver."""
+
+def _open() -> tuple[ctypes.CDLL, _Nvml] | None:
+    """NVML initialised, or None without its library or a driver."""
     try:
         library = ctypes.CDLL(_LIBRARY)
     except OSError:
-        return []
+        return None
     nvml = _Nvml(library)
     try:
         nvml.call("nvmlInit_v2")
     except NvmlError as exc:
         if exc.code == _DRIVER_NOT_LOADED:
-            return []
+            return None
         raise
+    return library, nvml
+
+
+def _handles(nvml: _Nvml) -> list[ctypes.c_void_p]:
+    count = ctypes.c_uint()
+    nvml.call("nvmlDeviceGetCount_v2", ctypes.byref(count))
+    handles = []
+    for index in range(count.value):
+        handle = ctypes.c_void_p()
+        nvml.call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(handle))
+        handles.append(handle)
+    return handles
+
+
+def process_memory() -> list[ProcessMemory]:
+    """The GPU memory of every compute process, per GPU; [] without NVML or a driver."""
+    opened = _open()
+    if opened is None:
+        return []
+    library, nvml = opened
     try:
-        count = ctypes.c_uint()
-        nvml.call("nvmlDeviceGetCount_v2", ctypes.byref(count))
+        return [
+            ProcessMemory(gpu=index, pid=pid, memory=memory)
+            for index, handle in enumerate(_handles(nvml))
+            for pid, memory in nvml.processes(handle)
+        ]
+    finally:
+        library.nvmlShutdown()
+
+
+def probe() -> list[Gpu]:
+    """Every GPU this process may use, with its MIG devices; [] without NVML or a driver."""
+    opened = _open()
+    if opened is None:
+        return []
+    library, nvml = opened
+    try:
         gpus = []
-        for index in range(count.value):
-            handle = ctypes.c_void_p()
-            nvml.call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(handle))
+        for index, handle in enumerate(_handles(nvml)):
             mig_enabled = nvml.mig_enabled(handle)
             gpus.append(
                 Gpu(
@@ -151,7 +225,7 @@ def probe() -> list[Gpu]:
 
 if __name__ == "__main__":
     try:
-        found = probe()
+        found = process_memory() if sys.argv[1:] == ["processes"] else probe()
     except NvmlError as exc:
         sys.exit(f"GPU probe: {exc}")
     sys.stdout.buffer.write(msgspec.json.encode(found))

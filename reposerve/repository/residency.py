@@ -1,14 +1,12 @@
-"""Which models stay resident under a memory budget (``--host-memory-budget``), and what
-each one costs.
+"""Which models stay resident under the memory budgets (``--host-memory-budget``, and
+``--gpu-memory-budget`` on each GPU alone).
 
-Each loaded model's footprint is measured once it is loaded: the proportional set size
-(PSS) of its instance processes, so pages they share (libraries, the interpreter) are
-counted once across them. When a
-load would take the resident total past a budget, idle models are unloaded, least recently
-used first, until it fits. A model is never evicted while it has requests in progress, nor
-when ``[lifecycle] pinned = true``, nor while a resident ensemble uses it (an ensemble's
-steps go with the ensemble, never under it). When nothing can be freed, the load fails
-naming the budget and what holds it.
+Each loaded model's footprint (``footprints.py``) is measured once it is loaded and again
+at each eviction decision. When a load would take the resident total past a budget, idle
+models are unloaded, least recently used first, until it fits. A model is never evicted
+while it has requests in progress, nor when ``[lifecycle] pinned = true``, nor while a
+resident ensemble uses it (an ensemble's steps go with the ensemble, never under it). When
+nothing can be freed, the load fails naming the budget and what holds it.
 
 ``Residency`` keeps the book (last use, requests in progress, footprints, why a model is
 not resident); ``choose_victims`` is the decision, a pure function of that book.
@@ -16,74 +14,49 @@ not resident); ``choose_victims`` is the decision, a pure function of that book.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from reposerve.arguments import Budget
 from reposerve.metrics import CustomFamily, CustomMetric
+from reposerve.repository.footprints import Footprint, host_memory_total
 
 GIB = 1 << 30
 
 
-def host_memory_total() -> int:
-    """The machine's memory, or the container's limit when it sets a lower one (a share
-    of more than the container may hold would end in the OOM killer)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(limit).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
+def refusal(
+    name: str,
+    needed: Footprint,
+    over: Footprint,
+    residency: Residency,
+    residents: Sequence[Resident],
+) -> str:
+    """Why ``name`` cannot load: the budget it is ``over``, and what holds it that cannot go."""
+    device = None if over.host > 0 else min(over.gpu)
+    if device is None:
+        budget, limit, what = residency.host_budget, residency.host_limit, "host memory budget"
+        flag = "--host-memory-budget"
+    else:
+        budget, limit = residency.gpu_budget, residency.gpu_limits[device]
+        what, flag = f"memory budget of GPU {device}", "--gpu-memory-budget"
 
+    def held_there(resident: Resident) -> int:
+        return resident.held.host if device is None else resident.held.gpu.get(device, 0)
 
-def pss_bytes(pid: int) -> int:
-    """The proportional set size of ``pid`` (0 when it is gone or unreadable)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
-            for line in rollup:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return 0
-    return 0
-
-
-def footprint(version: Any) -> int:
-    """A loaded version's host footprint: its instance processes' PSS."""
-    return sum(pss_bytes(instance.pid) for instance in version.instances if instance.pid)
-
-
-def folder_bytes(roots: Sequence[Path], name: str) -> int:
-    """What a model never loaded before is expected to take: its files' size (its weights,
-    mostly); 0 when the folder cannot be read (its load will say why)."""
-    for root in roots:
-        folder = root / name
-        if folder.is_dir():
-            return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-    return 0
-
-
-def refusal(name: str, needed: int, residency: Residency, residents: Sequence[Resident]) -> str:
-    """Why ``name`` cannot load: the budget, and what holds it that cannot go."""
-    budget = residency.host_budget
-    held = [
-        f"'{r.name}' {describe_bytes(r.nbytes)} ({_why_kept(r)})"
-        for r in sorted(residents, key=lambda r: -r.nbytes)
+    holders = [
+        f"'{r.name}' {describe_bytes(held_there(r))} ({_why_kept(r)})"
+        for r in sorted(residents, key=lambda r: -held_there(r))
+        if held_there(r)
     ]
-    holders = f"; held by {', '.join(held)}" if held else ""
-    limit = describe_bytes(residency.host_limit or 0)
+    listed = f"; held by {', '.join(holders)}" if holders else ""
+    takes = needed.host if device is None else needed.gpu.get(device, 0)
     return (
-        f"load '{name}': it takes about {describe_bytes(needed)}, which does not fit the host "
-        f"memory budget {budget.text if budget else ''} ({limit}){holders}. Hint: raise "
-        "--host-memory-budget, or unpin or unload a model"
+        f"load '{name}': it takes about {describe_bytes(takes)}, which does not fit the {what} "
+        f"{budget.text if budget else ''} ({describe_bytes(limit or 0)}){listed}. Hint: raise "
+        f"{flag}, or unpin or unload a model"
     )
 
 
@@ -93,6 +66,12 @@ def _why_kept(resident: Resident) -> str:
     if resident.busy:
         return "busy"
     return resident.protected or "idle"
+
+
+def describe_footprint(footprint: Footprint) -> str:
+    """``84 MiB``, or with GPU memory ``84 MiB, 2.1 GiB on GPU 0``."""
+    on_gpus = [f"{describe_bytes(n)} on GPU {d}" for d, n in sorted(footprint.gpu.items()) if n]
+    return ", ".join([describe_bytes(footprint.host), *on_gpus])
 
 
 def describe_bytes(nbytes: int) -> str:
@@ -105,7 +84,7 @@ class Resident(msgspec.Struct, frozen=True):
     """A resident model as eviction sees it (an ensemble: with the steps only it uses)."""
 
     name: str
-    nbytes: int
+    held: Footprint
     last_used: float
     busy: bool  # requests queued or running, or sequences open
     pinned: bool
@@ -136,7 +115,7 @@ def residents_of(
         residents.append(
             Resident(
                 name,
-                sum(residency.footprints.get(member, 0) for member in members),
+                sum((residency.footprints.get(m, Footprint()) for m in members), Footprint()),
                 residency.last_used.get(name, 0.0),
                 busy=any(
                     residency.busy(member) or _busy(serving.get(member, [])) for member in members
@@ -151,35 +130,34 @@ def residents_of(
     return residents
 
 
-def measure(serving: dict[str, list[Any]]) -> dict[str, int]:
-    """Each model's footprint now (PSS moves as shared pages lose their other users and
-    arenas grow): a walk of each instance's page tables, so run it off the event loop."""
-    return {
-        name: sum(footprint(v) for v in versions)
-        for name, versions in serving.items()
-        if not any(v.pipeline for v in versions)
-    }
-
-
 def _busy(versions: list[Any]) -> bool:
     """Whether a version has work its scheduler holds: requests queued or running, or
     (a stateful model) sequences open, whose state an eviction would lose."""
     return any(v.scheduler.busy for v in versions)
 
 
-def choose_victims(residents: Iterable[Resident], needed: int) -> list[Resident] | None:
+def choose_victims(residents: Iterable[Resident], over: Footprint) -> list[Resident] | None:
     """The idle, unpinned, unprotected models to unload, least recently used first, until
-    ``needed`` bytes are freed; None when all of them together do not free enough."""
+    what is ``over`` each budget (host, each GPU) is freed; a model holding nothing where
+    a budget is over is passed by. None when all of them together do not free enough."""
+    host = over.host
+    gpu = {device: n for device, n in over.gpu.items() if n > 0}
     victims: list[Resident] = []
-    freed = 0
     for resident in sorted(residents, key=lambda r: r.last_used):
-        if freed >= needed:
+        if host <= 0 and not gpu:
             break
         if resident.busy or resident.pinned or resident.protected:
             continue
+        held = resident.held
+        if not (host > 0 and held.host > 0 or any(held.gpu.get(device, 0) for device in gpu)):
+            continue
         victims.append(resident)
-        freed += resident.nbytes
-    return victims if freed >= needed else None
+        host -= held.host
+        for device, nbytes in held.gpu.items():
+            if device in gpu:
+                gpu[device] -= nbytes
+        gpu = {device: n for device, n in gpu.items() if n > 0}
+    return victims if host <= 0 and not gpu else None
 
 
 class Residency:
@@ -191,16 +169,26 @@ class Residency:
         host_budget: Budget | None = None,
         on_demand: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        gpu_budget: Budget | None = None,
+        gpu_memory: Sequence[int] = (),
     ) -> None:
+        """``gpu_memory``: each visible GPU's memory in bytes, for ``gpu_budget``'s share
+        (the budget holds on each GPU alone)."""
         self.host_budget = host_budget
         self.host_limit = host_budget.of(host_memory_total()) if host_budget else None
+        self.gpu_budget = gpu_budget
+        self.gpu_limits = (
+            {device: gpu_budget.of(total) for device, total in enumerate(gpu_memory)}
+            if gpu_budget
+            else {}
+        )
         # Whether loads are counted and requests tracked at all (models come and go on
         # their own): a server without a budget or on-demand loading pays nothing for it.
-        self.tracking = on_demand or host_budget is not None
+        self.tracking = on_demand or self.budgeted
         self._clock = clock
         self.last_used: dict[str, float] = {}
         self.active: dict[str, int] = {}
-        self.footprints: dict[str, int] = {}  # host bytes, as last measured
+        self.footprints: dict[str, Footprint] = {}  # as last measured
         self.reasons: dict[str, str] = {}  # name -> why not resident (evicted: ...)
         self.loads = 0
         self.evictions = 0
@@ -209,7 +197,17 @@ class Residency:
 
     @property
     def budgeted(self) -> bool:
-        return self.host_limit is not None
+        return self.host_limit is not None or bool(self.gpu_limits)
+
+    def over(self, residents: Sequence[Resident], incoming: Footprint) -> Footprint:
+        """How far ``residents`` and ``incoming`` together are over each budget (0 where
+        within it)."""
+        total = sum((r.held for r in residents), incoming)
+        host = total.host - self.host_limit if self.host_limit is not None else 0
+        gpu = {
+            device: total.gpu.get(device, 0) - limit for device, limit in self.gpu_limits.items()
+        }
+        return Footprint(max(host, 0), {device: n for device, n in gpu.items() if n > 0})
 
     def begin(self, name: str) -> None:
         """A request for ``name`` is in progress: it is used, and busy until ``end``."""
@@ -230,8 +228,8 @@ class Residency:
     def busy(self, name: str) -> bool:
         return name in self.active
 
-    def loaded(self, name: str, nbytes: int, seconds: float) -> None:
-        self.footprints[name] = nbytes
+    def loaded(self, name: str, footprint: Footprint, seconds: float) -> None:
+        self.footprints[name] = footprint
         self.reasons.pop(name, None)
         self.last_used[name] = self._clock()  # just loaded: not the next to go
         self.loads += 1
@@ -245,7 +243,7 @@ class Residency:
         self.reasons[name] = reason
         self.evictions += 1
 
-    def families(self, resident: dict[str, int]) -> list[CustomFamily]:
+    def families(self, resident: dict[str, Footprint]) -> list[CustomFamily]:
         """Loads, evictions, load times and ``resident`` bytes per model, for /metrics."""
         return [
             CustomFamily(
@@ -278,7 +276,17 @@ class Residency:
                 "reposerve_model_resident_bytes",
                 "Host memory a resident model's instances hold (PSS)",
                 "gauge",
-                [CustomMetric((("model", name),), nbytes) for name, nbytes in resident.items()],
+                [CustomMetric((("model", name),), held.host) for name, held in resident.items()],
+            ),
+            CustomFamily(
+                "reposerve_model_resident_gpu_bytes",
+                "GPU memory a resident model's instances hold, per GPU (NVML)",
+                "gauge",
+                [
+                    CustomMetric((("model", name), ("gpu", str(device))), nbytes)
+                    for name, held in resident.items()
+                    for device, nbytes in sorted(held.gpu.items())
+                ],
             ),
         ]
 

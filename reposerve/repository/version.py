@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
+
 from reposerve.config import ModelConfig
 from reposerve.config.sequences import client_facing, model_facing
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
@@ -32,6 +34,7 @@ from reposerve.instance.outcomes import BatchTensor, FailureCause
 from reposerve.instance.process import InstanceProcess
 from reposerve.pipelines.calls import serve_call
 from reposerve.pipelines.ensemble import EnsembleScheduler, Resolve, check_steps
+from reposerve.repository.footprints import Footprint
 from reposerve.repository.gpus import discover
 from reposerve.repository.placement import plan_instances
 from reposerve.repository.recovery import InstanceRestarter
@@ -40,7 +43,7 @@ from reposerve.repository.warmup import warm, warmup_batches
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.lease import LeaseStream
 from reposerve.scheduler.sequences import SequenceBatcher
-from reposerve.statistics import ModelStatistics
+from reposerve.statistics import ModelStatistics, ModelStats
 
 log = logging.getLogger("reposerve.repository")
 
@@ -96,6 +99,7 @@ class ModelVersion:
         self.lost_a_step = False  # an ensemble whose step model went away (lost_step)
         self.statistics = ModelStatistics(name, source.number, latency_summaries)
         self.instances: list[InstanceProcess] = []
+        self.footprint = Footprint()  # its memory, as last measured (footprints.measure)
         self.output_names: tuple[str, ...] = ()
         # Instances join the scheduler as they load; until READY nobody else submits.
         self.scheduler: Scheduler | SequenceBatcher | EnsembleScheduler
@@ -133,6 +137,12 @@ class ModelVersion:
             return Scheduler(self.label, config, [], self.statistics)
         return SequenceBatcher(
             self.label, self.name, config, self.statistics, self.source.path.parent
+        )
+
+    def statistics_now(self) -> ModelStats:
+        """Its statistics in Triton's shape, with its memory as last measured."""
+        return msgspec.structs.replace(
+            self.statistics.snapshot(), memory_usage=self.footprint.usage()
         )
 
     @property

@@ -108,11 +108,14 @@ def test_a_probe_that_fails_or_hangs_means_no_gpu(command, logged, monkeypatch, 
     assert logged in caplog.text and "no GPU will be used" in caplog.text
 
 
-def _run_probe(library_dir, **env: str) -> subprocess.CompletedProcess:
+def _run_probe(library_dir, *arguments: str, **env: str) -> subprocess.CompletedProcess:
     """The NVML probe as the front runs it, finding libnvidia-ml.so.1 in ``library_dir``."""
     environment = {"LD_LIBRARY_PATH": str(library_dir), **env}
     return subprocess.run(
-        [sys.executable, "-I", nvml.__file__], capture_output=True, env=environment, timeout=60
+        [sys.executable, "-I", nvml.__file__, *arguments],
+        capture_output=True,
+        env=environment,
+        timeout=60,
     )
 
 
@@ -174,6 +177,20 @@ int nvmlDeviceGetMigDeviceHandleByIndex(void *handle, unsigned int index, void *
     *mig = (void *)(uintptr_t)(100 + index);
     return 0;
 }
+/* GPU 0 runs pids 41 (1 GiB) and 42 (3 MiB); GPU 1 runs 43, its memory not available. */
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } process_t;
+int nvmlDeviceGetComputeRunningProcesses_v3(void *handle, unsigned int *count, process_t *out) {
+    unsigned int needed = id(handle) == 1 ? 2 : 1;
+    if (*count < needed) { *count = needed; return 7; }
+    *count = needed;
+    if (id(handle) == 1) {
+        out[0] = (process_t){41, 1ULL << 30, 0, 0};
+        out[1] = (process_t){42, 3ULL << 20, 0, 0};
+    } else {
+        out[0] = (process_t){43, ~0ULL, 0, 0};
+    }
+    return 0;
+}
 """
 
 
@@ -216,3 +233,17 @@ def test_nvml_without_a_driver_is_no_gpu_and_other_errors_fail_the_probe(fake_nv
     broken = _run_probe(fake_nvml, FAKE_NVML_INIT="2")
     assert broken.returncode == 1
     assert broken.stderr == b"GPU probe: nvmlInit_v2 failed: Invalid Argument (NVML error 2)\n"
+
+
+@pytest.mark.integration
+def test_the_probe_lists_each_process_gpu_memory_through_nvml(fake_nvml, monkeypatch):
+    done = _run_probe(fake_nvml, "processes")
+    assert done.returncode == 0, done.stderr
+    assert msgspec.json.decode(done.stdout, type=list[nvml.ProcessMemory]) == [
+        nvml.ProcessMemory(gpu=0, pid=41, memory=1 << 30),
+        nvml.ProcessMemory(gpu=0, pid=42, memory=3 << 20),
+        nvml.ProcessMemory(gpu=1, pid=43, memory=0),  # not available reads as nothing held
+    ]
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_nvml))
+    monkeypatch.delenv(gpus.PROBE_VARIABLE, raising=False)
+    assert gpus.process_memory(timeout=30) == {41: {0: 1 << 30}, 42: {0: 3 << 20}, 43: {1: 0}}

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from reposerve.arguments import parse_budget
-from reposerve.repository.residency import Resident, choose_victims
+from reposerve.repository.footprints import Footprint
+from reposerve.repository.residency import (
+    Residency,
+    Resident,
+    choose_victims,
+    describe_footprint,
+    refusal,
+)
+from reposerve.statistics import MemoryUsage
 
 pytestmark = pytest.mark.unit
 
@@ -36,14 +44,15 @@ def test_what_is_not_a_budget_says_so(text):
         parse_budget(text)
 
 
-def _resident(name, nbytes, used, busy=False, pinned=False, protected=None):
-    return Resident(name, nbytes, used, busy=busy, pinned=pinned, protected=protected)
+def _resident(name, nbytes, used, busy=False, pinned=False, protected=None, gpu=None):
+    held = Footprint(nbytes, gpu or {})
+    return Resident(name, held, used, busy=busy, pinned=pinned, protected=protected)
 
 
 def test_the_least_recently_used_go_first_until_enough_is_freed():
     residents = [_resident("new", 100, 3.0), _resident("old", 100, 1.0), _resident("mid", 100, 2.0)]
-    assert [v.name for v in choose_victims(residents, 150)] == ["old", "mid"]
-    assert [v.name for v in choose_victims(residents, 1)] == ["old"]
+    assert [v.name for v in choose_victims(residents, Footprint(150))] == ["old", "mid"]
+    assert [v.name for v in choose_victims(residents, Footprint(1))] == ["old"]
 
 
 def test_busy_pinned_and_ensemble_steps_never_go():
@@ -53,5 +62,47 @@ def test_busy_pinned_and_ensemble_steps_never_go():
         _resident("step", 500, 0.7, protected="a step of the resident ensemble 'e'"),
         _resident("idle", 100, 9.0),
     ]
-    assert [v.name for v in choose_victims(residents, 100)] == ["idle"]
-    assert choose_victims(residents, 101) is None  # not enough can go
+    assert [v.name for v in choose_victims(residents, Footprint(100))] == ["idle"]
+    assert choose_victims(residents, Footprint(101)) is None  # not enough can go
+
+
+def test_a_gpu_over_its_budget_frees_only_models_holding_memory_on_it():
+    residents = [
+        _resident("host-only", 100, 0.0),
+        _resident("on-gpu-1", 100, 1.0, gpu={1: 500}),
+        _resident("on-gpu-0-old", 100, 2.0, gpu={0: 300}),
+        _resident("on-gpu-0-new", 100, 3.0, gpu={0: 300}),
+    ]
+    chosen = choose_victims(residents, Footprint(0, {0: 400}))
+    assert [v.name for v in chosen] == ["on-gpu-0-old", "on-gpu-0-new"]
+    assert choose_victims(residents, Footprint(0, {0: 601})) is None
+
+
+def test_host_and_gpu_over_together_are_freed_together():
+    residents = [_resident("host-only", 100, 0.0), _resident("gpu", 10, 1.0, gpu={0: 300})]
+    chosen = choose_victims(residents, Footprint(50, {0: 100}))
+    assert [v.name for v in chosen] == ["host-only", "gpu"]
+
+
+def test_the_gpu_budget_holds_on_each_gpu_alone():
+    book = Residency(gpu_budget=parse_budget("50%"), gpu_memory=[1000, 4000])
+    assert book.budgeted and book.tracking and book.gpu_limits == {0: 500, 1: 2000}
+    residents = [_resident("a", 0, 0.0, gpu={0: 400, 1: 1900})]
+    assert book.over(residents, Footprint(0, {1: 50})) == Footprint()
+    assert book.over(residents, Footprint(0, {0: 150, 1: 150})) == Footprint(0, {0: 50, 1: 50})
+
+
+def test_a_refusal_names_the_gpu_budget_it_is_over_and_its_holders():
+    book = Residency(gpu_budget=parse_budget("50%"), gpu_memory=[1 << 30])
+    holders = [_resident("big", 1 << 20, 0.0, pinned=True, gpu={0: 400 << 20})]
+    needed = Footprint(1 << 20, {0: 300 << 20})
+    message = refusal("new", needed, Footprint(0, {0: 188 << 20}), book, holders)
+    assert "300 MiB, which does not fit the memory budget of GPU 0 50% (512 MiB)" in message
+    assert "'big' 400 MiB (pinned)" in message and "--gpu-memory-budget" in message
+
+
+def test_footprints_read_as_triton_memory_usage():
+    assert Footprint().usage() == []  # never measured: an ensemble holds none of its own
+    assert Footprint(5, {1: 7}).usage() == [MemoryUsage("CPU", 0, 5), MemoryUsage("GPU", 1, 7)]
+    assert Footprint(1, {0: 2}) + Footprint(3, {0: 4, 1: 5}) == Footprint(4, {0: 6, 1: 5})
+    assert describe_footprint(Footprint(84 << 20, {0: 3 << 30})) == "84 MiB, 3.0 GiB on GPU 0"

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from reposerve.repository.residency import pss_bytes
+from reposerve.repository.footprints import pss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -173,6 +173,15 @@ def _gpu_placement(
         f"memory.used {before} -> {held} MiB",
     )
     hog_pids = [fact["pid"] for fact in instance_facts(root / "hog" / "1")]
+    # What the memory budgets measure: NVML's per-process memory, as /stats reports it.
+    stats = server.http.get("/v2/models/hog/stats").json()["model_stats"][0]
+    on_gpu0 = [u for u in stats.get("memory_usage", []) if u["type"] == "GPU" and u["id"] == 0]
+    phase.facts["hog_memory_usage"] = stats.get("memory_usage")
+    phase.check(
+        f"/stats memory_usage shows hog's {hold_gib:g} GiB on GPU 0 (NVML, by pid)",
+        bool(on_gpu0) and on_gpu0[0]["byte_size"] >= hold_gib * (1 << 30) * 0.9,
+        f"{stats.get('memory_usage')}",
+    )
     unloaded_at = time.monotonic()
     unloaded = server.http.post("/v2/repository/models/hog/unload")
     phase.check("hog unloads", unloaded.status_code == 200, unloaded.text[:300])

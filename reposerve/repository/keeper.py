@@ -1,0 +1,157 @@
+"""Loads under the memory budgets: room is made before a load (idle models unloaded, least
+recently used first), the load is measured, and what it took past a budget is trimmed
+after. The decisions are ``residency.py``'s; this runs them against the repository.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from reposerve.errors import ErrorKind, RepositoryError
+from reposerve.repository.footprints import Footprint, folder_bytes, measure
+from reposerve.repository.residency import (
+    Residency,
+    Resident,
+    choose_victims,
+    describe_footprint,
+    refusal,
+    residents_of,
+)
+from reposerve.repository.version import ModelState, ModelVersion
+
+log = logging.getLogger("reposerve.repository")
+
+Serving = dict[str, list[ModelVersion]]  # name -> its READY versions
+
+
+class BudgetKeeper:
+    """``serving`` lists the loaded models; ``unload(name, dependents)`` takes one out of
+    service (an ensemble with the steps only it uses)."""
+
+    def __init__(
+        self,
+        residency: Residency,
+        roots: Sequence[Path],
+        serving: Callable[[], Serving],
+        unload: Callable[[str, bool], Awaitable[None]],
+    ) -> None:
+        self.residency = residency
+        self._roots = roots
+        self._serving = serving
+        self._unload = unload
+        self._budget = asyncio.Lock()  # loads under a budget: one at a time
+        self._measured_at = 0.0  # when refresh last measured
+
+    async def load(
+        self, name: str, load_now: Callable[[], Awaitable[list[ModelVersion]]]
+    ) -> list[ModelVersion]:
+        """Run ``load_now`` (the load of ``name``) within the budgets; measured either
+        way, for ``/stats`` and the index."""
+        residency = self.residency
+        if not residency.tracking:
+            fresh = await load_now()
+            serving = [v for v in fresh if v.state is ModelState.READY]
+            if serving:
+                await self._measure({name: serving})
+            return fresh
+        # Room is made for one load at a time, so two never count on the same bytes.
+        async with self._budget if residency.budgeted else contextlib.nullcontext():
+            if residency.budgeted:
+                await self._make_room(name)
+            started = time.monotonic()
+            fresh = await load_now()
+            serving = [v for v in fresh if v.state is ModelState.READY]
+            if serving:
+                footprint = (await self._measure({name: serving})).get(name, Footprint())
+                residency.loaded(name, footprint, time.monotonic() - started)
+                if residency.budgeted:
+                    await self._trim(name)
+            return fresh
+
+    async def refresh(self) -> None:
+        """Measure the loaded models again (for ``/stats`` and the index), at most once a
+        second however often they are asked for."""
+        if time.monotonic() - self._measured_at >= 1.0:
+            self._measured_at = time.monotonic()
+            await self._measure()
+
+    def resident_bytes(self) -> dict[str, Footprint]:
+        """Each resident model's footprint as last measured (ensembles hold none)."""
+        return {
+            name: self.residency.footprints.get(name, Footprint())
+            for name, versions in self._serving().items()
+            if not any(v.pipeline for v in versions)
+        }
+
+    async def _make_room(self, name: str) -> None:
+        """Unload idle models, least recently used first, until ``name`` fits (by its
+        footprint when it was loaded before, else its files' size in host memory: where
+        it goes on a GPU is known once it is placed, and ``_trim`` sees it then). Each
+        victim is chosen afresh, so one that took a request meanwhile stays."""
+        residency = self.residency
+        needed = residency.footprints.get(name) or Footprint(
+            await asyncio.to_thread(folder_bytes, self._roots, name)
+        )
+        await self._measure()
+        while True:
+            residents = self._residents(exclude=name)
+            over = residency.over(residents, needed)
+            if over == Footprint():
+                return
+            victims = choose_victims(residents, over)
+            if victims is None:
+                message = refusal(name, needed, over, residency, residents)
+                residency.reasons[name] = message
+                raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
+            await self._evict(victims[0], name)
+
+    async def _trim(self, loaded: str) -> None:
+        """Measured after its load, ``loaded`` may take the total past a budget: the
+        least recently used idle models go until it fits. When what holds the rest is
+        busy, it stays over for now (the next load trims again); when it is pinned (it
+        will never go), ``loaded`` goes and its load fails, saying why."""
+        residency = self.residency
+        await self._measure()
+        while True:
+            residents = self._residents(exclude=loaded)
+            over = residency.over(residents, residency.footprints[loaded])
+            if over == Footprint():
+                return
+            victims = choose_victims(residents, over)
+            if victims is not None:
+                await self._evict(victims[0], loaded)
+                continue
+            for victim in sorted(residents, key=lambda r: r.last_used):
+                if not (victim.busy or victim.pinned or victim.protected):
+                    await self._evict(victim, loaded)
+            if any(r.busy for r in residents):
+                log.warning("%s: over a memory budget for now: busy models hold it", loaded)
+                return
+            message = refusal(loaded, residency.footprints[loaded], over, residency, residents)
+            log.error("%s", message)
+            await self._unload(loaded, False)
+            residency.reasons[loaded] = message
+            raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
+
+    async def _evict(self, victim: Resident, making_room_for: str) -> None:
+        held = describe_footprint(victim.held)
+        reason = f"evicted: least recently used, {held} for '{making_room_for}'"
+        log.info("%s %s", victim.name, reason)
+        # An ensemble goes with the steps no other loaded ensemble uses.
+        await self._unload(victim.name, victim.ensemble)
+        self.residency.evicted(victim.name, reason)
+
+    def _residents(self, exclude: str) -> list[Resident]:
+        return residents_of(self._serving(), self.residency, exclude)
+
+    async def _measure(self, serving: Serving | None = None) -> dict[str, Footprint]:
+        """The footprints of ``serving`` (every resident model by default) now, measured
+        off the event loop."""
+        measured = await asyncio.to_thread(measure, serving or self._serving())
+        self.residency.footprints.update(measured)
+        return measured
