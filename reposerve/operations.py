@@ -81,7 +81,8 @@ class IndexEntry(msgspec.Struct, omit_defaults=True):
     version: str = ""
     state: str = ""
     reason: str = ""
-    # reposerve's addition: what a loaded version holds, as /stats says (gRPC drops it)
+    # reposerve's addition under on-demand loading or a memory budget: what a loaded
+    # version holds, as /stats says (gRPC drops it)
     memory_usage: list[MemoryUsage] = []
 
 

@@ -477,7 +477,9 @@ class Repository:
                 if ready_only and version.state is not ModelState.READY:
                     continue
                 reason = why if why and version.unloaded else version.reason
-                usage = version.footprint.usage() if version.state is ModelState.READY else []
+                # Where the server manages memory; elsewhere the rows keep Triton's shape.
+                shown = self.residency.tracking and version.state is ModelState.READY
+                usage = version.footprint.usage() if shown else []
                 entries.append(IndexEntry(name, str(number), version.state.value, reason, usage))
         return entries
 
