@@ -145,6 +145,16 @@ COUNTERS: list[tuple[str, str, _Value]] = [
         lambda m: m.stats.isolation_stats.failed_requests,
     ),
     (
+        "reposerve_padded_input_elements",
+        "Elements of padded inputs in batches of requests of different lengths, padding included",
+        lambda m: m.stats.padding_stats.elements,
+    ),
+    (
+        "reposerve_padding_elements",
+        "Of those, the elements that were padding (their share: this over the elements)",
+        lambda m: m.stats.padding_stats.padding,
+    ),
+    (
         "reposerve_instance_restart_count",
         "Instance processes that died and were restarted (or given up on)",
         lambda m: m.restarts,

@@ -52,6 +52,15 @@ class IsolationStats(msgspec.Struct):
     failed_requests: int = 0  # requests found at fault and failed alone
 
 
+class PaddingStats(msgspec.Struct):
+    """Variable-length batching (reposerve's addition): how much of the padded inputs'
+    batches was padding. ``padding / elements`` is the share spent on it."""
+
+    batches: int = 0  # batches formed with padded inputs
+    elements: int = 0  # elements of the padded inputs in those batches, padding included
+    padding: int = 0  # of which padding
+
+
 class MemoryUsage(msgspec.Struct):
     """Memory a model holds on one device (Triton's shape)."""
 
@@ -72,6 +81,7 @@ class ModelStats(msgspec.Struct):
     batch_stats: list[BatchStats] = []
     memory_usage: list[MemoryUsage] = []
     isolation_stats: IsolationStats = msgspec.field(default_factory=IsolationStats)
+    padding_stats: PaddingStats = msgspec.field(default_factory=PaddingStats)
 
 
 class FailureReason(enum.Enum):
@@ -190,6 +200,13 @@ class ModelStatistics:
         isolation = self._stats.isolation_stats
         isolation.batches += not rerun
         isolation.executions += 2
+
+    def record_padding(self, elements: int, padding: int) -> None:
+        """A batch of padded inputs was formed: ``padding`` of its ``elements`` are pad."""
+        stats = self._stats.padding_stats
+        stats.batches += 1
+        stats.elements += elements
+        stats.padding += padding
 
     def snapshot(self) -> ModelStats:
         return self._stats

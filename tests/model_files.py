@@ -56,6 +56,56 @@ def export_onnx(path: Path) -> None:
         )
 
 
+class TokenNet(torch.nn.Module):
+    """ids, mask: INT64 [batch, length] -> hidden: FP32 [batch, length, 8], each token's
+    own, and pooled: FP32 [batch, 8], their mean under the mask. Padding changes neither."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(50, 8)
+        self.mix = torch.nn.Linear(8, 8)
+
+    def forward(self, ids, mask):
+        hidden = torch.tanh(self.mix(self.embed(ids)))
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return hidden, (hidden * weights).sum(1) / weights.sum(1)
+
+
+def token_reference(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """TokenNet on ``ids`` alone, unpadded."""
+    mask = torch.ones(ids.shape, dtype=torch.int64)
+    with torch.inference_mode():
+        hidden, pooled = TokenNet().eval()(torch.from_numpy(ids), mask)
+    return hidden.numpy(), pooled.numpy()
+
+
+def export_token_net(path: Path) -> None:
+    """TokenNet as ONNX (model.onnx) or TorchScript (model.pt), by ``path``'s suffix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    example = (torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 5, dtype=torch.int64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if path.suffix == ".pt":
+            torch.jit.trace(TokenNet().eval(), example).save(str(path))
+            return
+        varying = {0: "batch", 1: "length"}
+        torch.onnx.export(
+            TokenNet().eval(),
+            example,
+            str(path),
+            input_names=["ids", "mask"],
+            output_names=["hidden", "pooled"],
+            dynamic_axes={
+                "ids": varying,
+                "mask": varying,
+                "hidden": varying,
+                "pooled": {0: "batch"},
+            },
+            dynamo=False,
+        )
+
+
 def export_torchscript(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():

@@ -11,7 +11,7 @@ import msgspec
 
 from reposerve.config.backends import backend_entry
 from reposerve.config.schema import DynamicBatching, ModelConfig, TensorConfig
-from reposerve.config.sequences import sequence_tensors
+from reposerve.config.sequences import implied_tensors
 from reposerve.errors import ConfigError
 
 
@@ -23,7 +23,7 @@ def complete_config(
 ) -> ModelConfig:
     """``inputs``/``outputs``: the model's own tensors, full shapes, -1 where dynamic."""
     config = _max_batch_size(config, inputs + outputs)
-    implied_inputs, implied_outputs = sequence_tensors(config)
+    implied_inputs, implied_outputs = implied_tensors(config)
     batch = config.max_batch_size
     return msgspec.structs.replace(
         config,

@@ -68,6 +68,13 @@ class DynamicBatching(_Section):
     preserve_ordering: bool = False
     priority_levels: NonNegative = 0
     default_priority_level: NonNegative = 0
+    # Variable-length batching (reposerve's, config/padding.py): requests whose -1 dims
+    # differ share a batch, padded to the longest in it or to the next of ``buckets``.
+    pad: dict[str, int | float] = {}  # input -> the value it is padded with
+    buckets: list[Positive] = []
+    lengths_input: Annotated[str, Meta(min_length=1)] | None = None  # each request's length
+    lengths_datatype: Literal["INT32", "INT64"] = "INT32"
+    unpad: dict[str, str] = {}  # output -> the padded input whose length it is cut back to
 
 
 class ControlInput(_Section):

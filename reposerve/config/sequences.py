@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from reposerve.config.padding import lengths_tensor
 from reposerve.config.schema import ModelConfig, SequenceBatching, TensorConfig
 from reposerve.datatypes import TRITON_CONFIG_TYPES
 from reposerve.errors import ConfigError
@@ -94,22 +95,27 @@ def check_sequence_batching(config: ModelConfig) -> str | None:
     return None
 
 
-def sequence_tensors(config: ModelConfig) -> tuple[set[str], set[str]]:
-    """The inputs and outputs the sequence batcher fills and keeps (control inputs, the
-    state's input and output): the model's, never a client's."""
+def implied_tensors(config: ModelConfig) -> tuple[set[str], set[str]]:
+    """The inputs and outputs the server fills and keeps (the sequence batcher's control
+    inputs and state, the padding's lengths input): the model's, never a client's."""
+    lengths = lengths_tensor(config)
+    inputs = set() if lengths is None else {lengths.name}
     sequence = config.sequence_batching
     if sequence is None:
-        return set(), set()
-    inputs = {c.name for c in sequence.control_input} | {s.input_name for s in sequence.state}
+        return inputs, set()
+    inputs |= {c.name for c in sequence.control_input} | {s.input_name for s in sequence.state}
     return inputs, {s.output_name for s in sequence.state}
 
 
 def model_facing(config: ModelConfig) -> ModelConfig:
     """``config`` as its instances load it: the control inputs and the state's input and
-    output join the tensors the model reads and writes."""
+    output join the tensors the model reads and writes, as does ``lengths_input``."""
+    lengths = lengths_tensor(config)
     sequence = config.sequence_batching
     if sequence is None:
-        return config
+        if lengths is None:
+            return config
+        return msgspec.structs.replace(config, input=[*config.input, lengths])
     inputs = [
         *config.input,
         *(
@@ -135,16 +141,13 @@ def model_facing(config: ModelConfig) -> ModelConfig:
 
 def client_facing(config: ModelConfig, declared: ModelConfig) -> ModelConfig:
     """A model-facing ``config`` (as an instance completed it) back to what clients send
-    and may ask for: without the control and state inputs, and with a state output only
-    where ``declared`` (the config as written) lists it among the outputs."""
-    sequence = config.sequence_batching
-    if sequence is None:
-        return config
-    hidden_inputs = {c.name for c in sequence.control_input} | {
-        s.input_name for s in sequence.state
-    }
+    and may ask for: without the control, state and lengths inputs, and with a state
+    output only where ``declared`` (the config as written) lists it among the outputs."""
+    hidden_inputs, implied_outputs = implied_tensors(config)
     shown = {tensor.name for tensor in declared.output}
-    hidden_outputs = {s.output_name for s in sequence.state if s.output_name not in shown}
+    hidden_outputs = implied_outputs - shown
+    if not hidden_inputs and not hidden_outputs:
+        return config
     return msgspec.structs.replace(
         config,
         input=[tensor for tensor in config.input if tensor.name not in hidden_inputs],

@@ -11,6 +11,8 @@ schema has no field for travel in its free-form ``parameters`` map (string value
     reposerve.execution.isolate_failures "true" | "false"
     reposerve.instance_group.<i>.cpus    "[0, 1]"   (group i's pinned cores, when set)
     reposerve.lifecycle.pinned           "true" | "false"
+    reposerve.dynamic_batching.<key>     pad, buckets, lengths_input, lengths_datatype,
+                                         unpad (variable-length batching; when pad is set)
 
 The model's own ``[parameters]`` travel beside them under their own keys. Triton's values
 are strings, reposerve's are typed: a value other than a string is written as JSON, and a
@@ -34,6 +36,8 @@ _TIMEOUT = "reposerve.execution.timeout_seconds"
 _ISOLATE = "reposerve.execution.isolate_failures"
 _GROUP_CPUS = "reposerve.instance_group.{index}.cpus"
 _PINNED = "reposerve.lifecycle.pinned"
+_BATCHING = "reposerve.dynamic_batching."
+_PADDING_KEYS = ("pad", "buckets", "lengths_input", "lengths_datatype", "unpad")
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -67,6 +71,11 @@ def to_triton_parameters(config: ModelConfig) -> dict[str, dict[str, str]]:
     values[_TIMEOUT] = config.execution.timeout_seconds
     values[_ISOLATE] = config.execution.isolate_failures
     values[_PINNED] = config.lifecycle.pinned
+    batching = config.dynamic_batching
+    if batching is not None and batching.pad:  # Triton's dynamic_batching has no such field
+        for key in _PADDING_KEYS:
+            if getattr(batching, key) is not None:
+                values[_BATCHING + key] = getattr(batching, key)
     for index, group in enumerate(config.instance_group or ()):
         if group.cpus:
             values[_GROUP_CPUS.format(index=index)] = group.cpus
@@ -93,6 +102,8 @@ def apply_triton_parameters(
             table.setdefault("execution", {})[key.rsplit(".", 1)[1]] = value
         elif key == _PINNED:
             table.setdefault("lifecycle", {})["pinned"] = value
+        elif key.startswith(_BATCHING) and key[len(_BATCHING) :] in _PADDING_KEYS:
+            table.setdefault("dynamic_batching", {})[key[len(_BATCHING) :]] = value
         else:
             _group_cpus(table, key, value, label)
     if own:  # beside what other fields put there (the TensorRT accelerator's options)
@@ -107,7 +118,8 @@ def _group_cpus(table: dict[str, Any], key: str, value: Any, label: str) -> None
     if not known or not parts[2].isdigit():
         raise ConfigError(
             f"{label}: parameters.{key}: unknown reposerve setting (known: {_PRECISION}, "
-            f"{_TIMEOUT}, {_ISOLATE}, {_PINNED}, {_GROUP_CPUS.format(index='<i>')})"
+            f"{_TIMEOUT}, {_ISOLATE}, {_PINNED}, {_GROUP_CPUS.format(index='<i>')}, "
+            f"{_BATCHING}{{{','.join(_PADDING_KEYS)}}})"
         )
     index = int(parts[2])
     if index >= len(groups):

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from reposerve.config.ensemble import check_ensemble
+from reposerve.config.padding import check_padding
 from reposerve.config.parameters import check_parameters
 from reposerve.config.schema import ModelConfig, TensorConfig
 from reposerve.config.sequences import check_sequence_batching
@@ -59,6 +60,7 @@ def _check(config: ModelConfig, folder_name: str | None) -> str | None:
         check_ensemble(config)
         or _check_groups(config)
         or _check_batching(config)
+        or check_padding(config)
         or check_sequence_batching(config)
     )
 

@@ -16,6 +16,7 @@ only they fail; a version going away fails what it still holds with the reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -36,10 +37,20 @@ from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
 from reposerve.scheduler.lease import Lease, LeaseStream, take
 from reposerve.scheduler.ordering import Delivery
+from reposerve.scheduler.padding import PaddedBatch, Padding
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
-from reposerve.scheduler.work import Batch, Executor, Queued, request_error, request_slice
+from reposerve.scheduler.work import (
+    Batch,
+    Executor,
+    Queued,
+    batch_inputs,
+    gather,
+    request_error,
+    request_outputs,
+    request_slice,
+)
 from reposerve.statistics import FailureReason, ModelStatistics
-from reposerve.tensor import Tensor, split_batch
+from reposerve.tensor import Tensor
 
 
 class Scheduler:
@@ -54,6 +65,7 @@ class Scheduler:
         self._label = label
         self._config = config
         self._rules = BatchRules.from_config(config)
+        self._padding = Padding.from_config(config)  # requests of different lengths batch
         self._instances = list(instances)
         self._statistics = statistics
         self._clock: Clock = clock or LoopClock()
@@ -146,7 +158,10 @@ class Scheduler:
                 f"{self._label}: queue full ({self._queued} requests waiting, "
                 "dynamic_batching.max_queue_size); retry later"
             )
-        key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
+        if self._padding is None:
+            key = tuple((name, tensor.shape[1:]) for name, tensor in request.inputs.items())
+        else:
+            key = self._padding.key(request)
         future = asyncio.get_running_loop().create_future()
         item = Queued(request, future, key, self._clock.now(), stream, call_depth)
         future.add_done_callback(partial(self._tell_cancelled, item))
@@ -249,7 +264,7 @@ class Scheduler:
                 return
             if staged and not plan.full:
                 return  # a batch that can still grow waits for an instance to be free
-            self._launch(instance, self._pop(plan.count), rerun=False)
+            self._launch(instance, self._take(head[: plan.count]), rerun=False)
 
     def _free_instance(self, staged: bool) -> Executor | None:
         """The least busy instance that takes a batch now (or, ``staged``, next)."""
@@ -270,56 +285,36 @@ class Scheduler:
         for queue in self._queues:
             while queue and queue[0].future.done():
                 self._discard(queue.popleft())
-        head: list[Queued] = []
-        total = 0
-        for item in itertools.chain.from_iterable(self._queues):
-            if item.future.done():
-                continue
-            if head and item.key != head[0].key:
-                return head, True
-            head.append(item)
-            total += item.request.batch_size
-            if total > self._rules.max_batch_size:
-                break
-        return head, False
+        return gather(
+            itertools.chain.from_iterable(self._queues), self._rules.max_batch_size, self._padding
+        )
 
-    def _pop(self, count: int) -> list[Queued]:
-        taken: list[Queued] = []
-        for queue in self._queues:
-            while queue and len(taken) < count:
-                item = queue.popleft()
-                self._dequeued(item)
-                if item.timer is not None:
-                    item.timer.cancel()
-                if item.future.done():
-                    self._record_cancel(item)
-                    continue
-                # Ordering is of the one answer of each request; streams end as they end.
-                if self._delivery.ordered and item.stream is None:
-                    item.sequence = self._delivery.next_sequence()
-                taken.append(item)
-        return taken
+    def _take(self, chosen: list[Queued]) -> list[Queued]:
+        """Take ``chosen`` (queued, not done) out of the queue: the oldest, or (padding)
+        requests of one key from wherever they are in it. Requests given up on between
+        them go once they reach the front (``_head``)."""
+        for item in chosen:
+            for queue in self._queues:
+                with contextlib.suppress(ValueError):
+                    queue.remove(item)
+                    break
+            self._dequeued(item)
+            if item.timer is not None:
+                item.timer.cancel()
+            # Ordering is of the one answer of each request; streams end as they end.
+            if self._delivery.ordered and item.stream is None:
+                item.sequence = self._delivery.next_sequence()
+        return chosen
 
     def _launch(self, instance: Executor, items: list[Queued], rerun: bool) -> None:
-        first = items[0].request
-        count = sum(item.request.batch_size for item in items)
-        batched = self._config.max_batch_size > 0
-        inputs = [
-            BatchTensor(
-                name,
-                tensor.datatype,
-                (count, *tensor.shape[1:]) if batched else tensor.shape,
-                [item.request.inputs[name].raw for item in items],
-            )
-            for name, tensor in first.inputs.items()
-        ]
+        requests = [item.request for item in items]
         self._in_flight += 1
         self._staged += len(items)
         batch = Batch(items, self._clock.now(), rerun)
         batch.instance = instance
         for item in items:
             item.batch = batch
-        requests = [request_slice(item.request) for item in items] if instance.per_request else ()
+        slices = [request_slice(request) for request in requests] if instance.per_request else ()
         # Streamed requests are a decoupled model's (the service sends no other kind).
         on_response = partial(self._responded, batch) if items[0].stream is not None else None
         # Only batches that calls made carry a depth (its models' calls go one deeper).
@@ -327,10 +322,10 @@ class Scheduler:
         deeper = {"call_depth": depth} if depth else {}
         try:
             batch.handle = instance.run(
-                inputs,
+                self._inputs(requests),
                 partial(self._complete, batch),
                 partial(self._started, batch),
-                requests,
+                slices,
                 on_response,
                 **deeper,
             )
@@ -355,6 +350,15 @@ class Scheduler:
             )
         batch.launched_ns = self._clock.now()
 
+    def _inputs(self, requests: list[InferRequest]) -> list[BatchTensor]:
+        if self._padding is None:
+            return batch_inputs(requests, self._config.max_batch_size > 0)
+        padded = PaddedBatch()
+        count = sum(request.batch_size for request in requests)
+        inputs = self._padding.inputs(requests, count, padded)
+        self._statistics.record_padding(padded.elements, padded.padding)
+        return inputs
+
     def _started(self, batch: Batch) -> None:
         if batch.waiting:
             batch.waiting = False
@@ -368,11 +372,7 @@ class Scheduler:
         (``resume``) once every one of them is released."""
         batch.responded = True
         if response.request < 0:
-            pieces = self._pieces(batch, response.outputs)
-            parts = [
-                (item, {name: cut[index] for name, cut in pieces.items()})
-                for index, item in enumerate(batch.items)
-            ]
+            parts = list(zip(batch.items, self._pieces(batch, response.outputs), strict=True))
         else:
             parts = [(batch.items[response.request], response.outputs)]
         hold = SlotHold(partial(self._resumed, resume))  # its first share: this loop's
@@ -417,13 +417,10 @@ class Scheduler:
         if batch.instance is not None and all(item.future.done() for item in batch.items):
             batch.instance.cancel(batch.handle)
 
-    def _pieces(self, batch: Batch, outputs: dict[str, Tensor]) -> dict[str, list[Tensor]]:
-        """Each output cut into the batch's requests, in batch order."""
-        if self._config.max_batch_size > 0:
-            sizes = [item.request.batch_size for item in batch.items]
-            return {name: split_batch(tensor, sizes) for name, tensor in outputs.items()}
-        # no batch dimension: the batch is one request, its outputs whole
-        return {name: [tensor] for name, tensor in outputs.items()}
+    def _pieces(self, batch: Batch, outputs: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        """Each request's part of the batch's outputs, in batch order."""
+        requests = [item.request for item in batch.items]
+        return request_outputs(outputs, requests, self._config.max_batch_size > 0, self._padding)
 
     def _complete(self, batch: Batch, outcome: BatchOutcome | BatchFailure) -> None:
         self._in_flight -= 1
@@ -474,11 +471,12 @@ class Scheduler:
                     continue
                 answer = outcome.answers.get(index)
                 if answer is not None:  # the request's own outputs, as the model gave them
-                    lease = Lease(answer.outputs, answer.parameters, hold.share())
+                    outputs = answer.outputs
+                    if self._padding is not None:
+                        outputs = self._padding.cut(item.request, outputs)
+                    lease = Lease(outputs, answer.parameters, hold.share())
                 else:
-                    lease = Lease(
-                        {name: cut[index] for name, cut in pieces.items()}, {}, hold.share()
-                    )
+                    lease = Lease(pieces[index], {}, hold.share())
                 self._settle(item, lease, None)
         finally:
             hold.release()

@@ -4,7 +4,7 @@ what it needs of an instance (``Executor``), and what it tells one of a request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -15,6 +15,8 @@ from reposerve.instance.outcomes import BatchTensor, OnDone, OnResponse, OnStart
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Timer
 from reposerve.scheduler.lease import LeaseStream
+from reposerve.scheduler.padding import Padding
+from reposerve.tensor import Tensor, split_batch
 
 
 class Executor(Protocol):
@@ -113,6 +115,66 @@ _parameters_encoder = msgspec.json.Encoder()
 # Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and _END, as request.flags() shows them
 SEQUENCE_START = 1
 SEQUENCE_END = 2
+
+
+def gather(
+    queued: Iterable[Queued], max_batch_size: int, padding: Padding | None
+) -> tuple[list[Queued], bool]:
+    """The requests that may leave with the oldest of ``queued`` (oldest first), and
+    whether one that may not follows them. Without padding they are the run of requests
+    of its shapes; with padding, those of its key anywhere in the queue (up to four
+    batches of them), the nearest lengths first (``Padding.closest``)."""
+    head: list[Queued] = []
+    total = 0
+    for item in queued:
+        if item.future.done():
+            continue
+        if head and item.key != head[0].key:
+            if padding is None:
+                return head, True
+            continue  # padded requests of another key wait; those of this one join
+        head.append(item)
+        total += item.request.batch_size
+        if total > max_batch_size * (1 if padding is None else 4):
+            break
+    if padding is not None and len(head) > 1:
+        order = padding.closest(head[0].request, [padding.length(i.request) for i in head])
+        head = [head[index] for index in order]
+    return head, False
+
+
+def request_outputs(
+    outputs: dict[str, Tensor],
+    requests: Sequence[InferRequest],
+    batched: bool,
+    padding: Padding | None,
+) -> list[dict[str, Tensor]]:
+    """Each request's part of a batch's ``outputs``, in batch order (with padding, cut
+    back to its own length)."""
+    if not batched:  # no batch dimension: the batch is one request, its outputs whole
+        return [outputs]
+    sizes = [request.batch_size for request in requests]
+    pieces = {name: split_batch(tensor, sizes) for name, tensor in outputs.items()}
+    parts = [{name: cut[index] for name, cut in pieces.items()} for index in range(len(sizes))]
+    if padding is None:
+        return parts
+    return [padding.cut(request, part) for request, part in zip(requests, parts, strict=True)]
+
+
+def batch_inputs(requests: Sequence[InferRequest], batched: bool) -> list[BatchTensor]:
+    """A batch's inputs: each request's bytes in order, under one batch shape (``batched``:
+    the model has a batch dimension; without one, the batch is a single request)."""
+    first = requests[0]
+    count = sum(request.batch_size for request in requests)
+    return [
+        BatchTensor(
+            name,
+            tensor.datatype,
+            (count, *tensor.shape[1:]) if batched else tensor.shape,
+            [request.inputs[name].raw for request in requests],
+        )
+        for name, tensor in first.inputs.items()
+    ]
 
 
 def request_slice(request: InferRequest) -> RequestSlice:

@@ -112,7 +112,8 @@ MODEL_FILES = "model.py, model.onnx, model.pt, model.pt2"
 KNOWN = (
     "reposerve.optimization.precision, reposerve.execution.timeout_seconds, "
     "reposerve.execution.isolate_failures, reposerve.lifecycle.pinned, "
-    "reposerve.instance_group.<i>.cpus"
+    "reposerve.instance_group.<i>.cpus, reposerve.dynamic_batching.{pad,buckets,lengths_input,"
+    "lengths_datatype,unpad}"
 )
 RULES: dict[str, Rule] = {
     # The file and the schema (config.load, config.validate, config.tables)

@@ -63,7 +63,8 @@ def test_protobuf_json_spellings_read():
             f"{LABEL}: parameters.reposerve.precision: unknown reposerve setting (known: "
             "reposerve.optimization.precision, reposerve.execution.timeout_seconds, "
             "reposerve.execution.isolate_failures, reposerve.lifecycle.pinned, "
-            "reposerve.instance_group.<i>.cpus)",
+            "reposerve.instance_group.<i>.cpus, reposerve.dynamic_batching.{pad,buckets,"
+            "lengths_input,lengths_datatype,unpad})",
         ),
         (
             {"parameters": {"reposerve.optimization.precision": {"string_value": "fp8"}}},

@@ -24,10 +24,12 @@ from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
 from tools.bench.shared_memory import shared_memory_scenario
 from tools.bench.tune_vs_analyzer import tune_vs_analyzer
+from tools.bench.variable_length import variable_length
 
 # Scenarios that `all` leaves out: tune-vs-analyzer runs two searches, about half an hour;
-# many-models runs for minutes (its --duration, at least 60 s) over 6 GiB of models.
-ON_REQUEST = ("tune-vs-analyzer", "many-models")
+# many-models runs for minutes (its --duration, at least 60 s) over 6 GiB of models;
+# variable-length exports its model with torch (the torch extra, and onnxscript).
+ON_REQUEST = ("tune-vs-analyzer", "many-models", "variable-length")
 SCENARIOS = {
     **SCENARIO_TABLE,
     "fronts": fronts,
@@ -35,6 +37,7 @@ SCENARIOS = {
     "many-models": many_models,
     "shared-memory": shared_memory_scenario,
     "tune-vs-analyzer": tune_vs_analyzer,
+    "variable-length": variable_length,
 }
 
 

@@ -1,0 +1,189 @@
+"""Variable-length batching: which requests may share a padded batch, the batch's inputs
+padded (with each request's length, when the model asks for it), and outputs cut back.
+
+A request's key (``key``) leaves out the -1 dims of its padded inputs, so requests of
+different lengths share one; with ``buckets`` the key holds the bucket of the request's
+length, so a batch pads at most to its bucket. A request longer than the largest bucket
+runs alone, as long as it is (no padding, no batch to share). Among the requests that may
+join the oldest one, those of the nearest lengths go first (``closest``), so padding stays
+small; without buckets none joins that is more than twice as long as another. Settings
+and their rules: ``reposerve.config.padding``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from reposerve.config import ModelConfig
+from reposerve.datatypes import NUMPY_DTYPES, to_numpy, to_wire
+from reposerve.instance.outcomes import BatchTensor, PartUnreadable
+from reposerve.protocol.request import InferRequest
+from reposerve.tensor import FileUnreadable, FileWindow, Tensor
+
+
+class PaddedBatch:
+    """What padding a batch did: elements of the padded inputs, and how many were pad."""
+
+    __slots__ = ("elements", "padding")
+
+    def __init__(self) -> None:
+        self.elements = 0
+        self.padding = 0
+
+
+class Padding:
+    def __init__(self, config: ModelConfig) -> None:
+        batching = config.dynamic_batching
+        assert batching is not None and batching.pad  # from_config's caller checks
+        self.values = dict(batching.pad)
+        # input -> the request tensor's axes that vary (its first: the length)
+        self.axes = {
+            tensor.name: tuple(i + 1 for i, dim in enumerate(tensor.shape) if dim == -1)
+            for tensor in config.input
+            if tensor.name in self.values
+        }
+        self.source = next(iter(self.axes))  # the first padded input gives the length
+        self.buckets = tuple(batching.buckets)
+        self.lengths_input = batching.lengths_input
+        self.lengths_dtype = NUMPY_DTYPES[batching.lengths_datatype]
+        self.lengths_datatype = batching.lengths_datatype
+        outputs = {tensor.name: tensor for tensor in config.output}
+        # output -> (the input whose length it is cut to, the axis cut)
+        self.unpad = {
+            output: (source, outputs[output].shape.index(-1) + 1)
+            for output, source in batching.unpad.items()
+        }
+        self._alone = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> Padding | None:
+        batching = config.dynamic_batching
+        return cls(config) if batching is not None and batching.pad else None
+
+    def length(self, request: InferRequest, name: str | None = None) -> int:
+        """The length of ``request``'s padded input ``name`` (the first's by default)."""
+        name = name or self.source
+        return request.inputs[name].shape[self.axes[name][0]]
+
+    def key(self, request: InferRequest) -> tuple:
+        """What requests sharing a batch have in common: shapes but for the padded dims,
+        and with buckets, the bucket of the length (a request past them: its own key)."""
+        parts: list[tuple] = []
+        for name, tensor in request.inputs.items():
+            axes = self.axes.get(name, ())
+            shape = tuple(
+                None if axis in axes else dim for axis, dim in enumerate(tensor.shape) if axis
+            )
+            parts.append((name, shape))
+        if self.buckets:
+            bucket = bisect.bisect_left(self.buckets, self.length(request))
+            if bucket == len(self.buckets):
+                bucket = -1 - next(self._alone)  # batches with nobody
+            parts.append(("bucket", bucket))
+        return tuple(parts)
+
+    def closest(self, head: InferRequest, candidates: Sequence[int]) -> list[int]:
+        """Indices into ``candidates`` (lengths of the requests that may join ``head``,
+        oldest first), nearest ``head``'s length first, the older first among equals.
+        Without buckets a batch's longest is at most twice its shortest (those that would
+        break that are left out), so padding never more than doubles a batch."""
+        length = self.length(head)
+        order = sorted(range(len(candidates)), key=lambda i: abs(candidates[i] - length))
+        if self.buckets:  # the bucket bounds the padding
+            return order
+        chosen: list[int] = []
+        shortest = longest = length
+        for index in order:
+            low, high = min(shortest, candidates[index]), max(longest, candidates[index])
+            if high <= 2 * low:
+                chosen.append(index)
+                shortest, longest = low, high
+        return chosen
+
+    def target(self, lengths: Sequence[int]) -> int:
+        """What a padded input's length is padded to: the longest, or its bucket."""
+        longest = max(lengths)
+        at = bisect.bisect_left(self.buckets, longest)
+        return self.buckets[at] if at < len(self.buckets) else longest
+
+    def inputs(
+        self, requests: Sequence[InferRequest], count: int, padded: PaddedBatch
+    ) -> list[BatchTensor]:
+        """The batch's inputs (``count`` rows): padded ones filled out to a common shape,
+        and the lengths input last."""
+        first = requests[0]
+        tensors = []
+        for name, tensor in first.inputs.items():
+            axes = self.axes.get(name)
+            parts = [request.inputs[name] for request in requests]
+            if axes is None:
+                tensors.append(
+                    BatchTensor(
+                        name,
+                        tensor.datatype,
+                        (count, *tensor.shape[1:]),
+                        [part.raw for part in parts],
+                    )
+                )
+                continue
+            shape = list(tensor.shape)
+            for number, axis in enumerate(axes):
+                sizes = [part.shape[axis] for part in parts]
+                shape[axis] = self.target(sizes) if number == 0 else max(sizes)
+            filled = []
+            for index, part in enumerate(parts):
+                try:
+                    filled.append(_padded(part, shape[1:], self.values[name], padded))
+                except FileUnreadable as exc:  # that request fails, the rest go on
+                    raise PartUnreadable(index, f"input '{name}': {exc}") from exc
+            tensors.append(BatchTensor(name, tensor.datatype, (count, *shape[1:]), filled))
+        if self.lengths_input is not None:
+            lengths = [
+                np.full((request.batch_size, 1), self.length(request), self.lengths_dtype)
+                for request in requests
+            ]
+            tensors.append(
+                BatchTensor(
+                    self.lengths_input,
+                    self.lengths_datatype,
+                    (count, 1),
+                    [memoryview(array).cast("B") for array in lengths],
+                )
+            )
+        return tensors
+
+    def cut(self, request: InferRequest, outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``request``'s outputs, those in ``unpad`` cut back to its own length."""
+        for name, (source, axis) in self.unpad.items():
+            tensor = outputs.get(name)
+            length = self.length(request, source)
+            if tensor is None or len(tensor.shape) <= axis or tensor.shape[axis] <= length:
+                continue
+            array = to_numpy(tensor.datatype, tensor.shape, tensor.raw)
+            kept = array[(slice(None),) * axis + (slice(0, length),)]
+            outputs = {
+                **outputs,
+                name: Tensor(tensor.datatype, kept.shape, to_wire(tensor.datatype, kept)),
+            }
+        return outputs
+
+
+def _padded(
+    part: Tensor, shape: Sequence[int], value: float, padded: PaddedBatch
+) -> bytes | memoryview | FileWindow:
+    """``part`` (one request's rows) filled out with ``value`` to rows of ``shape``."""
+    rows = part.shape[0]
+    total = rows * int(np.prod(shape))
+    own = int(np.prod(part.shape))
+    padded.elements += total
+    if own == total:
+        return part.raw
+    padded.padding += total - own
+    raw = part.raw.read() if isinstance(part.raw, FileWindow) else part.raw
+    out = np.full((rows, *shape), value, NUMPY_DTYPES[part.datatype])
+    out[tuple(slice(0, dim) for dim in part.shape)] = to_numpy(part.datatype, part.shape, raw)
+    return memoryview(out).cast("B")
