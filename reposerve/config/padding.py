@@ -11,7 +11,12 @@ padded input, in declaration order) and ``unpad`` cuts an output back to.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from reposerve.config.schema import ModelConfig, TensorConfig
+from reposerve.datatypes import NUMPY_DTYPES
 
 # Padding writes the pad value into elements: types numpy holds as numbers.
 _UNPADDABLE = {"BYTES", "BF16"}
@@ -38,6 +43,11 @@ def check_padding(config: ModelConfig) -> str | None:
         return None
     if config.sequence_batching is not None:
         return f"{where}.pad: not with sequence_batching (a sequence's requests run in order)"
+    if batching.preserve_ordering:
+        return (
+            f"{where}.pad: not with preserve_ordering (padded batches form out of arrival "
+            "order, by length)"
+        )
     inputs = {tensor.name: tensor for tensor in config.input}
     for name in batching.pad:
         tensor = inputs.get(name)
@@ -46,7 +56,7 @@ def check_padding(config: ModelConfig) -> str | None:
                 f'{where}.pad: "{name}" is not a declared input. Hint: declare it in '
                 "[[input]], with -1 in its shape where lengths vary"
             )
-        problem = _check_padded(tensor)
+        problem = _check_padded(tensor) or _check_value(batching.pad[name], tensor.datatype)
         if problem:
             return f'{where}.pad: input "{name}" {problem}'
     if batching.buckets != sorted(set(batching.buckets)):
@@ -69,6 +79,20 @@ def check_padding(config: ModelConfig) -> str | None:
         if source not in batching.pad:
             return f'{where}.unpad.{output}: "{source}" is not a padded input (see pad)'
     return None
+
+
+def _check_value(value: float, datatype: str) -> str | None:
+    """Whether ``value`` is one of ``datatype``'s values (padding writes it as one)."""
+    if datatype == "BOOL":
+        fits = value in (0, 1)
+    elif datatype.startswith(("INT", "UINT")):
+        limits = np.iinfo(NUMPY_DTYPES[datatype])
+        fits = float(value).is_integer() and limits.min <= value <= limits.max
+    else:  # a finite value past the type's range would turn into inf
+        fits = not math.isfinite(value) or abs(value) <= np.finfo(NUMPY_DTYPES[datatype]).max
+    if fits:
+        return None
+    return f"is {datatype}: its pad value {value!r} is not one of its values"
 
 
 def _check_padded(tensor: TensorConfig) -> str | None:

@@ -12,6 +12,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+import msgspec
+
 from reposerve.errors import ErrorKind, RepositoryError
 from reposerve.repository.footprints import Footprint, folder_bytes, measure
 from reposerve.repository.residency import (
@@ -19,6 +21,8 @@ from reposerve.repository.residency import (
     Resident,
     choose_victims,
     describe_footprint,
+    evictable,
+    helps,
     refusal,
     residents_of,
 )
@@ -46,6 +50,7 @@ class BudgetKeeper:
         self._unload = unload
         self._budget = asyncio.Lock()  # loads under a budget: one at a time
         self._measured_at = 0.0  # when refresh last measured
+        self._measuring: asyncio.Future | None = None
 
     async def load(
         self, name: str, load_now: Callable[[], Awaitable[list[ModelVersion]]]
@@ -74,11 +79,22 @@ class BudgetKeeper:
             return fresh
 
     async def refresh(self) -> None:
-        """Measure the loaded models again (for ``/stats`` and the index), at most once a
-        second however often they are asked for."""
-        if time.monotonic() - self._measured_at >= 1.0:
-            self._measured_at = time.monotonic()
-            await self._measure()
+        """Where the server manages memory, measure the loaded models again (for
+        ``/stats`` and the index): at most once a second, and callers meanwhile share the
+        measurement under way. Elsewhere footprints are as measured at load."""
+        if not self.residency.tracking:
+            return
+        if self._measuring is None and time.monotonic() - self._measured_at >= 1.0:
+            self._measuring = asyncio.ensure_future(self._measure())
+            self._measuring.add_done_callback(self._measured)
+        if self._measuring is not None:
+            await asyncio.shield(self._measuring)
+
+    def _measured(self, done: asyncio.Future) -> None:
+        self._measuring = None
+        self._measured_at = time.monotonic()
+        if not done.cancelled():
+            done.exception()  # retrieved: a failed measurement shows as the old numbers
 
     def resident_bytes(self) -> dict[str, Footprint]:
         """Each resident model's footprint as last measured (ensembles hold none)."""
@@ -112,9 +128,10 @@ class BudgetKeeper:
 
     async def _trim(self, loaded: str) -> None:
         """Measured after its load, ``loaded`` may take the total past a budget: the
-        least recently used idle models go until it fits. When what holds the rest is
-        busy, it stays over for now (the next load trims again); when it is pinned (it
-        will never go), ``loaded`` goes and its load fails, saying why."""
+        least recently used idle models holding memory there go until it fits. When busy
+        ones hold the rest, it stays over for now (the next load trims again); when even
+        they could not make it fit (pinned models hold it), ``loaded`` goes and its load
+        fails, saying why, and nothing else is unloaded for it."""
         residency = self.residency
         await self._measure()
         while True:
@@ -126,17 +143,18 @@ class BudgetKeeper:
             if victims is not None:
                 await self._evict(victims[0], loaded)
                 continue
-            for victim in sorted(residents, key=lambda r: r.last_used):
-                if not (victim.busy or victim.pinned or victim.protected):
-                    await self._evict(victim, loaded)
-            if any(r.busy for r in residents):
+            once_idle = [msgspec.structs.replace(r, busy=False) for r in residents]
+            if choose_victims(once_idle, over) is None:
+                message = refusal(loaded, residency.footprints[loaded], over, residency, residents)
+                log.error("%s", message)
+                await self._unload(loaded, False)
+                residency.reasons[loaded] = message
+                raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
+            idle = [r for r in residents if evictable(r) and helps(r, over)]
+            if not idle:
                 log.warning("%s: over a memory budget for now: busy models hold it", loaded)
                 return
-            message = refusal(loaded, residency.footprints[loaded], over, residency, residents)
-            log.error("%s", message)
-            await self._unload(loaded, False)
-            residency.reasons[loaded] = message
-            raise RepositoryError(message, kind=ErrorKind.UNAVAILABLE)
+            await self._evict(min(idle, key=lambda r: r.last_used), loaded)
 
     async def _evict(self, victim: Resident, making_room_for: str) -> None:
         held = describe_footprint(victim.held)

@@ -60,7 +60,7 @@ class _Memory(ctypes.Structure):
 
 
 class _ProcessInfo(ctypes.Structure):
-    """nvmlProcessInfo_t (the layout of NVML's _v2 and _v3 process queries)."""
+    """nvmlProcessInfo_v2_t, what the _v2 process query writes (and _v3 on most drivers)."""
 
     _fields_ = [
         ("pid", ctypes.c_uint),
@@ -71,6 +71,11 @@ class _ProcessInfo(ctypes.Structure):
 
 
 _INSUFFICIENT_SIZE = 7
+_FUNCTION_NOT_FOUND = 13
+_PROCESS_QUERIES = (
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+)
 _VALUE_NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory under some drivers (Windows, MIG)
 
 
@@ -135,24 +140,27 @@ class _Nvml:
         return devices
 
     def processes(self, handle: ctypes.c_void_p) -> list[tuple[int, int]]:
-        """(pid, bytes) of each compute process on the GPU ``handle``."""
-        query = "nvmlDeviceGetComputeRunningProcesses_v3"
-        if not hasattr(self._lib, query):  # drivers before 510
-            query = "nvmlDeviceGetComputeRunningProcesses_v2"
+        """(pid, bytes) of each compute process on the GPU ``handle``. The _v2 query first:
+        its entries are nvmlProcessInfo_v2_t on every driver, where early R535 drivers
+        write larger entries from _v3 than the header they shipped declares."""
+        query = next((name for name in _PROCESS_QUERIES if hasattr(self._lib, name)), None)
+        if query is None:
+            raise NvmlError(_PROCESS_QUERIES[0], _FUNCTION_NOT_FOUND, "not in this driver")
         count = ctypes.c_uint(0)
-        while True:
+        for _ in range(8):  # processes may start between asking how many and reading them
             infos = (_ProcessInfo * max(count.value, 1))()
             try:
                 self.call(query, handle, ctypes.byref(count), infos)
             except NvmlError as exc:
                 if exc.code == _INSUFFICIENT_SIZE:  # count now holds what it needs
-                    count = ctypes.c_uint(count.value + 4)  # room for processes starting
+                    count = ctypes.c_uint(count.value + 4)
                     continue
                 raise
             return [
                 (info.pid, 0 if info.usedGpuMemory == _VALUE_NOT_AVAILABLE else info.usedGpuMemory)
                 for info in infos[: count.value]
             ]
+        raise NvmlError(query, _INSUFFICIENT_SIZE, "the process list kept growing")
 
 
 def _open() -> tuple[ctypes.CDLL, _Nvml] | None:

@@ -136,28 +136,40 @@ def _busy(versions: list[Any]) -> bool:
     return any(v.scheduler.busy for v in versions)
 
 
+def helps(resident: Resident, over: Footprint) -> bool:
+    """Whether unloading ``resident`` frees memory where a budget is ``over``."""
+    held = resident.held
+    return (over.host > 0 and held.host > 0) or any(
+        held.gpu.get(device, 0) for device, n in over.gpu.items() if n > 0
+    )
+
+
+def evictable(resident: Resident) -> bool:
+    return not (resident.busy or resident.pinned or resident.protected)
+
+
 def choose_victims(residents: Iterable[Resident], over: Footprint) -> list[Resident] | None:
     """The idle, unpinned, unprotected models to unload, least recently used first, until
     what is ``over`` each budget (host, each GPU) is freed; a model holding nothing where
-    a budget is over is passed by. None when all of them together do not free enough."""
-    host = over.host
-    gpu = {device: n for device, n in over.gpu.items() if n > 0}
+    a budget is still over is passed by. None when all of them together do not free
+    enough."""
     victims: list[Resident] = []
     for resident in sorted(residents, key=lambda r: r.last_used):
-        if host <= 0 and not gpu:
+        if over == Footprint():
             break
-        if resident.busy or resident.pinned or resident.protected:
-            continue
-        held = resident.held
-        if not (host > 0 and held.host > 0 or any(held.gpu.get(device, 0) for device in gpu)):
+        if not evictable(resident) or not helps(resident, over):
             continue
         victims.append(resident)
-        host -= held.host
-        for device, nbytes in held.gpu.items():
-            if device in gpu:
-                gpu[device] -= nbytes
-        gpu = {device: n for device, n in gpu.items() if n > 0}
-    return victims if host <= 0 and not gpu else None
+        held = resident.held
+        over = Footprint(
+            max(over.host - held.host, 0),
+            {
+                device: n - held.gpu.get(device, 0)
+                for device, n in over.gpu.items()
+                if n - held.gpu.get(device, 0) > 0
+            },
+        )
+    return victims if over == Footprint() else None
 
 
 class Residency:

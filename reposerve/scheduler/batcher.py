@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -285,9 +284,7 @@ class Scheduler:
         for queue in self._queues:
             while queue and queue[0].future.done():
                 self._discard(queue.popleft())
-        return gather(
-            itertools.chain.from_iterable(self._queues), self._rules.max_batch_size, self._padding
-        )
+        return gather(self._queues, self._rules.max_batch_size, self._padding)
 
     def _take(self, chosen: list[Queued]) -> list[Queued]:
         """Take ``chosen`` (queued, not done) out of the queue: the oldest, or (padding)
@@ -322,7 +319,7 @@ class Scheduler:
         deeper = {"call_depth": depth} if depth else {}
         try:
             batch.handle = instance.run(
-                self._inputs(requests),
+                self._inputs(requests, rerun),
                 partial(self._complete, batch),
                 partial(self._started, batch),
                 slices,
@@ -341,7 +338,7 @@ class Scheduler:
             else:
                 self._check_idle()
             return
-        except OSError as exc:
+        except (OSError, ValueError, MemoryError) as exc:  # ValueError, MemoryError: padding
             self._complete(
                 batch,
                 BatchFailure(
@@ -350,13 +347,14 @@ class Scheduler:
             )
         batch.launched_ns = self._clock.now()
 
-    def _inputs(self, requests: list[InferRequest]) -> list[BatchTensor]:
+    def _inputs(self, requests: list[InferRequest], rerun: bool) -> list[BatchTensor]:
         if self._padding is None:
             return batch_inputs(requests, self._config.max_batch_size > 0)
         padded = PaddedBatch()
         count = sum(request.batch_size for request in requests)
         inputs = self._padding.inputs(requests, count, padded)
-        self._statistics.record_padding(padded.elements, padded.padding)
+        if not rerun:  # a part of a failed batch was counted with it
+            self._statistics.record_padding(padded.elements, padded.padding)
         return inputs
 
     def _started(self, batch: Batch) -> None:
@@ -374,7 +372,11 @@ class Scheduler:
         if response.request < 0:
             parts = list(zip(batch.items, self._pieces(batch, response.outputs), strict=True))
         else:
-            parts = [(batch.items[response.request], response.outputs)]
+            item = batch.items[response.request]
+            outputs = response.outputs
+            if self._padding is not None:
+                outputs = self._padding.cut(item.request, outputs)
+            parts = [(item, outputs)]
         hold = SlotHold(partial(self._resumed, resume))  # its first share: this loop's
         try:
             for item, outputs in parts:

@@ -2,12 +2,12 @@
 padded (with each request's length, when the model asks for it), and outputs cut back.
 
 A request's key (``key``) leaves out the -1 dims of its padded inputs, so requests of
-different lengths share one; with ``buckets`` the key holds the bucket of the request's
-length, so a batch pads at most to its bucket. A request longer than the largest bucket
+different lengths share one; with ``buckets`` the key holds the bucket of each of those
+dims, so a batch pads at most to its buckets. A request with a dim past the largest bucket
 runs alone, as long as it is (no padding, no batch to share). Among the requests that may
 join the oldest one, those of the nearest lengths go first (``closest``), so padding stays
-small; without buckets none joins that is more than twice as long as another. Settings
-and their rules: ``reposerve.config.padding``.
+small; without buckets none joins that is more than twice as long, along any padded dim,
+as another. Settings and their rules: ``reposerve.config.padding``.
 """
 
 from __future__ import annotations
@@ -69,9 +69,16 @@ class Padding:
         name = name or self.source
         return request.inputs[name].shape[self.axes[name][0]]
 
+    def sizes(self, request: InferRequest) -> tuple[int, ...]:
+        """Every padded dim of ``request``, the length first."""
+        return tuple(
+            request.inputs[name].shape[axis] for name, axes in self.axes.items() for axis in axes
+        )
+
     def key(self, request: InferRequest) -> tuple:
         """What requests sharing a batch have in common: shapes but for the padded dims,
-        and with buckets, the bucket of the length (a request past them: its own key)."""
+        and with buckets, the bucket of each padded dim (a request with one past them
+        all: a key of its own)."""
         parts: list[tuple] = []
         for name, tensor in request.inputs.items():
             axes = self.axes.get(name, ())
@@ -80,33 +87,42 @@ class Padding:
             )
             parts.append((name, shape))
         if self.buckets:
-            bucket = bisect.bisect_left(self.buckets, self.length(request))
-            if bucket == len(self.buckets):
-                bucket = -1 - next(self._alone)  # batches with nobody
-            parts.append(("bucket", bucket))
+            buckets = tuple(bisect.bisect_left(self.buckets, n) for n in self.sizes(request))
+            if len(self.buckets) in buckets:
+                parts.append(("alone", next(self._alone)))  # batches with nobody
+            else:
+                parts.append(("buckets", buckets))
         return tuple(parts)
 
-    def closest(self, head: InferRequest, candidates: Sequence[int]) -> list[int]:
-        """Indices into ``candidates`` (lengths of the requests that may join ``head``,
-        oldest first), nearest ``head``'s length first, the older first among equals.
-        Without buckets a batch's longest is at most twice its shortest (those that would
-        break that are left out), so padding never more than doubles a batch."""
-        length = self.length(head)
-        order = sorted(range(len(candidates)), key=lambda i: abs(candidates[i] - length))
-        if self.buckets:  # the bucket bounds the padding
+    @staticmethod
+    def alone(key: tuple) -> bool:
+        """Whether requests of ``key`` run alone (a dim past the largest bucket)."""
+        return key[-1][0] == "alone"
+
+    def closest(self, head: Sequence[int], candidates: Sequence[Sequence[int]]) -> list[int]:
+        """Indices into ``candidates`` (the ``sizes`` of the requests that may join the
+        one of ``head``, oldest first), nearest its length first, the older first among
+        equals. Without buckets no dim of a batch is more than twice as long as in another
+        of its requests (those that would break that are left out), so padding never more
+        than doubles a batch's size along a dim."""
+        length = head[0]
+        order = sorted(range(len(candidates)), key=lambda i: abs(candidates[i][0] - length))
+        if self.buckets:  # the buckets bound the padding
             return order
         chosen: list[int] = []
-        shortest = longest = length
+        shortest, longest = list(head), list(head)
         for index in order:
-            low, high = min(shortest, candidates[index]), max(longest, candidates[index])
-            if high <= 2 * low:
+            sizes = candidates[index]
+            low = [min(a, b) for a, b in zip(shortest, sizes, strict=True)]
+            high = [max(a, b) for a, b in zip(longest, sizes, strict=True)]
+            if all(h <= 2 * lo for lo, h in zip(low, high, strict=True)):
                 chosen.append(index)
                 shortest, longest = low, high
         return chosen
 
-    def target(self, lengths: Sequence[int]) -> int:
-        """What a padded input's length is padded to: the longest, or its bucket."""
-        longest = max(lengths)
+    def target(self, sizes: Sequence[int]) -> int:
+        """What a padded dim is padded to: the longest, or its bucket."""
+        longest = max(sizes)
         at = bisect.bisect_left(self.buckets, longest)
         return self.buckets[at] if at < len(self.buckets) else longest
 
@@ -131,9 +147,8 @@ class Padding:
                 )
                 continue
             shape = list(tensor.shape)
-            for number, axis in enumerate(axes):
-                sizes = [part.shape[axis] for part in parts]
-                shape[axis] = self.target(sizes) if number == 0 else max(sizes)
+            for axis in axes:
+                shape[axis] = self.target([part.shape[axis] for part in parts])
             filled = []
             for index, part in enumerate(parts):
                 try:

@@ -4,6 +4,7 @@ what it needs of an instance (``Executor``), and what it tells one of a request.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -118,28 +119,45 @@ SEQUENCE_END = 2
 
 
 def gather(
-    queued: Iterable[Queued], max_batch_size: int, padding: Padding | None
+    queues: Sequence[Iterable[Queued]], max_batch_size: int, padding: Padding | None
 ) -> tuple[list[Queued], bool]:
-    """The requests that may leave with the oldest of ``queued`` (oldest first), and
-    whether one that may not follows them. Without padding they are the run of requests
-    of its shapes; with padding, those of its key anywhere in the queue (up to four
-    batches of them), the nearest lengths first (``Padding.closest``)."""
+    """The requests that may leave with the oldest queued one (``queues``: one per
+    priority level, highest first), and whether the batch cannot grow. Without padding
+    they are the run of requests of its shapes; with padding, those of its key anywhere in
+    its own level's queue (a look at no more than eight batches of it), the nearest
+    lengths first (``Padding.closest``)."""
+    if padding is None:
+        return _run_of_shapes(itertools.chain.from_iterable(queues), max_batch_size)
+    for queue in queues:
+        head: list[Queued] = []
+        for looked, item in enumerate(queue):
+            if item.future.done() or (head and item.key != head[0].key):
+                if looked >= 8 * max_batch_size:
+                    break
+                continue
+            head.append(item)
+            if padding.alone(item.key):
+                return head, True  # past the largest bucket: it leaves at once, alone
+            if len(head) > 2 * max_batch_size:  # room for those closest() leaves out
+                break
+        if head:
+            sizes = [padding.sizes(item.request) for item in head]
+            return [head[index] for index in padding.closest(sizes[0], sizes)], False
+    return [], False
+
+
+def _run_of_shapes(queued: Iterable[Queued], max_batch_size: int) -> tuple[list[Queued], bool]:
     head: list[Queued] = []
     total = 0
     for item in queued:
         if item.future.done():
             continue
         if head and item.key != head[0].key:
-            if padding is None:
-                return head, True
-            continue  # padded requests of another key wait; those of this one join
+            return head, True  # a request of another shape follows: the batch cannot grow
         head.append(item)
         total += item.request.batch_size
-        if total > max_batch_size * (1 if padding is None else 4):
+        if total > max_batch_size:
             break
-    if padding is not None and len(head) > 1:
-        order = padding.closest(head[0].request, [padding.length(i.request) for i in head])
-        head = [head[index] for index in order]
     return head, False
 
 

@@ -179,7 +179,7 @@ int nvmlDeviceGetMigDeviceHandleByIndex(void *handle, unsigned int index, void *
 }
 /* GPU 0 runs pids 41 (1 GiB) and 42 (3 MiB); GPU 1 runs 43, its memory not available. */
 typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } process_t;
-int nvmlDeviceGetComputeRunningProcesses_v3(void *handle, unsigned int *count, process_t *out) {
+int nvmlDeviceGetComputeRunningProcesses_v2(void *handle, unsigned int *count, process_t *out) {
     unsigned int needed = id(handle) == 1 ? 2 : 1;
     if (*count < needed) { *count = needed; return 7; }
     *count = needed;

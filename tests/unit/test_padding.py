@@ -56,9 +56,11 @@ def _error(extra: str, base: str = BASE) -> str:
     return str(caught.value)
 
 
-def _request(length: int, rows: int = 1, start: int = 1) -> InferRequest:
+def _request(
+    length: int, rows: int = 1, start: int = 1, mask_length: int | None = None
+) -> InferRequest:
     ids = np.arange(start, start + rows * length, dtype=np.int64).reshape(rows, length)
-    mask = np.ones((rows, length), np.float32)
+    mask = np.ones((rows, length if mask_length is None else mask_length), np.float32)
     fixed = np.full((rows, 2), 7.0, np.float32)
     inputs = {
         name: Tensor(datatype, array.shape, memoryview(array).cast("B"))
@@ -143,10 +145,38 @@ def test_the_target_is_the_longest_or_its_bucket():
 def test_the_nearest_lengths_join_first_the_oldest_among_equals():
     bucketed = Padding(_config("buckets = [256]\n"))
     lengths = [10, 50, 11, 9, 10, 200]
-    assert bucketed.closest(_request(10), lengths) == [0, 4, 2, 3, 1, 5]
+    sizes = [(n, n) for n in lengths]
+    assert bucketed.closest(sizes[0], sizes) == [0, 4, 2, 3, 1, 5]
     # without buckets, none joins that is more than twice as long as another
-    assert Padding(_config()).closest(_request(10), lengths) == [0, 4, 2, 3]
-    assert Padding(_config()).closest(_request(6), [6, 12, 13, 3, 4]) == [0, 4, 3]
+    assert Padding(_config()).closest(sizes[0], sizes) == [0, 4, 2, 3]
+    sizes = [(n, n) for n in (6, 12, 13, 3, 4)]
+    assert Padding(_config()).closest(sizes[0], sizes) == [0, 4, 3]
+    # along every padded dim: a mask of another length may not double the batch either
+    lying = [(5, 5), (6, 6), (5, 100000)]
+    assert Padding(_config()).closest(lying[0], lying) == [0, 1]
+
+
+def test_a_dim_past_the_largest_bucket_runs_alone_whichever_input_has_it():
+    bucketed = Padding(_config("buckets = [4, 8]\n"))
+    for request in (_request(9), _request(3, mask_length=100)):
+        assert bucketed.alone(bucketed.key(request))
+    assert not bucketed.alone(bucketed.key(_request(3, mask_length=8)))
+    assert bucketed.key(_request(3, mask_length=8)) != bucketed.key(_request(3))
+
+
+@pytest.mark.parametrize(
+    ("pad", "message"),
+    [
+        ("pad = { IDS = 0.5, MASK = 0 }", 'input "IDS" is INT64: its pad value 0.5 is not'),
+        ("pad = { IDS = 0, MASK = 1e39 }", 'input "MASK" is FP32: its pad value 1e+39 is not'),
+    ],
+)
+def test_a_pad_value_is_one_of_its_inputs_values(pad, message):
+    assert message in _error("", BASE.replace("pad = { IDS = 0, MASK = 0.0 }", pad))
+
+
+def test_no_padding_with_preserve_ordering():
+    assert "not with preserve_ordering" in _error("preserve_ordering = true\n")
 
 
 def test_padded_inputs_with_their_lengths_and_the_padding_counted():
