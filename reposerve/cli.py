@@ -27,6 +27,11 @@ def _metrics_setting(value: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _openai_keys(given: list[str]) -> list[str]:
+    from_environment = os.environ.get("REPOSERVE_OPENAI_API_KEYS", "").split(",")
+    return [key.strip() for key in [*given, *from_environment] if key.strip()]
+
+
 def _restricted(value: str) -> RestrictedApi:
     apis, _, header = value.partition(":")
     key, _, secret = header.partition("=")
@@ -288,6 +293,15 @@ def serve_parser() -> argparse.ArgumentParser:
         help="require header KEY: VALUE on these APIs (e.g. model-repository:admin-key=s3cret)",
     )
     add(
+        "--openai-api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require Authorization: Bearer KEY on the OpenAI-compatible routes (/v1/...); "
+        "repeat for several keys. REPOSERVE_OPENAI_API_KEYS (comma-separated) adds more, "
+        "out of sight of ps",
+    )
+    add(
         "--shutdown-grace-secs",
         type=non_negative(float),
         default=None,
@@ -439,6 +453,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
         restricted=args.http_restricted_api,
+        openai_api_keys=_openai_keys(args.openai_api_key),
         grpc_port=args.grpc_port if args.allow_grpc else None,
         http_workers=args.http_workers or default_workers(usable_cores()),
         grpc_workers=args.grpc_workers or default_workers(usable_cores()),

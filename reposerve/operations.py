@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from reposerve.config.chat_templates import ChatTemplate
 from reposerve.logs import LogSettings, LogUpdate
 from reposerve.statistics import MemoryUsage, ModelStats
 
@@ -31,6 +32,7 @@ __all__ = [
     "ModelMetadata",
     "ModelStatistics",
     "ModelStats",
+    "OpenAIModel",
     "ServerMetadata",
     "SystemRegion",
     "TensorMetadata",
@@ -116,3 +118,22 @@ class CudaRegion(msgspec.Struct, frozen=True):
     name: str
     device_id: int
     byte_size: int
+
+
+class OpenAIModel(msgspec.Struct, frozen=True):
+    """A model on the OpenAI-compatible routes (its ``[openai]`` table, resolved):
+    ``input`` and ``output`` the tensors those routes use, ``inputs`` every declared input
+    with its datatype (generation parameters go to those that exist), ``created`` when it
+    was loaded (seconds since the epoch; 0 when it is not), ``chat_template`` when it is
+    a chat model ready to serve."""
+
+    name: str
+    kind: str
+    input: str
+    output: str
+    inputs: dict[str, str]
+    outputs: list[str]
+    max_tokens: int
+    decoupled: bool = False
+    created: int = 0
+    chat_template: ChatTemplate | None = None

@@ -12,11 +12,12 @@ decodes and encodes in its own protocol. Status codes and headers stay in the fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
@@ -43,6 +44,7 @@ from reposerve.operations import (
     ModelConfigDocument,
     ModelMetadata,
     ModelStatistics,
+    OpenAIModel,
     ServerMetadata,
     SystemRegion,
     UnloadRequest,
@@ -53,6 +55,7 @@ from reposerve.protocol.repository import decode_load_request, decode_unload_req
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
+from reposerve.repository import openai_catalog as catalog
 from reposerve.repository.scan import ConfigOverride, check_model_name
 from reposerve.shared_memory import Claims, SharedMemory
 from reposerve.utilization import Usage
@@ -430,6 +433,26 @@ class InferenceService:
         # The regions are the request's until its answer is let go.
         return make_answer(model, request, selected, lease, True, claims, hold=True)
 
+    # -- the OpenAI-compatible routes ------------------------------------------------------
+
+    async def openai_models(self, name: str | None) -> list[OpenAIModel]:
+        """The models that opt in to the OpenAI-compatible routes; ``name``: that one,
+        ready to serve (loaded first in on-demand mode), with its chat template."""
+        on_demand = self.model_control_mode == "on-demand"
+        if name is None:
+            others: dict[str, ModelConfig] = {}
+            for other in self.repository.names() if on_demand else ():
+                with contextlib.suppress(ConfigError):  # a broken folder serves nothing
+                    others[other] = self.repository.describe(other)[1]
+            return catalog.listing(self.repository.loaded(), others)
+        try:
+            version = self.repository.get(name, None)
+        except RepositoryError as exc:
+            _, config, _ = self._not_loaded(name, None, exc)
+            catalog.check_opted_in(name, config)  # not loaded for routes it is not on
+            version = await self._serving(name, None)
+        return [catalog.served(version)]
+
     # -- repository control --------------------------------------------------------------
 
     async def repository_index(self, request: IndexRequest) -> list[IndexEntry]:
@@ -530,61 +553,6 @@ class InferenceService:
                 f"--model-control-mode {self.model_control_mode}",
                 kind=ErrorKind.INVALID_ARGUMENT,
             )
-
-
-class FrontService(Protocol):
-    """What a front calls: ``InferenceService`` in the server's own process, or
-    ``reposerve.fronts.remote.RemoteService`` in a front worker's."""
-
-    async def server_ready(self) -> bool: ...
-
-    async def server_metadata(self) -> ServerMetadata: ...
-
-    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata: ...
-
-    async def model_config(self, name: str, version: str | None) -> ModelConfigDocument: ...
-
-    async def model_ready(self, name: str, version: str | None) -> bool: ...
-
-    async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics: ...
-
-    async def repository_index(self, request: IndexRequest) -> list[IndexEntry]: ...
-
-    async def load_model(self, request: LoadRequest) -> None: ...
-
-    async def unload_model(self, request: UnloadRequest) -> None: ...
-
-    async def shared_memory_status(self, name: str | None) -> list[SystemRegion]: ...
-
-    async def register_shared_memory(self, region: SystemRegion) -> None: ...
-
-    async def unregister_shared_memory(self, name: str | None) -> None: ...
-
-    async def cuda_memory_status(self, name: str | None) -> list[CudaRegion]: ...
-
-    async def register_cuda_memory(self, name: str) -> None: ...
-
-    async def unregister_cuda_memory(self, name: str | None) -> None: ...
-
-    async def log_settings(self) -> LogSettings: ...
-
-    async def update_log_settings(self, update: LogUpdate) -> LogSettings: ...
-
-    async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
-    ) -> Answer: ...
-
-    async def infer_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
-    ) -> Answer: ...
-
-    async def generate(
-        self, name: str, version: str | None, body: bytes
-    ) -> AsyncIterator[Answer]: ...
-
-    async def stream_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
-    ) -> AsyncIterator[Answer]: ...
 
 
 async def _decode_parts(

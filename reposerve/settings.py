@@ -42,6 +42,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ssl_certfile: str | None = None  # TLS: PEM certificate (chain)
     ssl_keyfile: str | None = None
     restricted: list[RestrictedApi] = []
+    openai_api_keys: list[str] = []  # the OpenAI-compatible routes need one (none: open)
     # The gRPC front (reposerve.grpc): None turns it off (--allow-grpc false).
     grpc_port: int | None = 8001
     # Front processes per protocol, the server's own included (reposerve.fronts.workers).

@@ -150,6 +150,17 @@ class Lifecycle(_Section):
     pinned: bool = False  # never evicted to make room for another model
 
 
+class OpenAI(_Section):
+    """The model on the OpenAI-compatible routes (config/openai.py has the rules)."""
+
+    kind: Literal["chat", "completion", "embedding"]
+    # chat: a Jinja template file in the model folder; else tokenizer_config.json's
+    chat_template: Annotated[str, Meta(pattern=r"^(?!\.\.?$)[^/\\]+$")] | None = None
+    input: Annotated[str, Meta(min_length=1)] | None = None  # the text; default: see rules
+    output: Annotated[str, Meta(min_length=1)] | None = None  # text deltas, or the vector
+    max_tokens: Positive = 256  # for a request that sets none
+
+
 class Warmup(_Section):
     batch_size: Positive = 1
     inputs: dict[str, Literal["zero", "random"]] = {}
@@ -186,6 +197,7 @@ class ModelConfig(_Section):
     optimization: Optimization = Optimization()
     execution: Execution = Execution()
     lifecycle: Lifecycle = Lifecycle()
+    openai: OpenAI | None = None
     warmup: list[Warmup] = []
     # Triton's model_transaction_policy: execute yields any number of responses per
     # request (a generator); served only on the streaming endpoints. Set by itself when

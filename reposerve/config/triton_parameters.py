@@ -13,6 +13,8 @@ schema has no field for travel in its free-form ``parameters`` map (string value
     reposerve.lifecycle.pinned           "true" | "false"
     reposerve.dynamic_batching.<key>     pad, buckets, lengths_input, lengths_datatype,
                                          unpad (variable-length batching; when pad is set)
+    reposerve.openai.<key>               kind, chat_template, input, output, max_tokens
+                                         (the OpenAI-compatible routes; when kind is set)
 
 The model's own ``[parameters]`` travel beside them under their own keys. Triton's values
 are strings, reposerve's are typed: a value other than a string is written as JSON, and a
@@ -38,6 +40,8 @@ _GROUP_CPUS = "reposerve.instance_group.{index}.cpus"
 _PINNED = "reposerve.lifecycle.pinned"
 _BATCHING = "reposerve.dynamic_batching."
 _PADDING_KEYS = ("pad", "buckets", "lengths_input", "lengths_datatype", "unpad")
+_OPENAI = "reposerve.openai."
+_OPENAI_KEYS = ("kind", "chat_template", "input", "output", "max_tokens")
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -76,6 +80,10 @@ def to_triton_parameters(config: ModelConfig) -> dict[str, dict[str, str]]:
         for key in _PADDING_KEYS:
             if getattr(batching, key) is not None:
                 values[_BATCHING + key] = getattr(batching, key)
+    if config.openai is not None:
+        for key in _OPENAI_KEYS:
+            if getattr(config.openai, key) is not None:
+                values[_OPENAI + key] = getattr(config.openai, key)
     for index, group in enumerate(config.instance_group or ()):
         if group.cpus:
             values[_GROUP_CPUS.format(index=index)] = group.cpus
@@ -104,6 +112,8 @@ def apply_triton_parameters(
             table.setdefault("lifecycle", {})["pinned"] = value
         elif key.startswith(_BATCHING) and key[len(_BATCHING) :] in _PADDING_KEYS:
             table.setdefault("dynamic_batching", {})[key[len(_BATCHING) :]] = value
+        elif key.startswith(_OPENAI) and key[len(_OPENAI) :] in _OPENAI_KEYS:
+            table.setdefault("openai", {})[key[len(_OPENAI) :]] = value
         else:
             _group_cpus(table, key, value, label)
     if own:  # beside what other fields put there (the TensorRT accelerator's options)
@@ -119,7 +129,7 @@ def _group_cpus(table: dict[str, Any], key: str, value: Any, label: str) -> None
         raise ConfigError(
             f"{label}: parameters.{key}: unknown reposerve setting (known: {_PRECISION}, "
             f"{_TIMEOUT}, {_ISOLATE}, {_PINNED}, {_GROUP_CPUS.format(index='<i>')}, "
-            f"{_BATCHING}{{{','.join(_PADDING_KEYS)}}})"
+            f"{_BATCHING}{{{','.join(_PADDING_KEYS)}}}, {_OPENAI}{{{','.join(_OPENAI_KEYS)}}})"
         )
     index = int(parts[2])
     if index >= len(groups):

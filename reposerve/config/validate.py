@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from reposerve.config.ensemble import check_ensemble
+from reposerve.config.openai import check_openai
 from reposerve.config.padding import check_padding
 from reposerve.config.parameters import check_parameters
 from reposerve.config.schema import ModelConfig, TensorConfig
@@ -61,6 +62,7 @@ def _check(config: ModelConfig, folder_name: str | None) -> str | None:
         or _check_groups(config)
         or _check_batching(config)
         or check_padding(config)
+        or check_openai(config)
         or check_sequence_batching(config)
     )
 

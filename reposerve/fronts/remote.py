@@ -64,6 +64,7 @@ from reposerve.operations import (
     ModelConfigDocument,
     ModelMetadata,
     ModelStatistics,
+    OpenAIModel,
     ServerMetadata,
     SystemRegion,
     UnloadRequest,
@@ -425,6 +426,9 @@ class RemoteService(asyncio.Protocol):
 
     async def unload_model(self, request: UnloadRequest) -> None:
         await self._operate("unload_model", request)
+
+    async def openai_models(self, name: str | None) -> list[OpenAIModel]:
+        return await self._operate("openai_models", name)
 
     async def log_settings(self) -> LogSettings:
         return await self._operate("log_settings")

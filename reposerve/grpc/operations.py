@@ -15,11 +15,11 @@ import msgspec
 from google.protobuf import json_format
 
 from reposerve.errors import ProtocolError
+from reposerve.front_service import FrontService
 from reposerve.grpc import schema
 from reposerve.grpc.infer import parameter_value
 from reposerve.operations import IndexRequest, SystemRegion
 from reposerve.protocol.repository import load_request, unload_request
-from reposerve.service import FrontService
 
 
 def response(method: str, **fields: Any) -> Any:

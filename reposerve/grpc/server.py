@@ -22,12 +22,12 @@ from google.protobuf import json_format
 
 from reposerve.access import Policy, RestrictedError
 from reposerve.errors import ErrorKind, ReposerveError
+from reposerve.front_service import FrontService
 from reposerve.grpc import schema
 from reposerve.grpc.decoding import Reclaimer, Undecodable, deserializer, status_message
 from reposerve.grpc.infer import request_parts, response_encoder
 from reposerve.grpc.operations import Operations, response
 from reposerve.grpc.stream import serve_stream
-from reposerve.service import FrontService
 from reposerve.settings import Settings
 
 log = logging.getLogger("reposerve.grpc")

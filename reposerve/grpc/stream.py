@@ -23,6 +23,7 @@ from typing import Any
 
 from reposerve.answers import encoded
 from reposerve.errors import ProtocolError, ReposerveError
+from reposerve.front_service import FrontService
 from reposerve.grpc import schema
 from reposerve.grpc.decoding import Undecodable
 from reposerve.grpc.infer import (
@@ -33,7 +34,6 @@ from reposerve.grpc.infer import (
     wants_empty_final,
 )
 from reposerve.grpc.outbox import Outbox
-from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.grpc")
 

@@ -20,10 +20,12 @@ from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
 from reposerve.errors import ReposerveError
+from reposerve.front_service import FrontService
 from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import HttpError, error_body, error_response, retry_after_on_503
 from reposerve.http.generate import GenerateEndpoint
 from reposerve.http.infer import InferEndpoint, body_deadline
+from reposerve.http.openai import openai_routes
 from reposerve.logs import decode_log_update
 from reposerve.protocol.documents import encode
 from reposerve.protocol.repository import (
@@ -32,7 +34,6 @@ from reposerve.protocol.repository import (
     decode_unload_request,
 )
 from reposerve.protocol.shared_memory import decode_register_request
-from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.http")
 
@@ -157,8 +158,11 @@ def _guarded(handler: Handler, api: str, policy: AccessPolicy) -> Handler:
     return endpoint
 
 
-def routes(handlers: Handlers, policy: AccessPolicy, max_body: int) -> list[Route]:
-    """The whole HTTP surface (DESIGN.md §3): inference, then (path, handler, API, methods)."""
+def routes(
+    handlers: Handlers, policy: AccessPolicy, max_body: int, openai_keys: frozenset[str]
+) -> list[Route]:
+    """The whole HTTP surface (DESIGN.md §3): inference, then (path, handler, API,
+    methods); the OpenAI-compatible routes (``reposerve.http.openai``) with them."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
     service = handlers.service
@@ -172,6 +176,10 @@ def routes(handlers: Handlers, policy: AccessPolicy, max_body: int) -> list[Rout
         Route(f"{prefix}/{action}", endpoint, methods=["POST"])
         for prefix in (model, versioned)
         for action, endpoint in endpoints.items()
+    ]
+    inference += [
+        Route(path, endpoint, methods=[method])
+        for path, endpoint, method in openai_routes(service, policy, max_body, openai_keys)
     ]
     table: list[tuple[str, Handler, str, list[str]]] = [
         ("/v2/health/live", handlers.live, "health", ["GET"]),
@@ -224,7 +232,11 @@ class App:
         self, table: list[Route], lifespan: Lifespan | None, body_timeout: float | None = None
     ) -> None:
         self._body_timeout = body_timeout
-        self._inference = [route for route in table if isinstance(route.endpoint, InferEndpoint)]
+        self._inference = [
+            route
+            for route in table
+            if isinstance(route.endpoint, InferEndpoint) and "POST" in (route.methods or ())
+        ]
         self._starlette = Starlette(
             routes=table,
             lifespan=lifespan,
@@ -265,6 +277,9 @@ def create_app(
     max_body: int,
     lifespan: Lifespan | None = None,
     body_timeout: float | None = None,
+    openai_keys: frozenset[str] = frozenset(),
 ) -> App:
-    """``body_timeout``: see App (None where the server keeps it)."""
-    return App(routes(Handlers(service), policy, max_body), lifespan, body_timeout)
+    """``body_timeout``: see App (None where the server keeps it); ``openai_keys``: the
+    API keys the OpenAI-compatible routes require (none: they need none)."""
+    table = routes(Handlers(service), policy, max_body, openai_keys)
+    return App(table, lifespan, body_timeout)

@@ -23,16 +23,16 @@ from starlette.types import Receive, Scope, Send
 
 from reposerve.answers import Answer, encoded
 from reposerve.errors import InstanceError, InvalidInput, ProtocolError, ReposerveError
+from reposerve.front_service import FrontService
 from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import RETRY_AFTER, STATUS, error_body
 from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
 from reposerve.protocol.generate import encode_generate
-from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.http")
 T = TypeVar("T")
 
-_EVENT_STREAM = [
+EVENT_STREAM = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
 ]
@@ -60,29 +60,29 @@ class GenerateEndpoint(InferEndpoint):
             responses = _documents(
                 await self._service.generate(model, parameters.get("version"), body), model
             )
-            watching = asyncio.ensure_future(_wait_for_disconnect(receive))
+            watching = asyncio.ensure_future(wait_for_disconnect(receive))
             async with contextlib.aclosing(responses):
                 if self._stream:
                     await _stream_events(responses, watching, send)
                     return
-                content = await _before(watching, _only_response(responses, parameters["model"]))
+                content = await before(watching, _only_response(responses, parameters["model"]))
         except Disconnected:
             return
         except (InstanceError, InvalidInput) as exc:  # the model's answer, not the request's
             if not self._stream:
                 status, content, extra = error_reply(exc, scope)
-                await _send_json(send, status, content, extra)
+                await send_json(send, status, content, extra)
                 return
             await _send_error_event(send, STATUS[exc.kind], exc.message)
             return
         except Exception as exc:
             status, content, extra = error_reply(exc, scope)
-            await _send_json(send, status, content, extra)
+            await send_json(send, status, content, extra)
             return
         finally:
             if watching is not None:
                 watching.cancel()
-        await _send_json(send, 200, content)
+        await send_json(send, 200, content)
 
 
 def _documents(answers: AsyncIterator[Answer], model: str) -> AsyncIterator[bytes]:
@@ -118,12 +118,12 @@ async def _stream_events(
 ) -> None:
     """The first response decides the status (an error before it is a plain error reply,
     raised from here); then every response is an event, until the end or a disconnect."""
-    first = await _before(watching, anext(responses, None))
-    await send({"type": "http.response.start", "status": 200, "headers": _EVENT_STREAM})
-    await _before(watching, _send_events(first, responses, send))
+    first = await before(watching, anext(responses, None))
+    await send({"type": "http.response.start", "status": 200, "headers": EVENT_STREAM})
+    await before(watching, _send_events(first, responses, send))
 
 
-async def _before(watching: asyncio.Future, work: Awaitable[T]) -> T:
+async def before(watching: asyncio.Future, work: Awaitable[T]) -> T:
     """What ``work`` gives, unless the client disconnects first (``watching`` ends): then
     ``work`` is cancelled (which stops its generation) and Disconnected raised."""
     task = asyncio.ensure_future(work)
@@ -154,7 +154,7 @@ async def _send_events(first: bytes | None, responses: AsyncIterator[bytes], sen
 
 async def _send_error_event(send: Send, status: int, message: str) -> None:
     """A stream whose first response is the model's error: its status, that one event."""
-    headers = list(_EVENT_STREAM)
+    headers = list(EVENT_STREAM)
     if status == 503:
         headers.append(RETRY_AFTER)
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -162,7 +162,7 @@ async def _send_error_event(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
+async def wait_for_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -171,7 +171,7 @@ def _event(document: bytes) -> dict:
     return {"type": "http.response.body", "body": b"data: " + document + b"\n\n", "more_body": True}
 
 
-async def _send_json(
+async def send_json(
     send: Send, status: int, content: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()
 ) -> None:
     headers = [

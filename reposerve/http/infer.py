@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from reposerve.errors import ProtocolError, ReposerveError
+from reposerve.front_service import FrontService
 from reposerve.http.access import AccessPolicy
 from reposerve.http.encoding import (
     ACCEPTED,
@@ -26,7 +27,6 @@ from reposerve.http.encoding import (
 )
 from reposerve.http.errors import RETRY_AFTER, STATUS, HttpError, error_body
 from reposerve.protocol.response import encode_response
-from reposerve.service import FrontService
 
 log = logging.getLogger("reposerve.http")
 

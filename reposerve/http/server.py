@@ -16,10 +16,10 @@ from typing import Protocol
 
 from starlette.applications import Starlette
 
+from reposerve.front_service import FrontService
 from reposerve.http.access import AccessPolicy
 from reposerve.http.app import App, create_app
 from reposerve.http.connections import app_body_timeout, apply_hypercorn_limits, uvicorn_protocol
-from reposerve.service import FrontService
 from reposerve.settings import Settings
 
 # The HTTP server waits this much longer than the shutdown budget for the last answers
@@ -60,7 +60,12 @@ def build(host: Host, settings: Settings) -> App:
 
     policy = AccessPolicy(settings.restricted)
     return create_app(
-        host.service, policy, settings.http_max_input_size, lifespan, app_body_timeout(settings)
+        host.service,
+        policy,
+        settings.http_max_input_size,
+        lifespan,
+        app_body_timeout(settings),
+        frozenset(settings.openai_api_keys),
     )
 
 

@@ -244,6 +244,7 @@ class Repository:
                     version,
                     self._load_timeout,
                     source.labels,
+                    chat_template=source.chat_template,
                     latency_summaries=self._latency_summaries,
                     restart_on_request=self._restart_on_request,
                     resolve=self.get,

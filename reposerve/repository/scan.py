@@ -12,7 +12,9 @@ import msgspec
 
 from reposerve.config import ModelConfig, find_config, load_model_config
 from reposerve.config.backends import BACKENDS, BackendEntry, backend_entry
+from reposerve.config.chat_templates import ChatTemplate
 from reposerve.config.labels import read_labels
+from reposerve.config.openai import read_chat_template
 from reposerve.config.parameters import check_backend, check_files
 from reposerve.errors import ConfigError
 
@@ -41,6 +43,7 @@ class ModelSource(msgspec.Struct, frozen=True):
     config: ModelConfig
     versions: list[VersionSource]
     labels: dict[str, tuple[str, ...]] = {}  # output -> its class labels (label_filename)
+    chat_template: ChatTemplate | None = None  # [openai] kind = "chat"
 
 
 class ConfigOverride(msgspec.Struct, frozen=True):
@@ -107,7 +110,8 @@ def read_model(root: Path, name: str, override: ConfigOverride | None = None) ->
     for backend, files in found.values():
         check_files(config, backend, files, label)
     labels = read_labels(path, config, label)
-    return ModelSource(name, path, config, versions, labels)
+    template = read_chat_template(path, config, label)
+    return ModelSource(name, path, config, versions, labels, template)
 
 
 def _generated_config(path: Path, name: str) -> ModelConfig:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from reposerve.config import ModelConfig
+from reposerve.config.chat_templates import ChatTemplate
 from reposerve.config.sequences import client_facing, model_facing
 from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
 from reposerve.instance.messages import (
@@ -76,6 +77,7 @@ class ModelVersion:
         source: VersionSource,
         load_timeout: float,
         labels: dict[str, tuple[str, ...]] | None = None,
+        chat_template: ChatTemplate | None = None,
         latency_summaries: bool = False,
         resolve: Resolve | None = None,
         control: Control | None = None,
@@ -93,6 +95,8 @@ class ModelVersion:
         self.pipeline = source.pipeline
         self.source = source
         self.labels = labels or {}  # output -> class labels, for classification requests
+        self.chat_template = chat_template  # [openai] kind = "chat"
+        self.created = int(time.time())  # when it was loaded, as OpenAI's model list says
         self.state = ModelState.LOADING
         self.reason = ""
         self.unloaded = False  # taken out of service on purpose (not a failure)

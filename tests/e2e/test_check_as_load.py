@@ -54,6 +54,17 @@ def step(reads: str, writes: str) -> str:
 
 
 READ_IN = step('x = "IN"', 'y = "OUT"')
+TEXT = (
+    '[[input]]\nname = "text_input"\ndatatype = "BYTES"\nshape = [1]\n'
+    '[[output]]\nname = "text_output"\ndatatype = "BYTES"\nshape = [1]\n'
+)
+VECTOR = '[[output]]\nname = "vector"\ndatatype = "FP32"\nshape = [8]\n'
+
+
+def openai(table: str, tensors: str = TEXT, top: str = "") -> str:
+    return f"{top}{tensors}[openai]\n{table}"
+
+
 TENSORRT = "max_batch_size = 8\n[parameters.onnxruntime.tensorrt]\n"
 
 
@@ -113,7 +124,7 @@ KNOWN = (
     "reposerve.optimization.precision, reposerve.execution.timeout_seconds, "
     "reposerve.execution.isolate_failures, reposerve.lifecycle.pinned, "
     "reposerve.instance_group.<i>.cpus, reposerve.dynamic_batching.{pad,buckets,lengths_input,"
-    "lengths_datatype,unpad}"
+    "lengths_datatype,unpad}, reposerve.openai.{kind,chat_template,input,output,max_tokens}"
 )
 RULES: dict[str, Rule] = {
     # The file and the schema (config.load, config.validate, config.tables)
@@ -385,6 +396,66 @@ RULES: dict[str, Rule] = {
         "model (N/model.onnx) or a python model whose auto_complete_config fills it in "
         "(N/model.py) may go without",
         SCRIPT,
+    ),
+    # The OpenAI-compatible routes (config.openai)
+    "openai_template_kind": Rule(
+        openai('kind = "completion"\nchat_template = "t.jinja"\n'),
+        'openai.chat_template: only a kind = "chat" model has one (this is "completion")',
+    ),
+    "openai_no_text_input": Rule(
+        openai('kind = "embedding"\n', BATCHED),
+        "openai.input: name the input that takes the text (the model has no BYTES input to "
+        "take by default)",
+    ),
+    "openai_which_output": Rule(
+        openai('kind = "embedding"\n', TEXT + VECTOR),
+        "openai.output: name the output that holds the vector (the model has several)",
+    ),
+    "openai_undeclared": Rule(
+        openai('kind = "completion"\noutput = "nope"\n'),
+        'openai.output: "nope" is not a declared output (declared: text_output). Hint: set '
+        "openai.output to the one to use",
+    ),
+    "openai_datatype": Rule(
+        openai('kind = "embedding"\n'),
+        'openai.output: output "text_output" is BYTES; the embedding routes need FP16 or FP32 '
+        "or FP64 or BF16",
+    ),
+    "openai_decoupled_embedding": Rule(
+        openai('kind = "embedding"\n', TEXT.split("[[output]]")[0] + VECTOR, "decoupled = true\n"),
+        'openai.kind: an "embedding" model answers each text once; this model is decoupled '
+        "(it streams responses)",
+    ),
+    "openai_template_missing": Rule(
+        openai('kind = "chat"\nchat_template = "t.jinja"\n'),
+        'openai.chat_template: "t.jinja" does not exist in the model folder',
+    ),
+    "openai_template_unreadable": Rule(
+        openai('kind = "chat"\nchat_template = "t.jinja"\n'),
+        "openai.chat_template: cannot read \"t.jinja\": 'utf-8' codec can't decode byte 0xff "
+        "in position 0: invalid start byte",
+        PY | {"t.jinja": b"\xff{{ messages }}"},
+    ),
+    "openai_template_broken": Rule(
+        openai('kind = "chat"\nchat_template = "t.jinja"\n'),
+        "openai.chat_template: the chat template does not compile: line 1: tag name expected",
+        PY | {"t.jinja": b"{% %}"},
+    ),
+    "openai_no_template": Rule(
+        openai('kind = "chat"\n'),
+        'openai: a kind = "chat" model needs a chat template: set openai.chat_template to a '
+        "Jinja file in the model folder, or put a Hugging Face tokenizer_config.json with a "
+        "chat_template there",
+    ),
+    "openai_tokenizer_config_broken": Rule(
+        openai('kind = "chat"\n'),
+        "openai: cannot read tokenizer_config.json: Expecting value: line 1 column 1 (char 0)",
+        PY | {"tokenizer_config.json": b"nope"},
+    ),
+    "openai_tokenizer_config_list": Rule(
+        openai('kind = "chat"\n'),
+        "openai: tokenizer_config.json is not a JSON object",
+        PY | {"tokenizer_config.json": b"[]"},
     ),
     # Class labels (config.labels)
     "labels_missing": Rule(

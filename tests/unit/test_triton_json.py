@@ -64,7 +64,8 @@ def test_protobuf_json_spellings_read():
             "reposerve.optimization.precision, reposerve.execution.timeout_seconds, "
             "reposerve.execution.isolate_failures, reposerve.lifecycle.pinned, "
             "reposerve.instance_group.<i>.cpus, reposerve.dynamic_batching.{pad,buckets,"
-            "lengths_input,lengths_datatype,unpad})",
+            "lengths_input,lengths_datatype,unpad}, reposerve.openai.{kind,chat_template,input,"
+            "output,max_tokens})",
         ),
         (
             {"parameters": {"reposerve.optimization.precision": {"string_value": "fp8"}}},
