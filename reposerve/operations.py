@@ -135,5 +135,7 @@ class OpenAIModel(msgspec.Struct, frozen=True):
     outputs: list[str]
     max_tokens: int
     decoupled: bool = False
+    batched: bool = False  # max_batch_size > 0: requests carry a batch dimension
+    input_shape: list[int] = []  # the text input's shape, the batch dimension left out
     created: int = 0
     chat_template: ChatTemplate | None = None

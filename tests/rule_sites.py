@@ -36,8 +36,8 @@ EXEMPT = {
 RULE_MODULES = (
     "config/load.py", "config/validate.py", "config/tables.py", "config/ensemble.py",
     "config/parameters.py", "config/onnx_options.py", "config/torch_options.py",
-    "config/labels.py", "config/openai.py", "config/pbtxt.py", "config/triton.py", "config/triton_parameters.py",
-    "repository/scan.py",
+    "config/labels.py", "config/openai.py", "config/pbtxt.py", "config/triton.py",
+    "config/triton_parameters.py", "repository/scan.py",
 )  # fmt: skip
 
 

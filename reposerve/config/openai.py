@@ -13,6 +13,7 @@ else the ``chat_template`` of a Hugging Face ``tokenizer_config.json`` there (wi
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from reposerve.config.chat_templates import ChatTemplate, TemplateError, compile_template
@@ -57,6 +58,12 @@ def check_openai(config: ModelConfig) -> str | None:
     problem = problem or _check_tensor(outputs.get(name_out), "output", name_out, wanted, config)
     if problem:
         return problem
+    text = inputs[name_in]
+    if table.kind == "embedding" and math.prod(dim for dim in text.shape if dim != -1) != 1:
+        return (
+            f'openai.input: input "{name_in}" holds one text per request, so its shape has '
+            f"no dim but 1 and -1 (it is {text.shape})"
+        )
     if table.kind == "embedding" and config.decoupled:
         return (
             'openai.kind: an "embedding" model answers each text once; this model is '

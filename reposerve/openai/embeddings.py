@@ -1,18 +1,18 @@
-"""Embeddings: each text of a request is a request of its own to the model (its text
-input, a batch of one), sent side by side, so the model's dynamic batcher joins them with
-each other and with other clients' texts. The vector is the model's float output, flat;
-``base64`` is its float32 bytes, little-endian, as the API sends them."""
+"""Embeddings: each text of a request is a request of its own to the model (a V2 request:
+its text input, a batch of one, asking for the vector and the token count alone), sent
+side by side, so the model's dynamic batcher joins them with each other and with other
+clients' texts. The vector is the model's float output, flat; ``base64`` is its float32
+bytes, little-endian, as the API sends them."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 
 import msgspec
 import numpy as np
 
-from reposerve.answers import Answer, encoded
+from reposerve.answers import Answer
 from reposerve.datatypes import NUMPY_DTYPES, element_count
 from reposerve.errors import ProtocolError
 from reposerve.front_service import FrontService
@@ -41,12 +41,16 @@ async def embed(
 async def _embed_one(
     service: FrontService, model: OpenAIModel, text: str, as_base64: bool
 ) -> Embedded:
-    answers = await service.generate(model.name, None, _encode({model.input: text}))
-    read = encoded(answers, lambda answer: _read(model, answer, as_base64))
-    async with contextlib.aclosing(read):
-        async for embedded in read:
-            return embedded
-    raise ProtocolError(f"model '{model.name}' gave no response for a text to embed")
+    shape = [1] * model.batched + [1 if dim == -1 else dim for dim in model.input_shape]
+    wanted = [{"name": model.output}]
+    if "num_input_tokens" in model.outputs:
+        wanted.append({"name": "num_input_tokens"})
+    body = {
+        "inputs": [{"name": model.input, "datatype": "BYTES", "shape": shape, "data": [text]}],
+        "outputs": wanted,
+    }
+    with await service.infer(model.name, None, _encode(body), None) as answer:
+        return _read(model, answer, as_base64)
 
 
 def _read(model: OpenAIModel, answer: Answer, as_base64: bool) -> Embedded:

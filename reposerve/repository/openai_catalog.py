@@ -24,6 +24,8 @@ def describe(name: str, config: ModelConfig, version: ModelVersion | None) -> Op
         outputs=[tensor.name for tensor in config.output],
         max_tokens=table.max_tokens,
         decoupled=config.decoupled,
+        batched=config.max_batch_size > 0,
+        input_shape=next((t.shape for t in config.input if t.name == name_in), []),
         created=version.created if version is not None else 0,
         chat_template=version.chat_template if version is not None else None,
     )

@@ -421,6 +421,13 @@ RULES: dict[str, Rule] = {
         'openai.output: output "text_output" is BYTES; the embedding routes need FP16 or FP32 '
         "or FP64 or BF16",
     ),
+    "openai_several_texts": Rule(
+        openai(
+            'kind = "embedding"\n', TEXT.replace("[1]", "[2]", 1).split("[[output]]")[0] + VECTOR
+        ),
+        'openai.input: input "text_input" holds one text per request, so its shape has no dim '
+        "but 1 and -1 (it is [2])",
+    ),
     "openai_decoupled_embedding": Rule(
         openai('kind = "embedding"\n', TEXT.split("[[output]]")[0] + VECTOR, "decoupled = true\n"),
         'openai.kind: an "embedding" model answers each text once; this model is decoupled '

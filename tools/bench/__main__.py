@@ -19,6 +19,7 @@ from reposerve.tune.load import RunResult, closed_loop, open_loop
 from tools.bench.compare import compare
 from tools.bench.fronts import fronts, grpc_servers
 from tools.bench.many_models import many_models
+from tools.bench.openai_routes import openai_routes
 from tools.bench.plot import plot, plot_fronts
 from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
@@ -35,6 +36,7 @@ SCENARIOS = {
     "fronts": fronts,
     "grpc-servers": grpc_servers,
     "many-models": many_models,
+    "openai": openai_routes,
     "shared-memory": shared_memory_scenario,
     "tune-vs-analyzer": tune_vs_analyzer,
     "variable-length": variable_length,

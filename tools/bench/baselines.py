@@ -5,12 +5,15 @@
   the way a seed project would, with FastAPI's own JSON handling.
 - ``starlette_sse``: the bundled ``text_stream`` model's word-by-word stream done
   in-process as Server-Sent Events: the ceiling of streaming on our HTTP stack.
+- ``fastapi_embeddings``: the bundled ``text_embedding`` model's ``model.py`` imported
+  into a FastAPI app serving ``POST /v1/embeddings``, each request's texts run at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -22,7 +25,12 @@ async def _echo(request: Request) -> Response:
     return Response(await request.body(), media_type="application/json")
 
 
-starlette_echo = Starlette(routes=[Route("/v2/models/{model}/infer", _echo, methods=["POST"])])
+starlette_echo = Starlette(
+    routes=[
+        Route("/v2/models/{model}/infer", _echo, methods=["POST"]),
+        Route("/v1/embeddings", _echo, methods=["POST"]),
+    ]
+)
 
 
 async def _words(request: Request) -> StreamingResponse:
@@ -70,7 +78,38 @@ def _fastapi_app():  # imported lazily: FastAPI is a bench-only dependency
     return app
 
 
+def _fastapi_embeddings():
+    import numpy as np
+    from fastapi import FastAPI
+
+    from tools.bench.openai_routes import load_model_class
+
+    folder = Path(__file__).resolve().parents[2] / "model_repository" / "text_embedding"
+    model = load_model_class(folder)()
+    app = FastAPI()
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: dict) -> dict:
+        texts = request["input"] if isinstance(request["input"], list) else [request["input"]]
+        batch = np.array([[text.encode()] for text in texts], dtype=object)
+        outputs = model.execute({"text_input": batch})
+        tokens = int(outputs["num_input_tokens"].sum())
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": index, "embedding": vector.tolist()}
+                for index, vector in enumerate(outputs["embedding"])
+            ],
+            "model": request["model"],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    return app
+
+
 def __getattr__(name: str):
     if name == "fastapi_plus_one":
         return _fastapi_app()
+    if name == "fastapi_embeddings":
+        return _fastapi_embeddings()
     raise AttributeError(name)
