@@ -86,6 +86,7 @@ def _fastapi_embeddings():
 
     folder = Path(__file__).resolve().parents[2] / "model_repository" / "text_embedding"
     model = load_model_class(folder)()
+    model.load(None)
     app = FastAPI()
 
     @app.post("/v1/embeddings")

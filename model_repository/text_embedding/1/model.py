@@ -1,38 +1,45 @@
-"""Feature-hashing text embeddings: each word, and each letter trigram of a word, adds +1
-or -1 (by its hash) to one of 256 buckets; the vector is then scaled to unit length."""
+"""Bag-of-n-grams text embeddings: a text's words and its letter trigrams are counted in
+4096 hashed buckets, and the counts are projected to 256 dimensions by a fixed random
+matrix (seeded, made when the model loads: nothing downloaded) and scaled to unit length.
+Texts that share words and word pieces point the same way. The projection runs once per
+batch, as a real encoder's layers do, so batches cost less per text than single texts."""
 
 import re
 import zlib
 
 import numpy as np
 
+BUCKETS = 4096
 DIMENSIONS = 256
 WORD = re.compile(r"\w+")
+_MIX = np.uint64(2654435761)  # Knuth's multiplicative hash, for trigram codes
 
 
-def features(text: str) -> tuple[list[str], list[str]]:
-    """(words, every feature: the words and their trigrams)."""
-    words = WORD.findall(text.lower())
-    padded = [f"<{word}>" for word in words]
-    trigrams = [f"#{w[i : i + 3]}" for w in padded for i in range(len(w) - 2)]
-    return words, words + trigrams
-
-
-def embed(text: str) -> tuple[np.ndarray, int]:
-    words, found = features(text)
-    vector = np.zeros(DIMENSIONS, dtype=np.float32)
-    for feature in found:
-        hashed = zlib.crc32(feature.encode())
-        vector[hashed % DIMENSIONS] += 1.0 if hashed & 0x80000000 else -1.0
-    norm = float(np.linalg.norm(vector))
-    return (vector / norm if norm else vector), len(words)
+def counts(text: str, row: np.ndarray) -> int:
+    """Add ``text``'s word and trigram counts into ``row``; returns its number of words."""
+    lowered = text.lower()
+    words = WORD.findall(lowered)
+    for word in words:
+        row[zlib.crc32(word.encode()) % BUCKETS] += 1.0
+    data = np.frombuffer(f" {lowered} ".encode(), dtype=np.uint8).astype(np.uint64)
+    if len(data) >= 3:
+        codes = (data[:-2] << np.uint64(16)) | (data[1:-1] << np.uint64(8)) | data[2:]
+        hashed = ((codes * _MIX) % np.uint64(BUCKETS)).astype(np.int64)
+        row += np.bincount(hashed, minlength=BUCKETS)
+    return len(words)
 
 
 class Model:
+    def load(self, context):
+        rng = np.random.default_rng(0)
+        self.projection = rng.standard_normal((BUCKETS, DIMENSIONS)).astype(np.float32)
+
     def execute(self, inputs):
         texts = inputs["text_input"][:, 0]
-        vectors = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
-        counts = np.zeros((len(texts), 1), dtype=np.int32)
-        for row, text in enumerate(texts):
-            vectors[row], counts[row, 0] = embed(text.decode("utf-8", errors="replace"))
-        return {"embedding": vectors, "num_input_tokens": counts}
+        found = np.zeros((len(texts), BUCKETS), dtype=np.float32)
+        words = np.zeros((len(texts), 1), dtype=np.int32)
+        for index, text in enumerate(texts):
+            words[index, 0] = counts(text.decode("utf-8", errors="replace"), found[index])
+        vectors = found @ self.projection
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return {"embedding": vectors / np.maximum(norms, 1e-12), "num_input_tokens": words}
