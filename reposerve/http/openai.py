@@ -57,8 +57,9 @@ log = logging.getLogger("reposerve.http")
 
 PREFIXES = ("/v1", "/openai/v1")
 _NO_RETRY = (b"x-should-retry", b"false")
-_DONE = {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True}
-_END = {"type": "http.response.body", "body": b"", "more_body": False}
+# the last event and the end of the body in one write, so that a client that stops
+# reading at [DONE] (the SDKs do) finds the body ended and keeps its connection
+_DONE = {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
 # status -> the API's error type
 _TYPES = {
     400: "invalid_request_error",
@@ -337,7 +338,6 @@ async def _stream(
                 log.exception("unhandled error while streaming")
             await send(_event(_error_document(exc)))
         await send(_DONE)
-        await send(_END)
 
 
 async def _send_pieces(

@@ -22,6 +22,7 @@ otherwise what the model's ``finish_reason`` output says, or ``stop``.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -30,7 +31,7 @@ import msgspec
 import numpy as np
 
 from reposerve.answers import Answer, encoded
-from reposerve.datatypes import NUMPY_DTYPES, element_count
+from reposerve.datatypes import NUMPY_DTYPES, element_count, unpack_bytes
 from reposerve.front_service import FrontService
 from reposerve.operations import OpenAIModel
 from reposerve.protocol.openai import OpenAIRequestError
@@ -92,19 +93,20 @@ def generate_body(model: OpenAIModel, prompt: str, settings: Settings) -> bytes:
 
 
 class Piece(msgspec.Struct, frozen=True):
-    """What one response of the model says."""
+    """What one response of the model says: ``data``, its text as UTF-8 (a character
+    may be split between two responses, as byte-level tokens split them)."""
 
-    text: str
+    data: bytes
     input_tokens: int | None
     output_tokens: int | None
     finish_reason: str | None
 
 
 def read_piece(model: OpenAIModel, answer: Answer) -> Piece:
-    text, input_tokens, output_tokens, finish = "", None, None, None
+    data, input_tokens, output_tokens, finish = b"", None, None, None
     for name, tensor in answer.tensors:
-        if name == model.output:
-            text = "".join(str(value) for value in json_values(model.name, name, tensor))
+        if name == model.output and tensor.datatype == "BYTES":
+            data = b"".join(unpack_bytes(tensor.raw, element_count(tensor.shape)))
         elif name in ("num_input_tokens", "num_output_tokens") and tensor.datatype != "BYTES":
             count = int(
                 np.frombuffer(
@@ -118,7 +120,7 @@ def read_piece(model: OpenAIModel, answer: Answer) -> Piece:
         elif name == "finish_reason" and tensor.datatype == "BYTES":
             reasons = json_values(model.name, name, tensor)
             finish = str(reasons[0]) if reasons and reasons[0] else None
-    return Piece(text, input_tokens, output_tokens, finish)
+    return Piece(data, input_tokens, output_tokens, finish)
 
 
 class Generation:
@@ -152,10 +154,11 @@ class Generation:
         model, settings = self._model, self._settings
         answers = await self._service.generate(model.name, None, self._body)
         held = ""  # text that may be the start of a stop string
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
         async with contextlib.aclosing(encoded(answers, lambda a: read_piece(model, a))) as pieces:
             async for piece in pieces:
                 self._count(piece)
-                held += piece.text
+                held += decoder.decode(piece.data)
                 cut = _first_stop(held, settings.stop)
                 if cut is not None:
                     if held[:cut]:
@@ -168,9 +171,12 @@ class Generation:
                     held = held[len(held) - keep :]
                 if self.completion_tokens >= settings.max_tokens:
                     self.finish_reason = "length"
-                    break
+                    if held:  # a character cut in two by the limit is left out
+                        yield held
+                    return
                 if piece.finish_reason is not None:
                     self.finish_reason = "length" if piece.finish_reason == "length" else "stop"
+        held += decoder.decode(b"", final=True)
         if held:
             yield held
 
@@ -180,7 +186,7 @@ class Generation:
         if piece.output_tokens is not None:
             self.counted = True
             self.completion_tokens += piece.output_tokens
-        elif not self.counted and self._model.decoupled and piece.text:
+        elif not self.counted and self._model.decoupled and piece.data:
             self.completion_tokens += 1
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import openai
 import pytest
 
+from tests.e2e.test_front_workers import front_calls, pinned_clients
 from tests.server import REPO_ROOT, running_server, start_server
 from tests.toy_models import write_model
 
@@ -112,6 +113,10 @@ SLOW_WORDS = """
             text = inputs["text_input"][0].decode()
             if text == "fail":
                 raise ValueError("this model refuses the prompt 'fail'")
+            if text == "split":  # one character in two responses, as byte tokens come
+                for part in ("é".encode()[:1], "é".encode()[1:]):
+                    yield {"text_output": np.array([part], dtype=object)}
+                return
             with self.log.open("a") as log:
                 log.write("started\\n")
             try:
@@ -170,7 +175,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 def _client(server, prefix: str = "/v1", **options) -> openai.OpenAI:
     options.setdefault("max_retries", 0)
-    return openai.OpenAI(base_url="http://" + server.address + prefix, api_key="unused", **options)
+    return openai.OpenAI(base_url=server.url + prefix, api_key="unused", **options)
 
 
 def _lines(path: Path) -> list[str]:
@@ -303,6 +308,8 @@ def test_stop_strings_cut_the_text_across_responses(served):
     )
     assert "".join(chunk.choices[0].text for chunk in chunks) == "alpha beta STO"
     assert chunks[-1].choices[0].finish_reason == "stop"
+    split = client.completions.create(model="slow_words", prompt="split")
+    assert split.choices[0].text == "é"  # joined across responses, not two broken halves
     echoed = client.completions.create(model="slow_words", prompt="x y", echo=True)
     assert echoed.choices[0].text == "x y" + "x y "
 
@@ -321,9 +328,7 @@ def test_an_async_client_streams_chats_side_by_side(served):
     server, _ = served
 
     async def main() -> list[str]:
-        client = openai.AsyncOpenAI(
-            base_url="http://" + server.address + "/v1", api_key="unused", max_retries=0
-        )
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         async with client:
 
             async def one(seed: int) -> str:
@@ -365,12 +370,12 @@ def test_embeddings_float_and_base64_and_batched_under_concurrency(served):
     single = client.embeddings.create(model="text_embedding", input="zebra")
     assert np.allclose(single.data[0].embedding, vectors[2], atol=1e-6)
 
-    stats_url = f"http://{server.address}/v2/models/text_embedding/stats"
+    stats_url = f"{server.url}/v2/models/text_embedding/stats"
     before = httpx.get(stats_url).json()["model_stats"][0]
 
     async def burst() -> None:
         async with openai.AsyncOpenAI(
-            base_url="http://" + server.address + "/v1", api_key="unused", max_retries=0
+            base_url=server.url + "/v1", api_key="unused", max_retries=0
         ) as aclient:
             await asyncio.gather(
                 *(
@@ -417,7 +422,7 @@ def test_errors_come_in_the_apis_shape(served):
             model="tiny_chat", messages=[{"role": "user", "content": "x"}], logprobs=True
         )
     assert logprobs.value.param == "logprobs"
-    raw = httpx.post(f"http://{server.address}/v1/embeddings", content=b"{not json")
+    raw = httpx.post(f"{server.url}/v1/embeddings", content=b"{not json")
     assert raw.status_code == 400 and raw.headers["x-should-retry"] == "false"
     assert raw.json()["error"]["type"] == "invalid_request_error"
 
@@ -439,7 +444,7 @@ def test_a_model_failure_is_a_500_the_sdk_does_not_retry(served):
 
 def test_the_routes_count_in_the_models_statistics(served):
     server, _ = served
-    url = f"http://{server.address}/v2/models/tiny_chat/stats"
+    url = f"{server.url}/v2/models/tiny_chat/stats"
     before = httpx.get(url).json()["model_stats"][0]["inference_stats"]["success"]["count"]
     _client(server).completions.create(model="tiny_chat", prompt="a model", max_tokens=2)
     after = httpx.get(url).json()["model_stats"][0]["inference_stats"]["success"]["count"]
@@ -454,21 +459,17 @@ def test_api_keys_guard_the_routes_alone(tmp_path):
         repository, tmp_path, "--openai-api-key", "key-one", "--openai-api-key", "key-two"
     ) as server:
         for key in ("key-one", "key-two"):
-            client = openai.OpenAI(
-                base_url="http://" + server.address + "/v1", api_key=key, max_retries=0
-            )
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
             assert client.embeddings.create(model="text_embedding", input="x").data
-        wrong = openai.OpenAI(
-            base_url="http://" + server.address + "/v1", api_key="nope", max_retries=0
-        )
+        wrong = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
         with pytest.raises(openai.AuthenticationError) as refused:
             wrong.models.list()
         assert refused.value.code == "invalid_api_key"
-        bare = httpx.get(f"http://{server.address}/openai/v1/models")
+        bare = httpx.get(f"{server.url}/openai/v1/models")
         assert bare.status_code == 401 and "Authorization: Bearer" in bare.text
         # the V2 routes keep their own rules: no key needed
         infer = httpx.post(
-            f"http://{server.address}/v2/models/add_sub/infer",
+            f"{server.url}/v2/models/add_sub/infer",
             json={
                 "inputs": [
                     {"name": name, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
@@ -479,13 +480,27 @@ def test_api_keys_guard_the_routes_alone(tmp_path):
         assert infer.status_code == 200, infer.text
 
 
-def test_front_workers_serve_the_routes(tmp_path):
+def test_both_front_workers_serve_the_routes(tmp_path):
+    """Front 1 (another process) serves the routes through the core as front 0 does."""
     repository = tmp_path / "repository"
     for name in ("tiny_chat", "text_embedding"):
         shutil.copytree(REPO_ROOT / "model_repository" / name, repository / name)
     with running_server(repository, tmp_path, "--http-workers", "2") as server:
-        client = _client(server)
-        for _ in range(4):  # each connection may land on either worker
+        pinned = pinned_clients(server)
+        for front, connection in pinned.items():
+            client = openai.OpenAI(
+                base_url=server.url + "/v1", api_key="unused", http_client=connection,
+                max_retries=0,
+            )  # fmt: skip
+            before = front_calls(server)
+            answer = client.chat.completions.create(
+                model="tiny_chat", messages=[{"role": "user", "content": "hello"}], max_tokens=3
+            )
+            assert answer.choices[0].finish_reason in ("stop", "length")
+            assert len(client.embeddings.create(model="text_embedding", input="a").data) == 1
+            assert {m.id for m in client.models.list()} == {"tiny_chat", "text_embedding"}
+            assert (front_calls(server) > before) == (front == 1)
+            # last: the SDK lets go of a stream's connection at [DONE]
             chunks = list(
                 client.chat.completions.create(
                     model="tiny_chat",
@@ -495,5 +510,4 @@ def test_front_workers_serve_the_routes(tmp_path):
                 )
             )
             assert chunks[-1].choices[0].finish_reason in ("stop", "length")
-            assert len(client.embeddings.create(model="text_embedding", input="a").data) == 1
-            assert {m.id for m in client.models.list()} == {"tiny_chat", "text_embedding"}
+            connection.close()
