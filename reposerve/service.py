@@ -438,12 +438,10 @@ class InferenceService:
     async def openai_models(self, name: str | None) -> list[OpenAIModel]:
         """The models that opt in to the OpenAI-compatible routes; ``name``: that one,
         ready to serve (loaded first in on-demand mode), with its chat template."""
-        on_demand = self.model_control_mode == "on-demand"
         if name is None:
             others: dict[str, ModelConfig] = {}
-            for other in self.repository.names() if on_demand else ():
-                with contextlib.suppress(ConfigError):  # a broken folder serves nothing
-                    others[other] = self.repository.describe(other)[1]
+            if self.model_control_mode == "on-demand":  # folders read off the loop
+                others = await asyncio.to_thread(self._described)
             return catalog.listing(self.repository.loaded(), others)
         try:
             version = self.repository.get(name, None)
@@ -452,6 +450,14 @@ class InferenceService:
             catalog.check_opted_in(name, config)  # not loaded for routes it is not on
             version = await self._serving(name, None)
         return [catalog.served(version)]
+
+    def _described(self) -> dict[str, ModelConfig]:
+        """The config of every model on disk that can be read (the others serve nothing)."""
+        configs = {}
+        for name in self.repository.names():
+            with contextlib.suppress(ConfigError):
+                configs[name] = self.repository.describe(name)[1]
+        return configs
 
     # -- repository control --------------------------------------------------------------
 

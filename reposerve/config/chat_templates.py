@@ -11,6 +11,9 @@ from typing import Any
 
 import jinja2
 import msgspec
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -34,10 +37,25 @@ def _tojson(value: Any, indent: int | None = None, **options: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent, **options)
 
 
+class _GenerationTag(Extension):
+    """``{% generation %}...{% endgeneration %}``: Hugging Face marks the assistant's part
+    with it (for training masks); in a prompt it is just its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        line = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=line)
+
+
 @functools.lru_cache(maxsize=64)
 def compile_template(source: str) -> jinja2.Template:
-    """``source`` compiled (cached: every request of a model renders the same one)."""
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    """``source`` compiled (cached: every request of a model renders the same one), with
+    what Hugging Face's environment has: loop controls, the generation tag, tojson."""
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag]
+    )
     environment.globals["raise_exception"] = _raise
     environment.filters["tojson"] = _tojson
     try:
@@ -62,5 +80,7 @@ def render_chat(
         raise
     except jinja2.TemplateError as exc:  # a sandbox refusal, an undefined call
         raise TemplateError(str(exc)) from exc
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+    except (RecursionError, MemoryError) as exc:
+        raise TemplateError(f"{type(exc).__name__}: the template recursed or grew too far") from exc
+    except Exception as exc:  # the template's own code failed on these messages
         raise TemplateError(f"{type(exc).__name__}: {exc}") from exc

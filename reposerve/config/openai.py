@@ -38,11 +38,16 @@ def openai_tensors(config: ModelConfig) -> tuple[str, str]:
 
 
 def check_openai(config: ModelConfig) -> str | None:
+    """The first problem of the ``[openai]`` table against the config's tensors; a model
+    that declares none (they come from its file or its auto_complete_config) is checked
+    again once loaded, with them."""
     table = config.openai
     if table is None:
         return None
     if table.chat_template is not None and table.kind != "chat":
         return f'openai.chat_template: only a kind = "chat" model has one (this is "{table.kind}")'
+    if not config.input and not config.output:
+        return None  # its tensors come from the model (auto-complete): checked once loaded
     name_in, name_out = openai_tensors(config)
     if not name_in:
         return (

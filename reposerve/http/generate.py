@@ -127,7 +127,11 @@ async def before(watching: asyncio.Future, work: Awaitable[T]) -> T:
     """What ``work`` gives, unless the client disconnects first (``watching`` ends): then
     ``work`` is cancelled (which stops its generation) and Disconnected raised."""
     task = asyncio.ensure_future(work)
-    await asyncio.wait((task, watching), return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await asyncio.wait((task, watching), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this side cancelled (a server's shutdown): the work ends too
+        task.cancel()
+        raise
     if task.done():
         return task.result()
     task.cancel()

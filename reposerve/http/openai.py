@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
@@ -52,8 +52,10 @@ from reposerve.protocol.openai import (
     encode,
     message_text,
 )
+from reposerve.service import DECODE_IN_THREAD
 
 log = logging.getLogger("reposerve.http")
+T = TypeVar("T")
 
 PREFIXES = ("/v1", "/openai/v1")
 _NO_RETRY = (b"x-should-retry", b"false")
@@ -61,16 +63,7 @@ _NO_RETRY = (b"x-should-retry", b"false")
 # reading at [DONE] (the SDKs do) finds the body ended and keeps its connection
 _DONE = {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
 # status -> the API's error type
-_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    408: "timeout",
-    413: "invalid_request_error",
-    501: "invalid_request_error",
-    503: "server_error",
-}
+_TYPES = {403: "permission_error", 408: "timeout", 501: "invalid_request_error"}
 _CODES = {
     ErrorKind.NOT_FOUND: "model_not_found",
     ErrorKind.UNAVAILABLE: "service_unavailable",
@@ -107,6 +100,13 @@ class OpenAIEndpoint(InferEndpoint):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watching: asyncio.Future | None = None
+        started = False
+
+        async def sending(message: dict) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
         try:
             self._check_key(scope)
             if scope["method"] == "GET":
@@ -116,10 +116,13 @@ class OpenAIEndpoint(InferEndpoint):
             else:
                 body, _, _ = await self.read(scope, receive)
             watching = asyncio.ensure_future(wait_for_disconnect(receive))
-            await self._handle(body, watching, send)
+            await self._handle(body, watching, sending)
         except Disconnected:
             return
         except Exception as exc:
+            if started:  # too late for a status: the client has what was sent
+                log.exception("error after the response began on %s", scope["path"])
+                return
             status, content, headers = error_reply(exc, scope)
             await send_json(send, status, content, headers)
         finally:
@@ -150,29 +153,30 @@ class OpenAIEndpoint(InferEndpoint):
 
     async def _models(self, name: bytes, watching: asyncio.Future, send: Send) -> None:
         """GET /v1/models (``name`` empty) or /v1/models/{name}."""
+        models = await self._service.openai_models(None)  # none loaded for being asked
         if name:
-            (model,) = await self._service.openai_models(name.decode())
-            await send_json(send, 200, encode(ModelCard(model.name, model.created)))
+            wanted = name.decode()
+            found = [model for model in models if model.name == wanted]
+            if not found:
+                raise OpenAIRequestError(
+                    f"The model '{wanted}' does not exist on the OpenAI-compatible routes "
+                    "(GET /v1/models lists them)",
+                    "model",
+                    ErrorKind.NOT_FOUND,
+                )
+            await send_json(send, 200, encode(ModelCard(found[0].name, found[0].created)))
             return
-        models = await self._service.openai_models(None)
         cards = [ModelCard(model.name, model.created) for model in models]
         await send_json(send, 200, encode(ModelList(cards)))
 
     async def _chat(self, body: bytes, watching: asyncio.Future, send: Send) -> None:
-        request = decode_request(body, ChatRequest)
+        request = await _off_the_loop(body, decode_request, body, ChatRequest)
         model = await self._model(request.model, "/v1/chat/completions", ("chat",))
-        assert model.chat_template is not None  # a chat model's load reads it
-        try:
-            prompt = render_chat(model.chat_template, message_text(request.messages), request.tools)
-        except TemplateError as exc:
-            raise OpenAIRequestError(
-                f"model '{model.name}': its chat template cannot render these messages: {exc}",
-                "messages",
-            ) from None
+        prompt = await _off_the_loop(body, _prompt, model, request)
         choices = self._generations(model, [prompt], request, request.token_limit)
         reply = _Reply("chatcmpl", "chat.completion", request.model, request.include_usage)
         if request.stream:
-            await _stream(reply, choices, request.n, watching, send, chat=True)
+            await _stream(reply, choices, request.choices, watching, send, chat=True)
             return
         texts = await before(watching, _collect(choices))
         documents = [
@@ -184,17 +188,21 @@ class OpenAIEndpoint(InferEndpoint):
             }
             for choice, text in zip(choices, texts, strict=True)
         ]
-        await send_json(send, 200, reply.whole(documents, _usage(choices, request.n)))
+        await send_json(send, 200, reply.whole(documents, _usage(choices, request.choices)))
 
     async def _completions(self, body: bytes, watching: asyncio.Future, send: Send) -> None:
-        request = decode_request(body, CompletionRequest)
+        request = await _off_the_loop(body, decode_request, body, CompletionRequest)
         model = await self._model(request.model, "/v1/completions", ("completion", "chat"))
         prompts = request.prompts
         choices = self._generations(model, prompts, request, request.token_limit)
-        echoes = [prompts[choice.index // request.n] if request.echo else "" for choice in choices]
+        echoes = [
+            prompts[choice.index // request.choices] if request.echo else "" for choice in choices
+        ]
         reply = _Reply("cmpl", "text_completion", request.model, request.include_usage)
         if request.stream:
-            await _stream(reply, choices, request.n, watching, send, chat=False, echoes=echoes)
+            await _stream(
+                reply, choices, request.choices, watching, send, chat=False, echoes=echoes
+            )
             return
         texts = await before(watching, _collect(choices))
         documents = [
@@ -206,10 +214,10 @@ class OpenAIEndpoint(InferEndpoint):
             }
             for choice, text, echo in zip(choices, texts, echoes, strict=True)
         ]
-        await send_json(send, 200, reply.whole(documents, _usage(choices, request.n)))
+        await send_json(send, 200, reply.whole(documents, _usage(choices, request.choices)))
 
     async def _embeddings(self, body: bytes, watching: asyncio.Future, send: Send) -> None:
-        request = decode_request(body, EmbeddingRequest)
+        request = await _off_the_loop(body, decode_request, body, EmbeddingRequest)
         model = await self._model(request.model, "/v1/embeddings", ("embedding",))
         as_base64 = request.encoding_format == "base64"
         found = await before(watching, embed(self._service, model, request.texts, as_base64))
@@ -234,11 +242,11 @@ class OpenAIEndpoint(InferEndpoint):
         request: ChatRequest | CompletionRequest,
         limit: int | None,
     ) -> list[Generation]:
-        """``request.n`` generations of each prompt; choice ``i * n + j`` is prompt i's
+        """``request.choices`` (n) generations of each prompt; choice ``i * n + j`` is prompt i's
         j-th (seeds differ between a prompt's choices, so they are not all one text)."""
         choices = []
         for number, prompt in enumerate(prompts):
-            for draw in range(request.n):
+            for draw in range(request.choices):
                 seed = request.seed + draw if request.seed is not None else None
                 settings = Settings(
                     max_tokens=limit or model.max_tokens,
@@ -250,9 +258,28 @@ class OpenAIEndpoint(InferEndpoint):
                     frequency_penalty=request.frequency_penalty,
                     presence_penalty=request.presence_penalty,
                 )
-                index = number * request.n + draw
+                index = number * request.choices + draw
                 choices.append(Generation(self._service, model, prompt, settings, index))
         return choices
+
+
+async def _off_the_loop(body: bytes, work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)``, in a worker thread when ``body`` is large enough that walking it
+    (decoding, rendering its messages) would stall every other request."""
+    if len(body) < DECODE_IN_THREAD:
+        return work(*args)
+    return await asyncio.to_thread(work, *args)
+
+
+def _prompt(model: OpenAIModel, request: ChatRequest) -> str:
+    assert model.chat_template is not None  # a chat model's load reads it
+    try:
+        return render_chat(model.chat_template, message_text(request.messages), request.tools)
+    except TemplateError as exc:
+        raise OpenAIRequestError(
+            f"model '{model.name}': its chat template cannot render these messages: {exc}",
+            "messages",
+        ) from None
 
 
 class _Reply:
@@ -324,8 +351,8 @@ async def _stream(
                 opening.append({"index": choice.index, "text": echo, "finish_reason": None,
                                 "logprobs": None})  # fmt: skip
         try:
-            if opening:
-                await send(reply.chunk(opening))
+            for document in opening:  # a chunk each, as the API sends them
+                await send(reply.chunk([document]))
             await before(watching, _send_pieces(reply, first, pieces, send, chat))
             if reply.include_usage:
                 await send(reply.chunk([], _usage(choices, per_prompt)))
@@ -385,10 +412,11 @@ def _error_document(exc: Exception) -> bytes:
     status = _status(exc)
     param = exc.param if isinstance(exc, OpenAIRequestError) else None
     code = "invalid_api_key" if isinstance(exc, Unauthorized) else None
-    if code is None and isinstance(exc, ReposerveError) and not isinstance(exc, OpenAIRequestError):
+    if code is None and isinstance(exc, ReposerveError):
         code = _CODES.get(exc.kind)
     message = exc.message if isinstance(exc, ReposerveError | HttpError) else str(exc)
-    detail = ErrorDetail(message, _TYPES.get(status, "server_error"), param, code)
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    detail = ErrorDetail(message, kind, param, code)
     return encode(ErrorDocument(detail))
 
 

@@ -19,6 +19,7 @@ from reposerve.front_service import FrontService
 from reposerve.operations import OpenAIModel
 
 _encode = msgspec.json.Encoder().encode
+IN_FLIGHT = 64  # a request's texts in the model's queue at once (the API allows 2048)
 
 
 class Embedded(msgspec.Struct, frozen=True):
@@ -29,8 +30,16 @@ class Embedded(msgspec.Struct, frozen=True):
 async def embed(
     service: FrontService, model: OpenAIModel, texts: list[str], as_base64: bool
 ) -> list[Embedded]:
-    """Each text's vector, in order; the first failure raises (the others end)."""
-    jobs = [asyncio.ensure_future(_embed_one(service, model, t, as_base64)) for t in texts]
+    """Each text's vector, in order; the first failure raises (the others end). At most
+    ``IN_FLIGHT`` of them wait at once, so a long list neither fills the model's queue
+    nor holds a buffer per text."""
+    room = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(text: str) -> Embedded:
+        async with room:
+            return await _embed_one(service, model, text, as_base64)
+
+    jobs = [asyncio.ensure_future(one(text)) for text in texts]
     try:
         return list(await asyncio.gather(*jobs))
     finally:

@@ -150,35 +150,51 @@ class Generation:
         return self.prompt_tokens is not None and self.counted
 
     async def text(self) -> AsyncIterator[str]:
-        """The text, piece by piece (none empty); closing this ends the generation."""
+        """The text, piece by piece (none empty); closing this ends the generation. When
+        a stop string or the token limit ends the text, a model that was given that limit
+        (it takes the setting) is left to end on its own, which it is about to, and what
+        it still sends is let go; any other is ended in the instance at once."""
         model, settings = self._model, self._settings
         answers = await self._service.generate(model.name, None, self._body)
-        held = ""  # text that may be the start of a stop string
+        scanner = StopScanner(settings.stop)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        ended: str | None = None  # what ended the text: "stop" or "length"
         async with contextlib.aclosing(encoded(answers, lambda a: read_piece(model, a))) as pieces:
             async for piece in pieces:
+                if ended is not None:
+                    continue
                 self._count(piece)
-                held += decoder.decode(piece.data)
-                cut = _first_stop(held, settings.stop)
-                if cut is not None:
-                    if held[:cut]:
-                        yield held[:cut]
-                    self.finish_reason = "stop"
-                    return
-                keep = _stop_prefix(held, settings.stop)
-                if len(held) > keep:
-                    yield held[: len(held) - keep]
-                    held = held[len(held) - keep :]
-                if self.completion_tokens >= settings.max_tokens:
-                    self.finish_reason = "length"
-                    if held:  # a character cut in two by the limit is left out
-                        yield held
-                    return
-                if piece.finish_reason is not None:
+                ready = scanner.feed(decoder.decode(piece.data))
+                if ready:
+                    yield ready
+                if scanner.stopped:
+                    ended = "stop"
+                elif self.completion_tokens >= settings.max_tokens:
+                    ended = "length"
+                    if scanner.held:  # a character cut in two by the limit is left out
+                        yield scanner.held
+                elif piece.finish_reason is not None:
                     self.finish_reason = "length" if piece.finish_reason == "length" else "stop"
-        held += decoder.decode(b"", final=True)
-        if held:
-            yield held
+                    continue
+                else:
+                    continue
+                self.finish_reason = ended
+                if not self._model_knows(ended):
+                    return
+        if ended is None:
+            rest = scanner.feed(decoder.decode(b"", final=True))
+            if scanner.stopped:
+                self.finish_reason = "stop"
+            else:
+                rest += scanner.held
+            if rest:
+                yield rest
+
+    def _model_knows(self, limit: str) -> bool:
+        """Whether the model was given the limit that ended the text (and so ends too)."""
+        inputs = self._model.inputs
+        takers = _SETTING_INPUTS["stop" if limit == "stop" else "max_tokens"]
+        return "sampling_parameters" in inputs or any(name in inputs for name in takers)
 
     def _count(self, piece: Piece) -> None:
         if piece.input_tokens is not None and self.prompt_tokens is None:
@@ -190,36 +206,59 @@ class Generation:
             self.completion_tokens += 1
 
 
-def _first_stop(text: str, stops: Sequence[str]) -> int | None:
-    found = [at for at in (text.find(stop) for stop in stops) if at >= 0]
-    return min(found) if found else None
+class StopScanner:
+    """Text as it comes, let out up to the first stop string: ``feed`` gives what may be
+    sent now; the end of the text that may be the start of a stop string is ``held``
+    until more text shows whether it is. Once a stop string is found, ``stopped``."""
 
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = stops
+        self.held = ""
+        self.stopped = False
 
-def _stop_prefix(text: str, stops: Sequence[str]) -> int:
-    """The length of the longest end of ``text`` that begins some stop string."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        held = self.held + text
+        found = [at for at in (held.find(stop) for stop in self._stops) if at >= 0]
+        if found:
+            self.stopped, self.held = True, ""
+            return held[: min(found)]
+        keep = self._stop_prefix(held)
+        self.held = held[len(held) - keep :]
+        return held[: len(held) - keep]
+
+    def _stop_prefix(self, text: str) -> int:
+        """The length of the longest end of ``text`` that begins some stop string."""
+        longest = 0
+        for stop in self._stops:
+            for size in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest
 
 
 async def merged(generations: Sequence[Generation]) -> AsyncIterator[tuple[Generation, str | None]]:
     """The text of every generation as it comes, run side by side: (generation, piece),
     and (generation, None) when it ends. The first failure ends all of them and raises;
-    closing this ends those still running."""
-    queue: asyncio.Queue[tuple[Generation, str | None] | BaseException] = asyncio.Queue()
+    closing this ends those still running. A client that reads slowly holds them back:
+    a few pieces each wait, no more."""
+    queue: asyncio.Queue[tuple[Generation, str | None] | BaseException] = asyncio.Queue(
+        4 * len(generations)
+    )
 
     async def run(generation: Generation) -> None:
         try:
             async with contextlib.aclosing(generation.text()) as pieces:
                 async for piece in pieces:
-                    queue.put_nowait((generation, piece))
-            queue.put_nowait((generation, None))
-        except Exception as exc:
-            queue.put_nowait(exc)
+                    await queue.put((generation, piece))
+            await queue.put((generation, None))
+        except BaseException as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # this side is being closed
+                raise
+            await queue.put(exc)  # a failure, or a cancellation from inside: said
 
     tasks = [asyncio.ensure_future(run(generation)) for generation in generations]
     try:

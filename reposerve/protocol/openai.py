@@ -21,6 +21,8 @@ from reposerve.errors import ErrorKind, ProtocolError
 MAX_CHOICES = 16  # n: each choice is a generation of its own
 MAX_STOPS = 4  # the API's limit on stop strings
 MAX_EMBEDDING_INPUTS = 2048  # the API's limit on texts in one embeddings request
+MAX_GENERATIONS = 64  # prompts x n: the generations one request may start
+MAX_STOP_LENGTH = 1024  # characters of one stop string (held back while it may begin)
 
 
 class OpenAIRequestError(ProtocolError):
@@ -38,22 +40,31 @@ class _Request(msgspec.Struct, kw_only=True):
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool = False
+    include_usage: bool | None = False
 
 
 class _Generating(_Request, kw_only=True):
-    """What chat completions and completions share."""
+    """What chat completions and completions share. A field the API lets be ``null``
+    (the SDKs send it for a None given) is read as absent."""
 
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
-    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] = 1
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = 1
     stop: str | list[str] | None = None
     seed: int | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+
+    def __post_init__(self) -> None:
+        self.stream = bool(self.stream)
+        self.n = self.n or 1
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
 
     @property
     def stops(self) -> list[str]:
@@ -61,7 +72,7 @@ class _Generating(_Request, kw_only=True):
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
 
 
 class ChatRequest(_Generating, kw_only=True):
@@ -78,7 +89,7 @@ class ChatRequest(_Generating, kw_only=True):
 
 class CompletionRequest(_Generating, kw_only=True):
     prompt: str | list[str]
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = None
     logprobs: int | None = None
     best_of: int | None = None
@@ -94,7 +105,7 @@ class CompletionRequest(_Generating, kw_only=True):
 
 class EmbeddingRequest(_Request, kw_only=True):
     input: str | list[str]
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: int | None = None
 
     @property
@@ -129,8 +140,11 @@ def decode_request(body: bytes, kind: type[R]) -> R:
 
 def _check(request: _Request) -> None:
     stops = request.stops if isinstance(request, _Generating) else []
-    if len(stops) > MAX_STOPS or any(not stop for stop in stops):
-        raise OpenAIRequestError(f"stop: at most {MAX_STOPS} strings, none of them empty", "stop")
+    if len(stops) > MAX_STOPS or any(not 0 < len(stop) <= MAX_STOP_LENGTH for stop in stops):
+        raise OpenAIRequestError(
+            f"stop: at most {MAX_STOPS} strings, each of 1 to {MAX_STOP_LENGTH} characters",
+            "stop",
+        )
     if isinstance(request, ChatRequest):
         if request.logprobs:
             raise _unsupported("logprobs", "log probabilities")
@@ -146,6 +160,13 @@ def _check(request: _Request) -> None:
             raise _unsupported("best_of", "best_of other than n")
         if not request.prompts:
             raise OpenAIRequestError("prompt: give at least one prompt", "prompt")
+        if len(request.prompts) * request.choices > MAX_GENERATIONS:
+            raise OpenAIRequestError(
+                f"prompt: {len(request.prompts)} prompts x n = {request.choices} would start "
+                f"{len(request.prompts) * request.choices} generations; at most "
+                f"{MAX_GENERATIONS} in one request",
+                "prompt",
+            )
     elif isinstance(request, EmbeddingRequest):
         if request.dimensions is not None:
             raise _unsupported("dimensions", "dimensions (the model's own size is served)")

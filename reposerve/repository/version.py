@@ -20,8 +20,15 @@ import msgspec
 
 from reposerve.config import ModelConfig
 from reposerve.config.chat_templates import ChatTemplate
+from reposerve.config.openai import check_openai
 from reposerve.config.sequences import client_facing, model_facing
-from reposerve.errors import ErrorKind, InstanceError, ReposerveError, SchedulerError
+from reposerve.errors import (
+    ConfigError,
+    ErrorKind,
+    InstanceError,
+    ReposerveError,
+    SchedulerError,
+)
 from reposerve.instance.messages import (
     Call,
     CallCancel,
@@ -232,6 +239,9 @@ class ModelVersion:
                 if self._restart_on_request:
                     self.scheduler.revive = self._revive
             self.config = completed
+            problem = check_openai(completed)  # the tensors it declared as it loaded
+            if problem:
+                raise ConfigError(f"{self.label}: {problem}")
             # Derived once here rather than per request on the hot path.
             self.output_names = tuple(spec.name for spec in self.config.output)
             # the inputs the model reads, its sequence controls and state included (zeros)

@@ -24,7 +24,8 @@ from tests.toy_models import write_model
 
 pytestmark = pytest.mark.e2e
 
-# Triton's vLLM backend's interface, from a TritonPythonModel: it logs what it was sent.
+# Triton's vLLM backend's interface, from a TritonPythonModel that declares its tensors in
+# auto_complete_config as vLLM's model.py does: it logs what it was sent.
 VLLM_STYLE = """
     import json
     import numpy as np
@@ -32,6 +33,26 @@ VLLM_STYLE = """
 
 
     class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(config):
+            switches = ["stream", "exclude_input_in_output", "return_num_input_tokens",
+                        "return_num_output_tokens"]
+            inputs = [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
+                      {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1],
+                       "optional": True}]
+            inputs += [{"name": name, "data_type": "TYPE_BOOL", "dims": [1], "optional": True}
+                       for name in switches]
+            outputs = [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
+                       {"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]},
+                       {"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]}]
+            for tensor in inputs:
+                config.add_input(tensor)
+            for tensor in outputs:
+                config.add_output(tensor)
+            config.set_model_transaction_policy(dict(decoupled=True))
+            config.set_max_batch_size(0)
+            return config
+
         def initialize(self, args):
             config = json.loads(args["model_config"])
             self.log = config["parameters"]["log"]["string_value"]
@@ -66,21 +87,6 @@ VLLM_STYLE = """
 
 VLLM_CONFIG = """
     backend: "python"
-    max_batch_size: 0
-    model_transaction_policy { decoupled: True }
-    input [
-      { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
-      { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
-      { name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true },
-      { name: "exclude_input_in_output" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
-      { name: "return_num_input_tokens" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
-      { name: "return_num_output_tokens" data_type: TYPE_BOOL dims: [ 1 ] optional: true }
-    ]
-    output [
-      { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] },
-      { name: "num_input_tokens" data_type: TYPE_UINT32 dims: [ 1 ] },
-      { name: "num_output_tokens" data_type: TYPE_UINT32 dims: [ -1 ] }
-    ]
     parameters { key: "log" value: { string_value: "LOG" } }
     parameters { key: "reposerve.openai.kind" value: { string_value: "chat" } }
 """
@@ -111,14 +117,14 @@ SLOW_WORDS = """
 
         async def execute(self, inputs):
             text = inputs["text_input"][0].decode()
+            with self.log.open("a") as log:
+                log.write("started\\n")
             if text == "fail":
                 raise ValueError("this model refuses the prompt 'fail'")
             if text == "split":  # one character in two responses, as byte tokens come
                 for part in ("é".encode()[:1], "é".encode()[1:]):
                     yield {"text_output": np.array([part], dtype=object)}
                 return
-            with self.log.open("a") as log:
-                log.write("started\\n")
             try:
                 for word in text.split():
                     await asyncio.sleep(self.delay)
@@ -237,9 +243,10 @@ def test_max_tokens_ends_the_text_with_length(served):
     server, _ = served
     answer = _client(server).chat.completions.create(
         model="tiny_chat",
-        messages=[{"role": "user", "content": [{"type": "text", "text": "models"}]}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "the scheduler"}]}],
         max_completion_tokens=3,
-        temperature=0,
+        temperature=0.001,  # as good as 0: the likeliest words, with no overflow
+        seed=-5,  # the API's seeds may be negative
     )
     assert answer.choices[0].finish_reason == "length"
     assert len(answer.choices[0].message.content.split()) == 3
@@ -258,6 +265,47 @@ def test_n_choices_are_drawn_apart_and_counted_once_for_the_prompt(served):
     assert answer.usage.prompt_tokens == 6 + 2  # once, not once per choice
     completion = sum(len(choice.message.content.split()) for choice in answer.choices)
     assert answer.usage.completion_tokens == completion
+
+
+def test_streamed_choices_each_finish_and_the_usage_comes_last(served):
+    server, _ = served
+    chunks = list(
+        _client(server).chat.completions.create(
+            model="tiny_chat",
+            messages=[{"role": "user", "content": "What does a model server do?"}],
+            max_tokens=4,
+            n=2,
+            seed=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices}
+    assert set(finishes) == {0, 1} and all(finishes.values())
+    roles = [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role]
+    assert roles == ["assistant", "assistant"]
+    texts = {0: "", 1: ""}
+    for chunk in chunks[:-1]:
+        texts[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.prompt_tokens == 8
+    assert usage.completion_tokens == sum(len(text.split()) for text in texts.values())
+
+
+def test_nulls_the_api_allows_read_as_absent(served):
+    server, _ = served
+    reply = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"model": "tiny_chat", "prompt": "a", "n": None, "stream": None, "echo": None,
+              "stream_options": {"include_usage": None}, "max_tokens": 2},
+    )  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["choices"]) == 1
+    embedded = httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={"model": "text_embedding", "input": "a", "encoding_format": None},
+    )
+    assert isinstance(embedded.json()["data"][0]["embedding"], list)
 
 
 def test_a_vllm_style_model_gets_its_sampling_parameters_and_template(served):
@@ -318,10 +366,11 @@ def test_a_cancelled_stream_ends_the_generation_in_the_instance(served):
     server, logs = served
     words = " ".join(f"word{i}" for i in range(200))
     stream = _client(server).completions.create(model="slow_words", prompt=words, stream=True)
+    cancelled = _lines(logs["slow"]).count("cancelled")
     received = [next(iter(stream)) for _ in range(3)]
     assert received[0].choices[0].text == "word0 "
     stream.close()
-    assert _wait_for(lambda: "cancelled" in _lines(logs["slow"])), _lines(logs["slow"])
+    assert _wait_for(lambda: _lines(logs["slow"]).count("cancelled") == cancelled + 1)
 
 
 def test_an_async_client_streams_chats_side_by_side(served):
@@ -422,6 +471,12 @@ def test_errors_come_in_the_apis_shape(served):
             model="tiny_chat", messages=[{"role": "user", "content": "x"}], logprobs=True
         )
     assert logprobs.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as fan_out:
+        client.completions.create(model="tiny_chat", prompt=["x"] * 9, n=8)
+    assert fan_out.value.param == "prompt" and "72 generations" in fan_out.value.message
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.models.retrieve("nope")
+    assert unknown.value.code == "model_not_found"
     raw = httpx.post(f"{server.url}/v1/embeddings", content=b"{not json")
     assert raw.status_code == 400 and raw.headers["x-should-retry"] == "false"
     assert raw.json()["error"]["type"] == "invalid_request_error"
@@ -439,16 +494,20 @@ def test_a_model_failure_is_a_500_the_sdk_does_not_retry(served):
     assert failed.value.response.headers["x-should-retry"] == "false"
     with pytest.raises(openai.InternalServerError):
         list(client.completions.create(model="slow_words", prompt="fail", stream=True))
-    assert len(_lines(logs["slow"])) == started  # it failed before logging: never rerun
+    assert _lines(logs["slow"])[started:] == ["started", "started"]  # once each: no retry
 
 
 def test_the_routes_count_in_the_models_statistics(served):
     server, _ = served
     url = f"{server.url}/v2/models/tiny_chat/stats"
-    before = httpx.get(url).json()["model_stats"][0]["inference_stats"]["success"]["count"]
+
+    def successes() -> int:
+        return httpx.get(url).json()["model_stats"][0]["inference_stats"]["success"]["count"]
+
+    before = successes()
     _client(server).completions.create(model="tiny_chat", prompt="a model", max_tokens=2)
-    after = httpx.get(url).json()["model_stats"][0]["inference_stats"]["success"]["count"]
-    assert after == before + 1
+    # a stream is counted once its last response is in, a moment after the answer
+    assert _wait_for(lambda: successes() == before + 1), (before, successes())
 
 
 def test_api_keys_guard_the_routes_alone(tmp_path):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from reposerve.config import parse_model_config
 from reposerve.config.chat_templates import ChatTemplate, TemplateError, render_chat
 from reposerve.config.triton_parameters import apply_triton_parameters, to_triton_parameters
-from reposerve.openai.generation import Settings, _first_stop, _stop_prefix, generate_body
+from reposerve.openai.generation import Settings, StopScanner, generate_body
 from reposerve.operations import OpenAIModel
 from reposerve.protocol.openai import (
     ChatRequest,
@@ -78,20 +78,20 @@ def test_a_model_with_none_of_them_gets_parameters_and_the_server_keeps_the_stop
 
 
 @pytest.mark.parametrize(
-    ("text", "stops", "cut", "held"),
+    ("text", "stops", "sent", "held", "stopped"),
     [
-        ("hello wor", ["world"], None, 3),  # "wor" may begin "world": held back
-        ("hello world", ["world"], 6, 0),
-        ("a\n", ["\n\n", "x"], None, 1),
-        ("abc", ["zzz"], None, 0),
-        ("abab", ["abac"], None, 2),  # the longest end that begins a stop
-        ("END and \n\n", ["\n\n", "END"], 0, 1),  # the earliest stop wins
+        ("hello wor", ["world"], "hello ", "wor", False),  # "wor" may begin "world"
+        ("hello world!", ["world"], "hello ", "", True),
+        ("a\n", ["\n\n", "x"], "a", "\n", False),
+        ("abc", ["zzz"], "abc", "", False),
+        ("abab", ["abac"], "ab", "ab", False),  # the longest end that begins a stop
+        ("END and \n\n", ["\n\n", "END"], "", "", True),  # the earliest stop wins
     ],
 )
-def test_where_stop_strings_cut_and_what_is_held_back(text, stops, cut, held):
-    assert _first_stop(text, stops) == cut
-    if cut is None:
-        assert _stop_prefix(text, stops) == held
+def test_where_stop_strings_cut_and_what_is_held_back(text, stops, sent, held, stopped):
+    scanner = StopScanner(stops)
+    assert scanner.feed(text) == sent
+    assert (scanner.held, scanner.stopped) == (held, stopped)
 
 
 @given(
@@ -99,27 +99,20 @@ def test_where_stop_strings_cut_and_what_is_held_back(text, stops, cut, held):
     st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3),
 )
 def test_holding_back_never_lets_a_stop_through_split_anywhere(pieces, stops):
-    """Emitting all but the held-back end of the text at each piece, however the text is
-    split: what is emitted is the text up to a stop, which follows it at once, and holds
-    none; with no stop in the text, it is all of it."""
-    emitted, held, stopped = "", "", False
-    for piece in pieces:
-        held += piece
-        cut = _first_stop(held, stops)
-        if cut is not None:
-            emitted, stopped = emitted + held[:cut], True
-            break
-        keep = _stop_prefix(held, stops)
-        emitted, held = emitted + held[: len(held) - keep], held[len(held) - keep :]
-    else:
-        emitted += held
+    """However the text is split: what is let out is the text up to a stop, which follows
+    it at once, and holds none; with no stop in the text (and what was held let out at
+    the end), it is all of it."""
+    scanner = StopScanner(stops)
+    sent = "".join(scanner.feed(piece) for piece in pieces)
     whole = "".join(pieces)
-    assert whole.startswith(emitted)
-    assert not any(stop in emitted for stop in stops)
-    if stopped:
-        assert any(whole[len(emitted) :].startswith(stop) for stop in stops)
+    if not scanner.stopped:
+        sent += scanner.held
+    assert whole.startswith(sent)
+    assert not any(stop in sent for stop in stops)
+    if scanner.stopped:
+        assert any(whole[len(sent) :].startswith(stop) for stop in stops)
     else:
-        assert emitted == whole
+        assert sent == whole
 
 
 def test_requests_ignore_unknown_fields_and_refuse_what_cannot_be_honoured():

@@ -33,7 +33,7 @@ class Model:
         max_tokens = int(inputs["max_tokens"][0]) if "max_tokens" in inputs else 64
         temperature = float(inputs["temperature"][0]) if "temperature" in inputs else 1.0
         top_p = float(inputs["top_p"][0]) if "top_p" in inputs else 1.0
-        seed = int(inputs["seed"][0]) if "seed" in inputs else None
+        seed = int(inputs["seed"][0]) % (1 << 64) if "seed" in inputs else None
         stream = bool(inputs["stream"][0]) if "stream" in inputs else True
         rng = np.random.default_rng(seed)
         prompt_words = WORD.findall(prompt)
@@ -62,7 +62,8 @@ class Model:
         after, counts = self.following[word]
         if temperature <= 0:
             return after[int(np.argmax(counts))]
-        weights = counts ** (1.0 / temperature)
+        scaled = np.log(counts) / temperature  # in logs: a tiny temperature cannot overflow
+        weights = np.exp(scaled - scaled.max())
         order = np.argsort(-weights, kind="stable")
         chances = weights[order] / weights.sum()
         kept = int(np.searchsorted(np.cumsum(chances), top_p) + 1)
