@@ -15,6 +15,19 @@ def write_model(root: Path, name: str, config: str, code: str | None, version: i
     return folder
 
 
+# A text generator's tensors in Triton's text format (the OpenAI routes' defaults).
+TEXT_IN_OUT = """\
+[[input]]
+name = "text_input"
+datatype = "BYTES"
+shape = [1]
+[[output]]
+name = "text_output"
+datatype = "BYTES"
+shape = [1]
+"""
+
+
 def vector_config(
     datatype: str = "FP32",
     size: int = 16,

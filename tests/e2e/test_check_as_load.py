@@ -24,7 +24,7 @@ import pytest
 from reposerve.config.onnx_options import CudaOptions
 from tests.rule_sites import breaks, exempt, rule_sites
 from tests.server import REPO_ROOT, SERVE_BROKEN, running_server
-from tests.toy_models import ensemble_head, vector_config
+from tests.toy_models import TEXT_IN_OUT, ensemble_head, vector_config
 
 pytestmark = pytest.mark.e2e
 
@@ -54,14 +54,11 @@ def step(reads: str, writes: str) -> str:
 
 
 READ_IN = step('x = "IN"', 'y = "OUT"')
-TEXT = (
-    '[[input]]\nname = "text_input"\ndatatype = "BYTES"\nshape = [1]\n'
-    '[[output]]\nname = "text_output"\ndatatype = "BYTES"\nshape = [1]\n'
-)
+TEXT_INPUT = TEXT_IN_OUT.split("[[output]]")[0]
 VECTOR = '[[output]]\nname = "vector"\ndatatype = "FP32"\nshape = [8]\n'
 
 
-def openai(table: str, tensors: str = TEXT, top: str = "") -> str:
+def openai(table: str, tensors: str = TEXT_IN_OUT, top: str = "") -> str:
     return f"{top}{tensors}[openai]\n{table}"
 
 
@@ -408,7 +405,7 @@ RULES: dict[str, Rule] = {
         "take by default)",
     ),
     "openai_which_output": Rule(
-        openai('kind = "embedding"\n', TEXT + VECTOR),
+        openai('kind = "embedding"\n', TEXT_IN_OUT + VECTOR),
         "openai.output: name the output that holds the vector (the model has several)",
     ),
     "openai_undeclared": Rule(
@@ -422,14 +419,12 @@ RULES: dict[str, Rule] = {
         "or FP64 or BF16",
     ),
     "openai_several_texts": Rule(
-        openai(
-            'kind = "embedding"\n', TEXT.replace("[1]", "[2]", 1).split("[[output]]")[0] + VECTOR
-        ),
+        openai('kind = "embedding"\n', TEXT_INPUT.replace("[1]", "[2]") + VECTOR),
         'openai.input: input "text_input" holds one text per request, so its shape has no dim '
         "but 1 and -1 (it is [2])",
     ),
     "openai_decoupled_embedding": Rule(
-        openai('kind = "embedding"\n', TEXT.split("[[output]]")[0] + VECTOR, "decoupled = true\n"),
+        openai('kind = "embedding"\n', TEXT_INPUT + VECTOR, "decoupled = true\n"),
         'openai.kind: an "embedding" model answers each text once; this model is decoupled '
         "(it streams responses)",
     ),

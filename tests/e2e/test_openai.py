@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.test_front_workers import front_calls, pinned_clients
 from tests.server import REPO_ROOT, running_server, start_server
-from tests.toy_models import write_model
+from tests.toy_models import TEXT_IN_OUT, write_model
 
 pytestmark = pytest.mark.e2e
 
@@ -137,24 +137,10 @@ SLOW_WORDS = """
 
 
 def slow_words_config(log: Path) -> str:
-    return f"""
-        backend = "python"
-        decoupled = true
-        [[input]]
-        name = "text_input"
-        datatype = "BYTES"
-        shape = [1]
-        [[output]]
-        name = "text_output"
-        datatype = "BYTES"
-        shape = [1]
-        [parameters]
-        log = "{log}"
-        delay = 0.02
-        [openai]
-        kind = "completion"
-        max_tokens = 1000
-    """
+    return (
+        f'backend = "python"\ndecoupled = true\n{TEXT_IN_OUT}[parameters]\nlog = "{log}"\n'
+        'delay = 0.02\n[openai]\nkind = "completion"\nmax_tokens = 1000\n'
+    )
 
 
 @pytest.fixture(scope="module")

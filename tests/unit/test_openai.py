@@ -22,6 +22,7 @@ from reposerve.protocol.openai import (
     decode_request,
     message_text,
 )
+from tests.toy_models import TEXT_IN_OUT
 
 pytestmark = pytest.mark.unit
 
@@ -190,21 +191,8 @@ def test_a_chat_template_renders_with_what_hugging_face_templates_expect():
 
 def test_the_openai_table_travels_through_tritons_parameters():
     config = parse_model_config(
-        """
-        backend = "python"
-        [[input]]
-        name = "text_input"
-        datatype = "BYTES"
-        shape = [1]
-        [[output]]
-        name = "text_output"
-        datatype = "BYTES"
-        shape = [1]
-        [openai]
-        kind = "chat"
-        chat_template = "t.jinja"
-        max_tokens = 12
-        """,
+        f'backend = "python"\n{TEXT_IN_OUT}'
+        '[openai]\nkind = "chat"\nchat_template = "t.jinja"\nmax_tokens = 12\n',
         "m/config.toml",
     )
     parameters = to_triton_parameters(config)
