@@ -32,12 +32,6 @@ class ModelConfig:
         self._model_config.setdefault("input", [])
         self._model_config.setdefault("output", [])
         self._model_config.setdefault("max_batch_size", 0)
-        policy = self._model_config.get("model_transaction_policy", {})
-        if policy.get("decoupled") is False:
-            # Every config reposerve writes holds the default (not decoupled), where
-            # Triton's leaves an unset policy out: a model (vLLM's) may still declare
-            # itself decoupled here, as it may under Triton.
-            del self._model_config["model_transaction_policy"]
 
     def as_dict(self) -> dict[str, Any]:
         """The configuration as it stands (a copy: edit it through the setters)."""

@@ -523,6 +523,11 @@ def _auto_completed(
     """The config as the model's ``auto_complete_config`` leaves it (Triton calls it once,
     before ``initialize``, with the config as Triton's JSON)."""
     document = msgspec.json.decode(model_config(context.model_name, "python", context.config))
+    if not context.config.decoupled:
+        # Every config reposerve writes holds the default (not decoupled), where Triton's
+        # leaves an unset policy out: a model (vLLM's) may still declare itself decoupled
+        # here, as it may under Triton. (An explicit false reads the same: it is let go.)
+        document.pop("model_transaction_policy", None)
     try:
         with _without_bls():
             completed = auto_complete(pb_config.ModelConfig(document))

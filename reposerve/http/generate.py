@@ -131,6 +131,8 @@ async def before(watching: asyncio.Future, work: Awaitable[T]) -> T:
         await asyncio.wait((task, watching), return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # this side cancelled (a server's shutdown): the work ends too
         task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait({task})  # before its caller closes what the work iterates
         raise
     if task.done():
         return task.result()

@@ -32,6 +32,7 @@ import numpy as np
 
 from reposerve.answers import Answer, encoded
 from reposerve.datatypes import NUMPY_DTYPES, element_count, unpack_bytes
+from reposerve.errors import ReposerveError
 from reposerve.front_service import FrontService
 from reposerve.operations import OpenAIModel
 from reposerve.protocol.openai import OpenAIRequestError
@@ -48,6 +49,7 @@ _SETTING_INPUTS = {
     "presence_penalty": ("presence_penalty",),
     "stop": ("stop", "stop_words"),
 }
+_DRAINED = 8  # responses a model that was told the limit may send once it is reached
 _SWITCHES = ("return_num_input_tokens", "return_num_output_tokens", "return_finish_reason")
 
 
@@ -68,8 +70,9 @@ def generate_body(model: OpenAIModel, prompt: str, settings: Settings) -> bytes:
     """The generate-extension request of one generation of ``prompt``."""
     inputs = model.inputs
     body: dict[str, Any] = {model.input: prompt}
-    if "stream" in inputs:
-        body["stream"] = settings.stream
+    if "stream" in inputs:  # stops the model cannot take are cut here, as the text comes
+        knows_stops = "sampling_parameters" in inputs or "stop" in inputs
+        body["stream"] = settings.stream or bool(settings.stop and not knows_stops)
     if "exclude_input_in_output" in inputs:  # echo is ours to add
         body["exclude_input_in_output"] = True
     for switch in _SWITCHES:
@@ -136,6 +139,7 @@ class Generation:
         index: int,
     ) -> None:
         self.index = index
+        self.model_name = model.name
         self.finish_reason = "stop"
         self.prompt_tokens: int | None = None
         self.completion_tokens = 0
@@ -152,35 +156,41 @@ class Generation:
     async def text(self) -> AsyncIterator[str]:
         """The text, piece by piece (none empty); closing this ends the generation. When
         a stop string or the token limit ends the text, a model that was given that limit
-        (it takes the setting) is left to end on its own, which it is about to, and what
-        it still sends is let go; any other is ended in the instance at once."""
+        is left to end on its own (it is about to: a few more responses, let go, so that
+        its request ends as a success); any other is ended in the instance at once."""
         model, settings = self._model, self._settings
         answers = await self._service.generate(model.name, None, self._body)
         scanner = StopScanner(settings.stop)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         ended: str | None = None  # what ended the text: "stop" or "length"
+        left = _DRAINED  # responses a model that knows the limit may still send
         async with contextlib.aclosing(encoded(answers, lambda a: read_piece(model, a))) as pieces:
-            async for piece in pieces:
-                if ended is not None:
-                    continue
-                self._count(piece)
-                ready = scanner.feed(decoder.decode(piece.data))
-                if ready:
-                    yield ready
-                if scanner.stopped:
-                    ended = "stop"
-                elif self.completion_tokens >= settings.max_tokens:
-                    ended = "length"
-                    if scanner.held:  # a character cut in two by the limit is left out
-                        yield scanner.held
-                elif piece.finish_reason is not None:
-                    self.finish_reason = "length" if piece.finish_reason == "length" else "stop"
-                    continue
-                else:
-                    continue
-                self.finish_reason = ended
-                if not self._model_knows(ended):
-                    return
+            try:
+                async for piece in pieces:
+                    if ended is not None:
+                        left -= 1
+                        if left <= 0:
+                            return  # it does not end as it should: ended here
+                        continue
+                    self._count(piece)
+                    ready = scanner.feed(decoder.decode(piece.data))
+                    if ready:
+                        yield ready
+                    if piece.finish_reason is not None:  # the model's word, when it has one
+                        self.finish_reason = "length" if piece.finish_reason == "length" else "stop"
+                    if scanner.stopped:
+                        ended = self.finish_reason = "stop"
+                    elif self.completion_tokens >= settings.max_tokens:
+                        ended = "length" if piece.finish_reason is None else self.finish_reason
+                        self.finish_reason = ended
+                        if scanner.held:  # a character cut in two by the limit is left out
+                            yield scanner.held
+                    if ended is not None and not self._model_knows(ended):
+                        return
+            except ReposerveError:
+                if ended is None:
+                    raise
+                return  # the text was whole: what failed after it is not the client's
         if ended is None:
             rest = scanner.feed(decoder.decode(b"", final=True))
             if scanner.stopped:
@@ -191,9 +201,11 @@ class Generation:
                 yield rest
 
     def _model_knows(self, limit: str) -> bool:
-        """Whether the model was given the limit that ended the text (and so ends too)."""
+        """Whether the model was given the limit that ended the text as text (and so ends
+        too): a stop string through vLLM's sampling_parameters or a ``stop`` input (a
+        TensorRT-LLM ``stop_words`` matches tokens, which may not end where text does)."""
         inputs = self._model.inputs
-        takers = _SETTING_INPUTS["stop" if limit == "stop" else "max_tokens"]
+        takers = ("stop",) if limit == "stop" else _SETTING_INPUTS["max_tokens"]
         return "sampling_parameters" in inputs or any(name in inputs for name in takers)
 
     def _count(self, piece: Piece) -> None:
@@ -258,7 +270,11 @@ async def merged(generations: Sequence[Generation]) -> AsyncIterator[tuple[Gener
             task = asyncio.current_task()
             if task is not None and task.cancelling():  # this side is being closed
                 raise
-            await queue.put(exc)  # a failure, or a cancellation from inside: said
+            if not isinstance(exc, Exception):  # a cancellation from inside the generation
+                exc = ReposerveError(
+                    f"model '{generation.model_name}': its generation was cancelled"
+                )
+            await queue.put(exc)
 
     tasks = [asyncio.ensure_future(run(generation)) for generation in generations]
     try:

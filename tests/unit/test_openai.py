@@ -73,6 +73,14 @@ def test_a_trtllm_style_model_gets_each_setting_in_its_own_input():
     }
 
 
+def test_a_model_that_cannot_take_the_stops_streams_so_they_cut_it_early():
+    whole = msgspec.structs.replace(SETTINGS, stream=False)
+    body = msgspec.json.decode(generate_body(_model(stream="BOOL"), "hi", whole))
+    assert body["stream"] is True
+    told = msgspec.json.decode(generate_body(_model(stream="BOOL", stop="BYTES"), "hi", whole))
+    assert told["stream"] is False and told["stop"] == ["\n\n", "END"]
+
+
 def test_a_model_with_none_of_them_gets_parameters_and_the_server_keeps_the_stops():
     body = msgspec.json.decode(generate_body(_model(), "hi", SETTINGS))
     assert body == {"text_input": "hi", "max_tokens": 8, "temperature": 0.5, "seed": 3}
