@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -151,3 +152,36 @@ def self_signed_certificate(folder: Path) -> tuple[str, str]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return str(cert), str(key)
+
+
+# Front workers (--http-workers 2): which front a connection reached.
+
+
+def front_calls(server: Server) -> int:
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    found = re.search(r'^reposerve_front_calls_total\{front="1"\} (\S+)$', text, re.M)
+    assert found, text
+    return int(float(found[1]))
+
+
+def pinned_clients(server: Server) -> dict[int, httpx.Client]:
+    """An HTTP client on one kept-alive connection to each front."""
+    found: dict[int, httpx.Client] = {}
+    spare = []
+    for _ in range(60):
+        client = httpx.Client(
+            base_url=server.url, limits=httpx.Limits(max_connections=1), timeout=30
+        )
+        before = front_calls(server)
+        assert client.get("/v2").status_code == 200
+        front = 1 if front_calls(server) > before else 0
+        if front in found:
+            spare.append(client)
+        else:
+            found[front] = client
+        if len(found) == 2:
+            break
+    for client in spare:
+        client.close()
+    assert len(found) == 2, "every connection landed on one front"
+    return found

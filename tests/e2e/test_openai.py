@@ -18,8 +18,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.e2e.test_front_workers import front_calls, pinned_clients
-from tests.server import REPO_ROOT, running_server, start_server
+from tests.server import REPO_ROOT, front_calls, pinned_clients, running_server, start_server
 from tests.toy_models import TEXT_IN_OUT, write_model
 
 pytestmark = pytest.mark.e2e
