@@ -12,9 +12,10 @@ else the ``chat_template`` of a Hugging Face ``tokenizer_config.json`` there (wi
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+import msgspec
 
 from reposerve.config.chat_templates import ChatTemplate, TemplateError, compile_template
 from reposerve.config.schema import ModelConfig, TensorConfig
@@ -132,10 +133,10 @@ def _from_tokenizer_config(path: Path, key: str) -> ChatTemplate:
         "a chat_template there"
     )
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = msgspec.json.decode(path.read_bytes())
     except FileNotFoundError:
         raise ConfigError(missing) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, msgspec.DecodeError, RecursionError) as exc:
         raise ConfigError(f"{key}: cannot read {TOKENIZER_CONFIG}: {exc}") from exc
     if not isinstance(document, dict):
         raise ConfigError(f"{key}: {TOKENIZER_CONFIG} is not a JSON object")

@@ -451,7 +451,7 @@ RULES: dict[str, Rule] = {
     ),
     "openai_tokenizer_config_broken": Rule(
         openai('kind = "chat"\n'),
-        "openai: cannot read tokenizer_config.json: Expecting value: line 1 column 1 (char 0)",
+        "openai: cannot read tokenizer_config.json: JSON is malformed: invalid character (byte 4)",
         PY | {"tokenizer_config.json": b"nope"},
     ),
     "openai_tokenizer_config_list": Rule(
