@@ -91,7 +91,6 @@ class OpenAIEndpoint(InferEndpoint):
     ) -> None:
         super().__init__(service, policy, max_body)
         self._keys = keys
-        self._route = route
         self._handle: Callable[[bytes, asyncio.Future, Send], Awaitable[None]] = {
             "chat/completions": self._chat,
             "completions": self._completions,
