@@ -1,5 +1,7 @@
 """A short soak: load, bad items, hung requests, malformed requests, instance kills,
-reloads and unloads all at once, then SIGTERM with requests queued behind a hung model."""
+reloads and unloads all at once, with sequences (some abandoned), client shared-memory
+regions, on-demand churn with an ensemble and unknown model names beside them; then
+SIGTERM with requests queued behind a hung model."""
 
 from __future__ import annotations
 
@@ -30,3 +32,12 @@ def test_short_soak_passes():
     assert "4  queued at SIGTERM: JSON error in time" in result.stdout
     assert "SIGTERM: exit 0 within the budget" in result.stdout
     assert " answered, 0 lost" in result.stdout
+    for surface in (
+        "sequence answered in full",
+        "request through a region answered as it should",
+        "lying region registration refused",
+        "on-demand request answered as it should",
+        "ensemble request answered as it should",
+        "unknown model name answered 404",
+    ):
+        assert surface in result.stdout

@@ -1,0 +1,43 @@
+"""What the soak counts: every request sent, every answer, and which answers fail it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+# Errors a fault explains, and the fault: an instance killed or restarting, a version
+# reloaded or unloaded under the request, or the request's instance killed for a hung one.
+EXPLAINED = (
+    "was killed by SIGKILL",
+    "retry shortly",
+    "is unloading",
+    "was unloaded before this request finished",
+    " (UNLOADING)",  # the version, or the model with no other: Triton's not-ready words
+    " (UNAVAILABLE): unloaded",
+    "ran past execution.timeout_seconds",
+    "the instance running this sequence stopped",
+)
+
+
+def explained(error: str) -> str:
+    """The fault that explains ``error``, or "" when none does."""
+    return next((reason for reason in EXPLAINED if reason in error), "")
+
+
+TIMED_OUT = "did not finish within 1 s (execution.timeout_seconds)"
+
+
+class Outcomes:
+    """What happened: ``seen`` counts every outcome, ``problems`` only those that fail the soak."""
+
+    def __init__(self) -> None:
+        self.seen: Counter = Counter()
+        self.problems: Counter = Counter()
+        self.sent = 0
+        self.answered = 0
+
+    def ok(self, outcome: str) -> None:
+        self.seen[outcome] += 1
+
+    def problem(self, outcome: str) -> None:
+        self.seen[outcome] += 1
+        self.problems[outcome] += 1
