@@ -4,9 +4,13 @@ gets that clients never send (``lengths_input``).
 
 A padded input is one whose declared shape has a -1: requests that differ only in those
 dims share a batch, each padded with the input's ``pad`` value up to the longest in the
-batch, or to the next of ``buckets`` (``reposerve.scheduler.padding`` does it). Its first
--1 dim is its length: what ``buckets`` round, ``lengths_input`` reports (from the first
-padded input, in declaration order) and ``unpad`` cuts an output back to.
+batch, or to the next of ``buckets`` along each -1 dim (``reposerve.scheduler.padding``
+does it). Its first -1 dim is its length: what ``lengths_input`` reports (from the first
+padded input, in declaration order). ``unpad`` cuts every -1 dim of an output back to the
+request's own size of the input's -1 dim in the same place in order (the output's first
+to the input's first, its second to the second). A batch padded to the largest bucket
+along every -1 dim must fit in ``MAX_PADDED_BATCH`` bytes: past that a bucket could only
+fail the requests padded to it (or exhaust the host's memory), so the config is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from reposerve.datatypes import NUMPY_DTYPES
 
 # Padding writes the pad value into elements: types numpy holds as numbers.
 _UNPADDABLE = {"BYTES", "BF16"}
+# The padded inputs of one batch padded to the largest bucket, at most: the largest
+# message either front takes (gRPC's 2 GiB limit), so a batch is never larger than a
+# request the server would take whole.
+MAX_PADDED_BATCH = (1 << 31) - 1
 
 
 def lengths_tensor(config: ModelConfig) -> TensorConfig | None:
@@ -61,6 +69,12 @@ def check_padding(config: ModelConfig) -> str | None:
             return f'{where}.pad: input "{name}" {problem}'
     if batching.buckets != sorted(set(batching.buckets)):
         return f"{where}.buckets: {batching.buckets}: list them in increasing order, once each"
+    if batching.buckets:
+        padded = [inputs[name] for name in batching.pad]
+        rows = max(config.max_batch_size, 1)
+        problem = _check_largest_bucket(padded, batching.buckets[-1], rows)
+        if problem:
+            return f"{where}.buckets: {problem}"
     if batching.lengths_input is not None and batching.lengths_input in inputs:
         return (
             f'{where}.lengths_input: "{batching.lengths_input}" is declared in [[input]]; it '
@@ -79,6 +93,26 @@ def check_padding(config: ModelConfig) -> str | None:
         if source not in batching.pad:
             return f'{where}.unpad.{output}: "{source}" is not a padded input (see pad)'
     return None
+
+
+def _check_largest_bucket(padded: list[TensorConfig], largest: int, rows: int) -> str | None:
+    """Whether a batch of ``rows`` of the ``padded`` inputs, padded to the ``largest``
+    bucket along every -1 dim, fits in ``MAX_PADDED_BATCH``."""
+    size = sum(
+        rows
+        * math.prod(largest if dim == -1 else dim for dim in tensor.shape)
+        * np.dtype(NUMPY_DTYPES[tensor.datatype]).itemsize
+        for tensor in padded
+    )
+    if size <= MAX_PADDED_BATCH:
+        return None
+    tensors = " and ".join(f'input "{t.name}" {t.datatype} {t.shape}' for t in padded)
+    return (
+        f"a batch of {rows} padded to the largest ({largest}) along every -1 dim of "
+        f"{tensors} takes {size} bytes, past the {MAX_PADDED_BATCH} a padded batch may "
+        "take. Hint: make the largest bucket smaller; a request longer than it runs alone, "
+        "unpadded"
+    )
 
 
 def _check_value(value: float, datatype: str) -> str | None:

@@ -42,7 +42,7 @@ class Padding:
         self.values = dict(batching.pad)
         # input -> the request tensor's axes that vary (its first: the length)
         self.axes = {
-            tensor.name: tuple(i + 1 for i, dim in enumerate(tensor.shape) if dim == -1)
+            tensor.name: _variable(tensor.shape)
             for tensor in config.input
             if tensor.name in self.values
         }
@@ -52,9 +52,14 @@ class Padding:
         self.lengths_dtype = NUMPY_DTYPES[batching.lengths_datatype]
         self.lengths_datatype = batching.lengths_datatype
         outputs = {tensor.name: tensor for tensor in config.output}
-        # output -> (the input whose length it is cut to, the axis cut)
+        # output -> (the input it is cut back to, (output axis, that input's axis) for each
+        # of its -1 dims, paired in order with the input's: every padded dim is cut back;
+        # an output's -1 dims past the input's are its own, not padding)
         self.unpad = {
-            output: (source, outputs[output].shape.index(-1) + 1)
+            output: (
+                source,
+                tuple(zip(_variable(outputs[output].shape), self.axes[source], strict=False)),
+            )
             for output, source in batching.unpad.items()
         }
         self._alone = itertools.count()
@@ -172,19 +177,32 @@ class Padding:
         return tensors
 
     def cut(self, request: InferRequest, outputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        """``request``'s outputs, those in ``unpad`` cut back to its own length."""
-        for name, (source, axis) in self.unpad.items():
+        """``request``'s outputs, those in ``unpad`` cut back to its own sizes along every
+        padded dim."""
+        for name, (source, pairs) in self.unpad.items():
             tensor = outputs.get(name)
-            length = self.length(request, source)
-            if tensor is None or len(tensor.shape) <= axis or tensor.shape[axis] <= length:
+            if tensor is None:
+                continue
+            sizes = request.inputs[source].shape
+            keep = {
+                axis: sizes[own]
+                for axis, own in pairs
+                if axis < len(tensor.shape) and tensor.shape[axis] > sizes[own]
+            }
+            if not keep:
                 continue
             array = to_numpy(tensor.datatype, tensor.shape, tensor.raw)
-            kept = array[(slice(None),) * axis + (slice(0, length),)]
+            kept = array[tuple(slice(0, keep.get(axis)) for axis in range(array.ndim))]
             outputs = {
                 **outputs,
                 name: Tensor(tensor.datatype, kept.shape, to_wire(tensor.datatype, kept)),
             }
         return outputs
+
+
+def _variable(shape: Sequence[int]) -> tuple[int, ...]:
+    """The axes of a request's tensor (the batch's first) where ``shape`` has a -1."""
+    return tuple(i + 1 for i, dim in enumerate(shape) if dim == -1)
 
 
 def _padded(

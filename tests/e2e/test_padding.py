@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from tests.server import running_server
+from tests.server import SERVE_BROKEN, running_server
 from tests.toy_models import write_model
 
 pytestmark = pytest.mark.e2e
@@ -310,3 +310,72 @@ def test_onnxruntime_and_torch_models_answer_as_alone(tmp_path, backend, file):
         assert hidden.shape == want_hidden.shape == (1, ids.shape[1], 8)
         np.testing.assert_allclose(hidden, want_hidden, atol=1e-5)
         np.testing.assert_allclose(pooled, want_pooled, atol=1e-5)
+
+
+# GRID (FP32, [-1, -1]) padded with 0 to buckets along both dims; DOUBLED = GRID * 2, cut
+# back along both.
+GRID = """
+    max_batch_size = 8
+    [[input]]
+    name = "GRID"
+    datatype = "FP32"
+    shape = [-1, -1]
+    [[output]]
+    name = "DOUBLED"
+    datatype = "FP32"
+    shape = [-1, -1]
+    [dynamic_batching]
+    max_queue_delay_microseconds = 200000
+    pad = { GRID = 0 }
+    buckets = BUCKETS
+    unpad = { DOUBLED = "GRID" }
+"""
+
+DOUBLING = """
+    class Model:
+        def execute(self, inputs):
+            return {"DOUBLED": inputs["GRID"] * 2}
+"""
+
+
+def test_every_padded_dim_is_cut_back_and_absurd_buckets_never_load(tmp_path):
+    root = tmp_path / "repository"
+    write_model(root, "grid", GRID.replace("BUCKETS", "[4, 8]"), DOUBLING)
+    write_model(root, "absurd", GRID.replace("BUCKETS", "[8, 1099511627776]"), DOUBLING)
+    shapes = [(3, 5), (2, 7), (4, 4), (1, 8), (3, 5)]
+    grids = [
+        np.arange(1, rows * cols + 1, dtype=np.float32).reshape(1, rows, cols)
+        for rows, cols in shapes
+    ]
+    with running_server(root, tmp_path, *SERVE_BROKEN) as server:
+        client = triton.InferenceServerClient(server.url.removeprefix("http://"), concurrency=8)
+
+        def run(grid: np.ndarray) -> np.ndarray:
+            request = triton.InferInput("GRID", list(grid.shape), "FP32")
+            request.set_data_from_numpy(grid)
+            return client.infer("grid", [request]).as_numpy("DOUBLED")
+
+        with ThreadPoolExecutor(len(grids)) as pool:
+            answers = list(pool.map(run, grids))
+        stats = httpx.get(f"{server.url}/v2/models/grid/stats").json()["model_stats"][0]
+        index = httpx.post(f"{server.url}/v2/repository/index", json={}).json()
+        refused = httpx.post(
+            f"{server.url}/v2/models/absurd/infer",
+            json={
+                "inputs": [{"name": "GRID", "datatype": "FP32", "shape": [1, 1, 1], "data": [1]}]
+            },
+        )
+    assert len(answers) == len(grids)  # an answer for every request sent
+    for answer, grid in zip(answers, grids, strict=True):
+        assert answer.shape == grid.shape  # 3x5 answers 3x5, not 3x8 with zeros
+        np.testing.assert_array_equal(answer, grid * 2)
+    assert stats["padding_stats"]["padding"] > 0  # the buckets padded them
+    # The config is refused when it loads, naming the file, the key and the reason; a
+    # request to it is told the model is not there to serve, never a 500.
+    (absurd,) = [entry for entry in index if entry["name"] == "absurd"]
+    assert absurd["state"] == "UNAVAILABLE"
+    assert (
+        "absurd/config.toml: dynamic_batching.buckets: a batch of 8 padded to the largest"
+        in (absurd["reason"])
+    )
+    assert refused.status_code != 500 and "absurd" in refused.json()["error"]

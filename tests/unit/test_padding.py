@@ -213,6 +213,63 @@ def test_outputs_are_cut_back_to_their_requests_length():
     assert padding.cut(_request(5, rows=2), {"HIDDEN": output})["HIDDEN"] is output
 
 
+GRID = """
+max_batch_size = 8
+[[input]]
+name = "GRID"
+datatype = "FP32"
+shape = [-1, -1]
+[[output]]
+name = "DOUBLED"
+datatype = "FP32"
+shape = [-1, -1]
+[[output]]
+name = "SEQUENCES"
+datatype = "FP32"
+shape = [-1, -1, -1]
+[dynamic_batching]
+pad = { GRID = 0 }
+buckets = [4, 8]
+unpad = { DOUBLED = "GRID", SEQUENCES = "GRID" }
+"""
+
+
+def test_outputs_are_cut_back_along_every_padded_dim():
+    padding = Padding(_config(base=GRID))
+    grid = np.ones((1, 3, 5), np.float32)
+    request = InferRequest(
+        None, {"GRID": Tensor("FP32", grid.shape, memoryview(grid).cast("B"))}, 1, None, True, 0, 0
+    )
+    doubled = np.arange(4 * 8, dtype=np.float32).reshape(1, 4, 8)
+    sequences = np.arange(4 * 8 * 6, dtype=np.float32).reshape(1, 4, 8, 6)
+    cut = padding.cut(
+        request,
+        {
+            "DOUBLED": Tensor("FP32", doubled.shape, memoryview(doubled).cast("B")),
+            "SEQUENCES": Tensor("FP32", sequences.shape, memoryview(sequences).cast("B")),
+        },
+    )
+    got = to_numpy("FP32", cut["DOUBLED"].shape, cut["DOUBLED"].raw)
+    np.testing.assert_array_equal(got, doubled[:, :3, :5])  # 3x5, not 3x8
+    # a -1 dim past the input's is the model's own: left as it is
+    got = to_numpy("FP32", cut["SEQUENCES"].shape, cut["SEQUENCES"].raw)
+    np.testing.assert_array_equal(got, sequences[:, :3, :5, :])
+
+
+def test_a_batch_padded_to_the_largest_bucket_must_fit_the_ceiling():
+    grid = GRID.replace("buckets = [4, 8]", "buckets = [8, 16384]")
+    assert _error("", grid) == (
+        "m/config.toml: dynamic_batching.buckets: a batch of 8 padded to the largest (16384) "
+        'along every -1 dim of input "GRID" FP32 [-1, -1] takes 8589934592 bytes, past the '
+        "2147483647 a padded batch may take. Hint: make the largest bucket smaller; a request "
+        "longer than it runs alone, unpadded"
+    )
+    # both padded inputs count: 8 rows of 2**24 INT64 and FP32 elements (1.5 GiB) fit,
+    # of 2**25 (3 GiB) do not
+    assert _config("buckets = [16777216]\n").dynamic_batching.buckets == [16777216]
+    assert "takes 3221225472 bytes" in _error("buckets = [33554432]\n")
+
+
 def test_a_shared_memory_input_cut_short_fails_its_request_alone(tmp_path):
     padding = Padding(_config())
     region = tmp_path / "region"
