@@ -4,6 +4,9 @@ equivalent is an error naming the field."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from reposerve.config import parse_model_config
@@ -294,3 +297,20 @@ def test_grpc_messages_and_methods_are_tritons():
             checked += _compare(message, service_pb2.DESCRIPTOR.pool)
     assert len(ours.methods) == 18  # with the shared-memory extension's six
     assert checked > 80
+
+
+README_REFUSALS = re.compile(
+    r"`(?P<message>(?P<label>\S+/config\.pbtxt): 2:1: (?P<field>\w+): not supported by[^`]*)`"
+)
+
+
+def test_fields_the_readme_calls_unsupported_are_refused_in_those_words():
+    """The README's example of a refused field stays true as fields gain support: it once
+    named ``sequence_batching`` long after sequence batching landed."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    quoted = list(README_REFUSALS.finditer(readme))
+    assert quoted, "the README quotes no refused config.pbtxt field"
+    for match in quoted:
+        with pytest.raises(ConfigError) as refused:
+            parse_pbtxt(f'name: "m"\n{match["field"]} {{ }}', match["label"])
+        assert str(refused.value) == " ".join(match["message"].split())
