@@ -64,6 +64,12 @@ class Handlers:
             return _json(b'{"ready":true}')
         return _json(b'{"ready":false}', 503)
 
+    async def health(self, request: Request) -> Response:
+        """vLLM's ``GET /health`` (SGLang and TGI serve it too), which OpenAI-world tools
+        such as guidellm probe before they start: 200 with an empty body when the server
+        can serve, else 503 (vLLM: vllm/entrypoints/serve/instrumentator/health.py)."""
+        return Response(status_code=200 if await self.service.server_ready() else 503)
+
     async def server_metadata(self, request: Request) -> Response:
         return _json(encode(await self.service.server_metadata()))
 
@@ -184,6 +190,7 @@ def routes(
     table: list[tuple[str, Handler, str, list[str]]] = [
         ("/v2/health/live", handlers.live, "health", ["GET"]),
         ("/v2/health/ready", handlers.ready, "health", ["GET"]),
+        ("/health", handlers.health, "health", ["GET"]),
         ("/v2", handlers.server_metadata, "metadata", ["GET"]),
         ("/v2/models/stats", handlers.model_statistics, "statistics", ["GET"]),
         ("/v2/repository/index", handlers.repository_index, "model-repository", ["POST"]),

@@ -18,8 +18,15 @@ import numpy as np
 import openai
 import pytest
 
-from tests.server import REPO_ROOT, front_calls, pinned_clients, running_server, start_server
-from tests.toy_models import TEXT_IN_OUT, write_model
+from tests.server import (
+    REPO_ROOT,
+    Server,
+    front_calls,
+    pinned_clients,
+    running_server,
+    start_server,
+)
+from tests.toy_models import TEXT_IN_OUT, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
 
@@ -555,3 +562,52 @@ def test_both_front_workers_serve_the_routes(tmp_path):
             )
             assert chunks[-1].choices[0].finish_reason in ("stop", "length")
             connection.close()
+
+
+# Its load waits for the file its parameter names: the server is up, not yet ready.
+GATED = """
+    import time
+    from pathlib import Path
+
+    class Model:
+        def load(self, context):
+            gate = Path(context.config.parameters["gate"])
+            deadline = time.monotonic() + 120  # a hang detector, not a timing
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"]}
+"""
+
+
+def test_health_answers_as_vllms_on_every_front(tmp_path):
+    """GET /health, which guidellm and other OpenAI-world tools probe first: 503 while the
+    server loads its models, then 200 with an empty body, from each front worker."""
+    gate = tmp_path / "gate"
+    config = vector_config(max_batch=0, extra=f'[parameters]\ngate = "{gate}"')
+    write_model(tmp_path / "repository", "gated", config, GATED)
+    server = Server(tmp_path / "repository", "--http-workers", "2", log_path=tmp_path / "log")
+    try:
+        assert _wait_for(lambda: _status(server.url + "/v2/health/live") == 200, 60)
+        pinned = pinned_clients(server)
+        for connection in pinned.values():
+            loading = connection.get("/health")
+            assert (loading.status_code, loading.content) == (503, b"")
+        gate.touch()
+        server.wait_ready()
+        for front, connection in pinned.items():
+            before = front_calls(server)
+            healthy = connection.get("/health")
+            assert (healthy.status_code, healthy.content) == (200, b"")
+            assert (front_calls(server) > before) == (front == 1)  # each front answered
+            connection.close()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def _status(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=5).status_code
+    except httpx.TransportError:
+        return None
