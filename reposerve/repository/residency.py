@@ -14,8 +14,9 @@ not resident); ``choose_victims`` is the decision, a pure function of that book.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -234,8 +235,25 @@ class Residency:
         left = self.active.get(name, 0) - 1
         if left > 0:
             self.active[name] = left
-        else:
-            self.active.pop(name, None)
+            return
+        self.active.pop(name, None)
+        if name not in self.footprints:
+            # Never loaded (a made-up name, or a model whose load failed): it keeps
+            # nothing past its requests, or every name a client invents stays forever.
+            self.last_used.pop(name, None)
+
+    @contextlib.contextmanager
+    def in_use(self, names: Iterable[str]) -> Iterator[None]:
+        """``names`` are in use (never evicted) for the ``with`` block, as if a request
+        for each were in progress: a model a load needs stays until that load is done."""
+        held = list(names)
+        for name in held:
+            self.begin(name)
+        try:
+            yield
+        finally:
+            for name in held:
+                self.end(name)
 
     def busy(self, name: str) -> bool:
         return name in self.active

@@ -209,3 +209,31 @@ def test_a_model_the_poll_adds_makes_room_under_the_budget(tmp_path):
         index = _index(server.url)
         assert index["a"]["reason"].endswith("for 'c'")
         assert index["b"]["state"] == "READY"
+
+
+def _rss(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB$", status, re.MULTILINE)[1]) << 10
+
+
+def test_made_up_model_names_cost_nothing_past_their_request(tmp_path):
+    """Every 404 for a name no repository holds leaves nothing behind: 8 KB names by the
+    thousand (about 47 MiB of them) do not grow the server."""
+    with running_server(_repository(tmp_path / "repository"), tmp_path, *FLAGS) as server:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+
+            def unknown(first: int, count: int) -> list[int]:
+                return [
+                    client.post(
+                        f"/v2/models/{n:08d}{'x' * 8184}/infer", json=vector_body(1.0)
+                    ).status_code
+                    for n in range(first, first + count)
+                ]
+
+            assert unknown(0, 500) == [404] * 500  # the allocator settles
+            before = _rss(server.process.pid)
+            sent = 6000
+            answers = unknown(500, sent)
+            grown = _rss(server.process.pid) - before
+        assert answers.count(404) == sent
+        assert grown < 12 * MIB, f"{grown / MIB:.0f} MiB more after {sent} unknown names"
