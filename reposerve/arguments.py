@@ -53,6 +53,19 @@ def positive_int(value: str) -> int:
     return int(value)
 
 
+def positive_int_at_most(limit: int, why: str) -> Callable[[str], int]:
+    """An int from 1 to ``limit``; ``why`` says where the limit comes from, in the error."""
+
+    def parse(value: str) -> int:
+        number = positive_int(value)
+        if number > limit:
+            raise argparse.ArgumentTypeError(f"expected at most {limit} ({why}), got {value!r}")
+        return number
+
+    parse.__name__ = "int"
+    return parse
+
+
 class Budget(msgspec.Struct, frozen=True):
     """A budget as given: bytes, or a share of the machine's (or a GPU's) total."""
 

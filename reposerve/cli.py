@@ -8,9 +8,16 @@ import sys
 from pathlib import Path
 
 from reposerve.access import API_CATEGORIES
-from reposerve.arguments import boolean, memory_budget, non_negative, positive, positive_int
+from reposerve.arguments import (
+    boolean,
+    memory_budget,
+    non_negative,
+    positive,
+    positive_int,
+    positive_int_at_most,
+)
 from reposerve.errors import ConfigError
-from reposerve.fronts import default_workers, usable_cores
+from reposerve.fronts import WORKERS_PER_CORE, default_workers, max_workers, usable_cores
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
 from reposerve.repository import gpus
 from reposerve.repository.roots import all_model_names, find_root
@@ -250,14 +257,16 @@ def serve_parser() -> argparse.ArgumentParser:
         help="serve Triton's gRPC protocol (GRPCInferenceService and grpc.health.v1; true)",
     )
     add("--grpc-port", type=int, default=8001, metavar="PORT", help="gRPC port (8001)")
+    most = max_workers(usable_cores())
     for protocol in ("http", "grpc"):
         add(
             f"--{protocol}-workers",
-            type=positive_int,
+            type=positive_int_at_most(most, f"{WORKERS_PER_CORE} per usable core"),
             metavar="N",
             help=f"{protocol.upper().replace('GRPC', 'gRPC')} front processes on the one port, "
             "this one included, all feeding the same schedulers (default: 1 below 4 usable "
-            "cores, then one per two cores, at most 8)",
+            f"cores, then one per two cores, at most 8; {WORKERS_PER_CORE} per usable core "
+            f"at most, {most} here)",
         )
     add(
         "--grpc-address",

@@ -17,3 +17,14 @@ def default_workers(cores: int) -> int:
     hop), then one per two cores up to eight, leaving the rest to the server's process,
     the instances and the clients."""
     return 1 if cores < 4 else min(8, cores // 2)
+
+
+WORKERS_PER_CORE = 4
+
+
+def max_workers(cores: int) -> int:
+    """The most fronts one protocol may have (--http-workers, --grpc-workers): four per
+    usable core. Past that they only take turns on the cores, and each is a process that
+    has to start before the server is ready and be reaped when it leaves (a thousand
+    never all came up)."""
+    return WORKERS_PER_CORE * cores
