@@ -80,6 +80,9 @@ class FrontWorkers:
         self._settings = settings
         self._http_socket = http_socket
         self._fronts: dict[int, _Front] = {}
+        # Every front process started and not reaped yet, by pid, with its label: a front
+        # counts from its spawn, not from its connection, so the shutdown reaps it.
+        self._processes: dict[int, tuple[subprocess.Popen, str]] = {}
         self._watchers: set[asyncio.Task] = set()
         self._leaving = False
         self.restarts = 0  # fronts replaced after they died
@@ -103,6 +106,8 @@ class FrontWorkers:
         if grpc_port is not None:
             self._settings = msgspec.structs.replace(self._settings, grpc_port=grpc_port)
         for index in range(1, self.count + 1):
+            if self._leaving:  # a signal during the start: no more fronts
+                return
             await self._spawn(index)
 
     async def _spawn(self, index: int) -> None:
@@ -124,6 +129,8 @@ class FrontWorkers:
             )
         finally:
             theirs.close()
+        label = f"front {index} (pid {process.pid})"
+        self._processes[process.pid] = (process, label)
         loop = asyncio.get_running_loop()
         front: _Front | None = None
 
@@ -131,7 +138,6 @@ class FrontWorkers:
             if front is not None:
                 front.lost.set()
 
-        label = f"front {index} (pid {process.pid})"
         _, peer = await loop.connect_accepted_socket(
             lambda: FrontPeer(self._service, label, process.pid, lost), ours
         )
@@ -147,6 +153,7 @@ class FrontWorkers:
         """Reap the front when its socket closes, and replace it unless leaving."""
         await front.lost.wait()
         code = await asyncio.to_thread(_reap, front.process)
+        self._processes.pop(front.process.pid, None)
         if self._leaving:
             return
         self.restarts += 1
@@ -193,17 +200,16 @@ class FrontWorkers:
             front.peer.send(Leave())
 
     async def wait(self, timeout: float) -> None:
-        """Until every front has exited; those still running after ``timeout`` are
-        killed."""
+        """Until every front process started has exited (connected to this one or still
+        starting); those still running after ``timeout`` are killed. One thread waits for
+        them all against one deadline: a thread each would queue in the loop's few
+        executor threads, and the budget would stretch with their number."""
         self.leave()
-        fronts = list(self._fronts.values())
-        codes = await asyncio.gather(
-            *(asyncio.to_thread(_exit_code, front.process, timeout) for front in fronts)
-        )
-        for front, code in zip(fronts, codes, strict=True):
-            if code is None:
-                log.warning("%s did not exit in time: killed", front.peer.label)
-                await asyncio.to_thread(_reap, front.process)
+        processes = list(self._processes.values())
+        for label in await asyncio.to_thread(_end_all, processes, timeout):
+            log.warning("%s did not exit in time: killed", label)
+        self._processes.clear()
+        for front in self._fronts.values():
             front.peer.close()
         for watcher in list(self._watchers):
             watcher.cancel()
@@ -214,6 +220,19 @@ def _exit_code(process: subprocess.Popen, timeout: float) -> int | None:
         return process.wait(timeout)
     except subprocess.TimeoutExpired:
         return None
+
+
+def _end_all(processes: list[tuple[subprocess.Popen, str]], timeout: float) -> list[str]:
+    """Wait for ``processes`` until ``timeout`` from now, then kill and reap the rest;
+    returns the labels of those killed."""
+    deadline = time.monotonic() + timeout
+    killed = []
+    for process, label in processes:
+        if _exit_code(process, max(deadline - time.monotonic(), 0)) is None:
+            process.kill()
+            process.wait()
+            killed.append(label)
+    return killed
 
 
 def _reap(process: subprocess.Popen) -> int:

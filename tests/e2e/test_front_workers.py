@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from reposerve.fronts import max_workers, usable_cores
 from tests.server import (
     Server,
     front_calls,
@@ -332,6 +333,48 @@ def test_sigterm_answers_what_every_front_accepted_and_every_process_exits(repos
     finally:
         for client in clients.values():
             client.close()
+        server.stop()
+
+
+def _marked(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker`` (the server's, and so its
+    fronts', wherever they were reparented)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours
+                continue
+    return found
+
+
+def test_sigterm_while_the_fronts_start_stops_the_start_and_reaps_every_front(
+    repository, tmp_path, monkeypatch
+):
+    """The signal comes as the first front is up: no more fronts start, and not one of
+    those started outlives the server (each is a process of its own session)."""
+    write_model(repository, "plus_one", vector_config(size=4), PLUS_ONE)
+    marker = f"REPOSERVE_TEST_RUN={os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv(*marker.split("=", 1))  # inherited by the server and its fronts
+    count = min(8, max_workers(usable_cores()))
+    server = Server(
+        repository,
+        *("--http-workers", str(count), "--grpc-workers", str(count)),
+        log_path=tmp_path / "server.log",
+    )
+    started: set[int] = set()
+    try:
+        assert wait_for(lambda: started.update(worker_pids(server)) or started, 60)
+        server.process.send_signal(signal.SIGTERM)
+        while server.process.poll() is None:
+            started.update(worker_pids(server))
+            time.sleep(0.01)
+        assert server.process.returncode == 0, server.log()
+        assert len(started) < count - 1, server.log()  # the start stopped
+        assert _marked(marker) == []
+    finally:
         server.stop()
 
 
