@@ -36,7 +36,7 @@ from reposerve.http.errors import STATUS, HttpError
 from reposerve.http.generate import EVENT_STREAM, before, send_json, wait_for_disconnect
 from reposerve.http.infer import Disconnected, InferEndpoint
 from reposerve.openai.embeddings import embed
-from reposerve.openai.generation import Generation, Settings, check_kind, merged
+from reposerve.openai.generation import Generation, Settings, check_kind, choice_seed, merged
 from reposerve.operations import OpenAIModel
 from reposerve.protocol.openai import (
     ChatRequest,
@@ -246,7 +246,7 @@ class OpenAIEndpoint(InferEndpoint):
         choices = []
         for number, prompt in enumerate(prompts):
             for draw in range(request.choices):
-                seed = request.seed + draw if request.seed is not None else None
+                seed = choice_seed(request.seed, draw) if request.seed is not None else None
                 settings = Settings(
                     max_tokens=limit or model.max_tokens,
                     stop=request.stops,

@@ -89,10 +89,27 @@ def generate_body(model: OpenAIModel, prompt: str, settings: Settings) -> bytes:
     for key, value in values.items():
         taker = next((name for name in _SETTING_INPUTS[key] if name in inputs), None)
         if taker is not None:
-            body[taker] = value
+            body[taker] = _wrapped(value, inputs[taker]) if key == "seed" else value
         elif not isinstance(value, list):  # a parameter holds one value; stops stay ours
             body[key] = value
     return _encode(body)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of a request's choice ``index`` (of n): the request's plus the index, so
+    that choices are drawn apart, wrapped into the API's signed 64 bits (``seed`` may be
+    its largest), as vLLM and OpenAI take seeds."""
+    return _wrapped(seed + index, "INT64")
+
+
+def _wrapped(seed: int, datatype: str) -> int:
+    """``seed`` as a value of the integer ``datatype`` of the input that takes it, wrapped
+    modulo 2**bits (a negative seed to an unsigned input, a 64-bit one to a narrower)."""
+    if not datatype.startswith(("INT", "UINT")):
+        return seed
+    limits = np.iinfo(NUMPY_DTYPES[datatype])
+    low, span = int(limits.min), int(limits.max) - int(limits.min) + 1
+    return (seed - low) % span + low
 
 
 class Piece(msgspec.Struct, frozen=True):

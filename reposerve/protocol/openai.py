@@ -23,6 +23,9 @@ MAX_STOPS = 4  # the API's limit on stop strings
 MAX_EMBEDDING_INPUTS = 2048  # the API's limit on texts in one embeddings request
 MAX_GENERATIONS = 64  # prompts x n: the generations one request may start
 MAX_STOP_LENGTH = 1024  # characters of one stop string (held back while it may begin)
+# The seeds the API takes: a signed 64-bit integer, as OpenAI's API reference and vLLM's
+# protocol (ge/le of torch.long) bound them.
+Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 
 class OpenAIRequestError(ProtocolError):
@@ -54,7 +57,7 @@ class _Generating(_Request, kw_only=True):
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = 1
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
 

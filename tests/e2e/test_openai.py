@@ -142,6 +142,29 @@ SLOW_WORDS = """
 """
 
 
+# Answers the seed it was given, in its INT64 "seed" input (as a TensorRT-LLM-style model
+# takes one).
+SEED_ECHO = """
+    import numpy as np
+
+    class Model:
+        def execute(self, inputs):
+            return {"text_output": np.array([str(int(inputs["seed"][0])).encode()], object)}
+"""
+
+SEED_ECHO_CONFIG = f"""
+    backend = "python"
+    {TEXT_IN_OUT}
+    [[input]]
+    name = "seed"
+    datatype = "INT64"
+    shape = [1]
+    optional = true
+    [openai]
+    kind = "completion"
+"""
+
+
 def slow_words_config(log: Path) -> str:
     return (
         f'backend = "python"\ndecoupled = true\n{TEXT_IN_OUT}[parameters]\nlog = "{log}"\n'
@@ -166,6 +189,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     (vllm / "1" / "model.py").write_text(textwrap.dedent(VLLM_STYLE))
     (vllm / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG))
     write_model(repository, "slow_words", slow_words_config(logs["slow"]), SLOW_WORDS)
+    write_model(repository, "seed_echo", SEED_ECHO_CONFIG, SEED_ECHO)
     server = start_server(repository, root)
     yield server, logs
     assert server.stop() == 0, server.log()
@@ -193,7 +217,7 @@ def test_the_model_list_names_the_models_that_opt_in(served):
     server, _ = served
     for prefix in ("/v1", "/openai/v1"):
         listed = {model.id for model in _client(server, prefix).models.list()}
-        assert listed == {"tiny_chat", "text_embedding", "vllm_style", "slow_words"}
+        assert listed == {"tiny_chat", "text_embedding", "vllm_style", "slow_words", "seed_echo"}
     model = _client(server).models.retrieve("tiny_chat")
     assert model.id == "tiny_chat" and model.owned_by == "reposerve" and model.created > 0
 
@@ -257,6 +281,24 @@ def test_n_choices_are_drawn_apart_and_counted_once_for_the_prompt(served):
     assert answer.usage.prompt_tokens == 6 + 2  # once, not once per choice
     completion = sum(len(choice.message.content.split()) for choice in answer.choices)
     assert answer.usage.completion_tokens == completion
+
+
+def test_choices_of_a_seed_at_the_int64_maximum_wrap_around(served):
+    """Each choice's seed is the request's plus its index: past the API's largest seed it
+    wraps to the smallest, a value the model's INT64 seed input holds."""
+    server, _ = served
+    client = _client(server)
+    largest = (1 << 63) - 1
+    answer = client.completions.create(model="seed_echo", prompt="a", n=3, seed=largest - 1)
+    assert [choice.text for choice in answer.choices] == [
+        str(largest - 1),
+        str(largest),
+        str(-(1 << 63)),
+    ]
+    # past the API's range (OpenAI's and vLLM's: int64): refused, naming the field
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="seed_echo", prompt="a", seed=largest + 1)
+    assert caught.value.body["param"] == "seed"
 
 
 def test_streamed_choices_each_finish_and_the_usage_comes_last(served):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from reposerve.config import parse_model_config
 from reposerve.config.chat_templates import ChatTemplate, TemplateError, render_chat
 from reposerve.config.triton_parameters import apply_triton_parameters, to_triton_parameters
-from reposerve.openai.generation import Settings, StopScanner, generate_body
+from reposerve.openai.generation import Settings, StopScanner, choice_seed, generate_body
 from reposerve.operations import OpenAIModel
 from reposerve.protocol.openai import (
     ChatRequest,
@@ -71,6 +71,24 @@ def test_a_trtllm_style_model_gets_each_setting_in_its_own_input():
         "random_seed": 3,
         "stop_words": ["\n\n", "END"],
     }
+
+
+def test_a_choices_seed_wraps_into_the_apis_range_and_the_inputs_type():
+    largest = (1 << 63) - 1
+    assert [choice_seed(largest - 1, index) for index in range(3)] == [
+        largest - 1,
+        largest,
+        -(1 << 63),
+    ]
+    for datatype, seed, sent in (("UINT64", -1, (1 << 64) - 1), ("INT32", 1 << 31, -(1 << 31))):
+        model = _model(random_seed=datatype)
+        settings = Settings(max_tokens=8, stop=[], stream=False, seed=seed)
+        assert msgspec.json.decode(generate_body(model, "hi", settings))["random_seed"] == sent
+    with pytest.raises(OpenAIRequestError) as caught:
+        decode_request(
+            b'{"model": "m", "prompt": "a", "seed": 9223372036854775808}', CompletionRequest
+        )
+    assert caught.value.param == "seed"
 
 
 def test_a_model_that_cannot_take_the_stops_streams_so_they_cut_it_early():
