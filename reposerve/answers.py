@@ -53,8 +53,8 @@ class Answer:
     a ``with`` block), and the response's parameters. ``final``: the request's last
     response (a model that answers once; a decoupled one's that the model sent with the
     final flag: one that sends the flag alone ends its stream with no answer).
-    ``shared_outputs``: the outputs written into client shared memory, by name, with their
-    response parameters (their tensors in ``outputs`` hold no bytes)."""
+    ``shared_outputs``: the names of the outputs written into client shared memory (their
+    tensors in ``outputs`` hold no bytes)."""
 
     __slots__ = (
         "outputs", "parameters", "final", "version", "request_id", "shared_outputs", "_lease",
@@ -68,14 +68,14 @@ class Answer:
         version: str,
         request_id: str | None,
         lease: Releasable,
-        shared_outputs: dict[str, dict[str, Any]] | None = None,
+        shared_outputs: frozenset[str] = frozenset(),
     ) -> None:
         self.outputs = outputs
         self.parameters = parameters
         self.final = final
         self.version = version  # the model version that answered, as text
         self.request_id = request_id
-        self.shared_outputs = shared_outputs or {}
+        self.shared_outputs = shared_outputs
         self._lease = lease
 
     @property
@@ -133,7 +133,7 @@ def make_answer(
         chosen = [
             (output, outputs[output], binary) for output, binary in selected if output in outputs
         ]
-        shared = {}
+        shared: frozenset[str] = frozenset()
         if request.output_regions:
             shared = claims.place(chosen, request.output_regions, model.name)
     except BaseException:

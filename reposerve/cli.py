@@ -23,6 +23,7 @@ from reposerve.repository import gpus
 from reposerve.repository.roots import all_model_names, find_root
 from reposerve.repository.scan import read_model
 from reposerve.settings import RestrictedApi, Settings
+from reposerve.shared_memory import MAX_REGIONS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -192,6 +193,14 @@ def serve_parser() -> argparse.ArgumentParser:
         help="let clients register shared-memory regions and place tensors in them "
         "(Triton's shared-memory extension; false). Registering answers only local clients "
         "unless --http-restricted-api shared-memory:KEY=VALUE opens it",
+    )
+    add(
+        "--client-shm-max-regions",
+        type=positive_int,
+        default=MAX_REGIONS,
+        metavar="N",
+        help=f"most client shared-memory regions held at once, each an open file ({MAX_REGIONS}; "
+        "at most a quarter of the process's open-file limit); a registration past it is refused",
     )
     add(
         "--repository-poll-secs",
@@ -479,6 +488,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         exit_on_error=args.exit_on_error,
         allow_model_file_override=args.allow_model_file_override,
         allow_client_shm=args.allow_client_shm,
+        client_shm_max_regions=args.client_shm_max_regions,
         server_name=args.server_name,
         load_timeout_secs=args.load_timeout_secs,
         **_log_flags(args),

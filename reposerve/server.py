@@ -88,6 +88,7 @@ class Server:
             logs=logs,
             server_name=settings.server_name,
             allow_client_shm=settings.allow_client_shm,
+            client_shm_max_regions=settings.client_shm_max_regions,
         )
         self.exit_code = 0
         # Ends the loop's runner (the HTTP server, or ``run``): set by whichever runs it.

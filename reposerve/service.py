@@ -57,7 +57,7 @@ from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository import openai_catalog as catalog
 from reposerve.repository.scan import ConfigOverride, check_model_name
-from reposerve.shared_memory import Claims, SharedMemory
+from reposerve.shared_memory import MAX_REGIONS, Claims, SharedMemory
 from reposerve.utilization import Usage
 
 log = logging.getLogger("reposerve")
@@ -80,9 +80,11 @@ class InferenceService:
         logs: LogControl | None = None,
         server_name: str = documents.SERVER_NAME,
         allow_client_shm: bool = False,
+        client_shm_max_regions: int = MAX_REGIONS,
     ) -> None:
         self.repository = repository
-        self.shared_memory = SharedMemory(allow_client_shm)  # --allow-client-shm
+        # --allow-client-shm, --client-shm-max-regions
+        self.shared_memory = SharedMemory(allow_client_shm, max_regions=client_shm_max_regions)
         self.server_name = server_name  # what GET /v2 names the server (--server-name)
         # Whether a load may bring its own model files (code the instances will run).
         self.allow_file_override = allow_file_override

@@ -64,6 +64,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     server_name: str = "triton"  # GET /v2's name (Triton's, which its clients check)
     allow_model_file_override: bool = True  # load requests may bring model files (code)
     allow_client_shm: bool = False  # clients may register shared memory (--allow-client-shm)
+    # Client shared-memory regions held at once (--client-shm-max-regions); the default is
+    # reposerve.shared_memory.MAX_REGIONS, which a leaf cannot import (it imports
+    # reposerve.operations, which imports this module).
+    client_shm_max_regions: int = 1024
     load_timeout_secs: float = 120.0
     # Triton's auto-complete (off: --disable-auto-complete-config / --strict-model-config)
     auto_complete: bool = True

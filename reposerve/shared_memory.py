@@ -18,6 +18,14 @@ checked (fstat) when the region is registered and before each request uses it, f
 clear error early. A region whose file the client unlinks stays readable: the
 descriptor keeps the memory.
 
+Bound. Each region holds one descriptor open from its registration until it is closed
+(where Triton holds a mapping), so a client registering without end would take every
+descriptor the process may open, and with them new connections and model loads. At most
+``max_regions`` files are held at once (--client-shm-max-regions): the registered regions
+and those unregistered but still used by requests (their files stay open until those
+end); a registration past it is refused, saying so. The bound is also held to a quarter
+of the process's open-file limit, so the rest stays the server's own.
+
 Regions are counted while requests use them: ``unregister`` takes the name away at once
 (new requests naming it are refused, the name may be registered again) and waits for the
 requests still using the region before unmapping it. Waiting, rather than failing or
@@ -32,11 +40,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
+import resource
 import stat
 import threading
 from pathlib import Path
-from typing import Any
 
 from reposerve.errors import ErrorKind, SharedMemoryError
 from reposerve.operations import CudaRegion, SystemRegion
@@ -44,8 +53,13 @@ from reposerve.protocol.shared_memory import TensorRegion
 from reposerve.repository.gpus import discover
 from reposerve.tensor import FileWindow, Tensor
 
+log = logging.getLogger("reposerve.shared_memory")
+
 SHM_ROOT = Path("/dev/shm")  # where shm_open keeps its objects on Linux
 _NAME_MAX = 255
+MAX_REGIONS = 1024  # --client-shm-max-regions' default
+# Client regions may hold at most this share of the open files the process may have.
+_FILES_SHARE = 4
 DISABLED = "client shared memory is off on this server. Hint: start it with --allow-client-shm true"
 
 
@@ -105,12 +119,23 @@ class _Region:
 
 class SharedMemory:
     """The regions clients registered (Triton's system shared memory), by name; CUDA
-    shared memory answers for the GPU path to come. ``allowed``: --allow-client-shm."""
+    shared memory answers for the GPU path to come. ``allowed``: --allow-client-shm;
+    ``max_regions``: --client-shm-max-regions (see the module's docstring)."""
 
-    def __init__(self, allowed: bool, root: Path = SHM_ROOT) -> None:
+    def __init__(
+        self, allowed: bool, root: Path = SHM_ROOT, max_regions: int = MAX_REGIONS
+    ) -> None:
         self.allowed = allowed
         self._root = root
         self._regions: dict[str, _Region] = {}
+        self.max_regions = region_bound(max_regions)
+        if allowed and self.max_regions < max_regions:
+            log.warning(
+                "client shared memory: at most %d regions (not %d): each holds an open file, "
+                "and regions may hold a quarter of the %d this process may open",
+                self.max_regions, max_regions, self.max_regions * _FILES_SHARE,
+            )  # fmt: skip
+        self._files = 0  # regions whose file is open: registered, or unregistered and in use
         # Claims may be taken in a decoding thread (a large body is decoded off the loop).
         self._lock = threading.Lock()
         self._refusing = Claims(self)  # switched off, every request's: it never holds any
@@ -149,6 +174,13 @@ class SharedMemory:
                 f"{label}: byte_size must be > 0 and offset >= 0, got byte_size "
                 f"{wanted.byte_size} and offset {wanted.offset}"
             )
+        if self._files >= self.max_regions:
+            raise SharedMemoryError(
+                f"{label}: {self._files} regions hold their files open already, the most this "
+                f"server keeps (--client-shm-max-regions {self.max_regions}; a region "
+                "unregistered while requests use it counts until they end). Hint: unregister "
+                "the regions no longer in use"
+            )
         path = self._root / _object_name(wanted.key, label)
         fd = _open(path, wanted.key, label)
         try:
@@ -163,8 +195,9 @@ class SharedMemory:
             os.close(fd)
             raise
         region = _Region(wanted, path, fd)
-        with self._lock:
+        with self._lock:  # (register runs on the loop alone: the count above still holds)
             self._regions[name] = region
+            self._files += 1
 
     async def unregister(self, name: str | None) -> None:
         """Take the named region (every region, when None) away, and return once the
@@ -180,6 +213,7 @@ class SharedMemory:
             for region in leaving:
                 region.gone = True
                 if not region.users:
+                    self._files -= 1
                     region.close()
         for region in leaving:
             await region.closed.wait()
@@ -237,6 +271,8 @@ class SharedMemory:
         with self._lock:
             region.users -= 1
             last = region.gone and not region.users
+            if last:
+                self._files -= 1
         if last:
             region.close()
 
@@ -280,10 +316,10 @@ class Claims:
         outputs: list[tuple[str, Tensor, bool]],
         regions: dict[str, TensorRegion],
         model: str,
-    ) -> dict[str, dict[str, Any]]:
+    ) -> frozenset[str]:
         """Write each output that has a region into it; ``outputs`` keeps such an output
-        as its metadata alone (no bytes). Returns their response parameters by name."""
-        placed: dict[str, dict[str, Any]] = {}
+        as its metadata alone (no bytes). Returns their names."""
+        placed: set[str] = set()
         for index, (name, tensor, _) in enumerate(outputs):
             place = regions.get(name)
             if place is None:
@@ -298,9 +334,9 @@ class Claims:
             region = self._held[place.region]
             region.check_file(place, where)
             region.write(place, tensor.raw)
-            placed[name] = place.parameters(nbytes)
+            placed.add(name)
             outputs[index] = (name, Tensor(tensor.datatype, tensor.shape, b""), False)
-        return placed
+        return frozenset(placed)
 
     def release(self) -> None:
         with self._memory._lock:
@@ -323,6 +359,14 @@ class Claims:
                 f"({size} bytes)"
             )
         return region
+
+
+def region_bound(wanted: int) -> int:
+    """``wanted``, or a quarter of the files this process may open if that is fewer."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return min(wanted, soft // _FILES_SHARE)
 
 
 def _object_name(key: str, label: str) -> str:

@@ -113,9 +113,9 @@ class Answered(msgspec.Struct, tag=True, array_like=True):
     final: bool  # the request's last response (Answer.final)
     slot_size: int  # the slot's size now (the core may have grown it)
     last: bool  # no more frames for this call
-    # Outputs written into client shared memory (no bytes in the slot): their response
-    # parameters, by name (Answer.shared_outputs).
-    shared_outputs: dict[str, dict[str, Any]] = {}
+    # Outputs written into client shared memory (no bytes in the slot), by name
+    # (Answer.shared_outputs).
+    shared_outputs: frozenset[str] = frozenset()
 
 
 class Failed(msgspec.Struct, tag=True, array_like=True):

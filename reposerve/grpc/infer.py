@@ -175,17 +175,14 @@ def response_encoder(response_class: Any, request: Any) -> Callable[[Answer], An
 def _fill(response: Any, request: Any, answer: Answer) -> None:
     """A ``ModelInferResponse`` naming ``request``, with the parameters the model set and
     every output in raw_output_contents (copied: the tensors are views valid only while
-    encoding); an output in client shared memory has its parameters there instead, and
-    an empty entry."""
+    encoding); an output in client shared memory has an empty entry and no parameters, as
+    Triton answers it (grpc/infer_handler.cc)."""
     response.model_name = request.model_name
     response.model_version = answer.version
     response.id = request.id
     _set_parameters(response.parameters, answer.parameters)
-    shared = answer.shared_outputs
     for name, tensor, _ in answer.outputs:
-        output = response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
-        if shared and name in shared:
-            _set_parameters(output.parameters, shared[name])
+        response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
         response.raw_output_contents.append(bytes(tensor.raw))
 
 

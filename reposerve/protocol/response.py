@@ -38,21 +38,22 @@ def encode_response(
     request_id: str | None,
     outputs: list[tuple[str, Tensor, bool]],
     parameters: dict[str, Any] | None = None,
-    shared: dict[str, dict[str, Any]] | None = None,
+    shared: frozenset[str] = frozenset(),
 ) -> tuple[bytes, int | None]:
     """The response body and, when any output is binary, the JSON header's length.
 
     ``outputs`` lists (name, tensor, binary) in response order; ``parameters`` are the
-    response's own (those the model set); ``shared``: the parameters of the outputs that
-    were written into client shared memory, which carry no data here.
+    response's own (those the model set); ``shared``: the outputs that were written into
+    client shared memory, which carry no data here.
     """
     described: list[_OutputJSON] = []
     binary_parts: list[bytes | memoryview] = []
     for name, tensor, binary in outputs:
-        if shared and name in shared:
-            described.append(
-                _OutputJSON(name, tensor.datatype, tensor.shape, parameters=shared[name])
-            )
+        if name in shared:
+            # Name, datatype and shape alone, as Triton's HTTP server writes an output in
+            # shared memory (http_server.cc, FinalizeResponse): its C++ client reads any
+            # output "parameters" as a binary output's, and perf_analyzer fails on them.
+            described.append(_OutputJSON(name, tensor.datatype, tensor.shape))
         elif binary:
             described.append(
                 _OutputJSON(

@@ -28,14 +28,6 @@ class TensorRegion(msgspec.Struct, frozen=True):
     byte_size: int
     offset: int = 0
 
-    def parameters(self, nbytes: int) -> dict[str, Any]:
-        """An output's parameters in the response: the region it was written into, and
-        the bytes it took there (a BYTES output's may be fewer than it was given)."""
-        parameters: dict[str, Any] = {REGION: self.region, BYTE_SIZE: nbytes}
-        if self.offset:
-            parameters[OFFSET] = self.offset
-        return parameters
-
 
 class SharedTensors(Protocol):
     """Client shared memory as decoding a request uses it: one request's claims on the

@@ -1,13 +1,17 @@
-"""Triton's perf_analyzer measures against us unchanged (JSON and binary tensors)."""
+"""Triton's perf_analyzer measures against us unchanged (JSON and binary tensors, and
+tensors in client shared memory)."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 
+import httpx
 import pytest
 
 from tests.perf_tools import why_perf_analyzer_cannot_run
+from tests.server import REPO_ROOT, start_server
 from tools.bench.protocols import PERF_ANALYZER, perf_analyzer_environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tool]
@@ -60,3 +64,32 @@ def test_perf_analyzer_streams_a_decoupled_model(bundled_server, tmp_path):
     requests = float(re.search(r"\n    Throughput: ([\d.]+)", result.stdout)[1])
     responses = float(re.search(r"Response Throughput: ([\d.]+)", result.stdout)[1])
     assert responses / requests == pytest.approx(5, rel=0.05)
+
+
+@pytest.fixture(scope="module")
+def shm_server(tmp_path_factory):
+    """add_sub on a server that lets clients register shared memory."""
+    root = tmp_path_factory.mktemp("repository")
+    shutil.copytree(REPO_ROOT / "model_repository" / "add_sub", root / "add_sub")
+    server = start_server(root, tmp_path_factory.mktemp("log"), "--allow-client-shm", "true")
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_with_tensors_in_system_shared_memory(shm_server, protocol):
+    """perf_analyzer's C++ clients read any output ``parameters`` over HTTP as binary data
+    (``binary_data_size``), so an output written into a region must carry none, as
+    Triton's own answer does; every request must come back."""
+    address = shm_server.address if protocol == "http" else shm_server.grpc_address
+    result = _perf_analyzer(
+        "add_sub", address, "-i", protocol,
+        "--shared-memory", "system", "--output-shared-memory-size", "64",
+    )  # fmt: skip
+    found = re.search(r"Concurrency: 4, throughput: ([\d.]+) infer/sec", result.stdout)
+    assert found, result.stdout
+    assert float(found[1]) > 0
+    # Every request perf_analyzer sent was answered, none with an error.
+    stats = httpx.get(f"{shm_server.url}/v2/models/add_sub/stats").json()["model_stats"][0]
+    assert stats["inference_stats"]["fail"]["count"] == 0
+    assert stats["inference_stats"]["success"]["count"] == stats["inference_count"] > 0

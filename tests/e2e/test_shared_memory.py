@@ -114,13 +114,12 @@ def test_add_sub_in_shared_memory_over_http(http, regions):
     out, in_key, out_key = _add_sub_regions(http, regions, a, b)
     inputs, outputs = _in_regions(httpclient)
     result = http.infer("simple", inputs, outputs=outputs).get_response()
-    assert result["outputs"] == [  # metadata and where it went: no data, no binary part
-        {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16],
-         "parameters": {"shared_memory_region": "output_data", "shared_memory_byte_size": 64}},
-        {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16],
-         "parameters": {"shared_memory_region": "output_data", "shared_memory_byte_size": 64,
-                        "shared_memory_offset": 64}},
-    ]  # fmt: skip
+    # Metadata alone, as Triton answers: no data, no binary part and no parameters (which
+    # Triton's C++ client reads as a binary output's).
+    assert result["outputs"] == [
+        {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]},
+        {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16]},
+    ]
     total = shm.get_contents_as_numpy(out, np.int32, [1, 16])
     difference = shm.get_contents_as_numpy(out, np.int32, [1, 16], offset=INT32)
     np.testing.assert_array_equal(total[0], a + b)
@@ -143,18 +142,13 @@ def test_add_sub_in_shared_memory_over_grpc(grpc, regions):
     out, in_key, _ = _add_sub_regions(grpc, regions, a, b)
     inputs, outputs = _in_regions(grpcclient)
     response = grpc.infer("simple", inputs, outputs=outputs).get_response()
-    # One raw_output_contents per output, empty for each in shared memory (Triton's).
+    # One raw_output_contents per output, empty for each in shared memory, and no output
+    # parameters (Triton's).
     assert list(response.raw_output_contents) == [b"", b""]
-    second = response.outputs[1]
-    assert (second.name, list(second.shape)) == ("OUTPUT1", [1, 16])
-    assert {
-        key: value.WhichOneof("parameter_choice") for key, value in second.parameters.items()
-    } == {
-        "shared_memory_region": "string_param",
-        "shared_memory_byte_size": "int64_param",
-        "shared_memory_offset": "int64_param",
-    }
-    assert second.parameters["shared_memory_offset"].int64_param == INT32
+    assert [(output.name, list(output.shape)) for output in response.outputs] == [
+        ("OUTPUT0", [1, 16]), ("OUTPUT1", [1, 16]),
+    ]  # fmt: skip
+    assert not any(output.parameters for output in response.outputs)
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out, np.int32, [1, 16])[0], a + b)
     np.testing.assert_array_equal(
         shm.get_contents_as_numpy(out, np.int32, [1, 16], offset=INT32)[0], a - b
@@ -512,6 +506,66 @@ def test_hostile_registrations_are_400_and_change_nothing(server, http, regions,
     assert http.get_system_shared_memory_status() == before
 
 
+def test_registrations_past_the_bound_hold_no_descriptor_and_the_server_goes_on(tmp_path, regions):
+    """Each region holds its file open. Past --client-shm-max-regions a registration is
+    refused (400; gRPC INVALID_ARGUMENT) and opens nothing, so however many a client sends,
+    the server's descriptors stay bounded: new connections and a model reload still work."""
+    root = _repository(tmp_path / "repository")
+    bound, sent = 16, 200
+    flags = ("--allow-client-shm", "true", "--client-shm-max-regions", str(bound))
+    with running_server(root, tmp_path, *flags) as server:
+        _, key = regions.create("many", 64)
+        descriptors = Path(f"/proc/{server.process.pid}/fd")
+        with httpx.Client(base_url=server.url) as client:
+            assert client.get("/v2").status_code == 200  # the connection is open before
+            before = len(list(descriptors.iterdir()))
+            answers = [
+                client.post(
+                    f"/v2/systemsharedmemory/region/r{index}/register",
+                    json={"key": key, "byte_size": 64},
+                )
+                for index in range(sent)
+            ]
+            held = len(list(descriptors.iterdir())) - before
+
+        def refused(name: str) -> str:
+            return (
+                f"register system shared-memory region '{name}': 16 regions hold their files "
+                "open already, the most this server keeps (--client-shm-max-regions 16; a "
+                "region unregistered while requests use it counts until they end). Hint: "
+                "unregister the regions no longer in use"
+            )
+
+        assert [answer.status_code for answer in answers] == [200] * bound + [400] * (sent - bound)
+        assert [answer.json()["error"] for answer in answers[bound:]] == [
+            refused(f"r{index}") for index in range(bound, sent)
+        ]
+        # One file per region kept, give or take what the server opens meanwhile itself
+        # (without the bound: one per registration, 200).
+        assert bound <= held <= bound + 8, held
+        with grpcclient.InferenceServerClient(server.grpc_address) as client:
+            with pytest.raises(InferenceServerException) as caught:
+                client.register_system_shared_memory("by_grpc", key, 64)
+            assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert caught.value.message() == refused("by_grpc")
+        load = httpx.post(f"{server.url}/v2/repository/models/simple/load", timeout=120)
+        assert load.status_code == 200, load.text
+        a, b = np.arange(16, dtype=np.int32), np.full(16, 4, dtype=np.int32)
+        for module, address in ((httpclient, server.address), (grpcclient, server.grpc_address)):
+            with module.InferenceServerClient(address) as client:  # a new connection
+                inputs = [
+                    module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")
+                ]
+                inputs[0].set_data_from_numpy(a.reshape(1, 16))
+                inputs[1].set_data_from_numpy(b.reshape(1, 16))
+                total = client.infer("simple", inputs).as_numpy("OUTPUT0")
+                np.testing.assert_array_equal(total[0], a + b)
+        with httpclient.InferenceServerClient(server.address) as client:
+            client.unregister_system_shared_memory("r0")
+            client.register_system_shared_memory("again", key, 64)  # a place came free
+            client.unregister_system_shared_memory()
+
+
 # -- the flag, the access rule and CUDA ----------------------------------------------------
 
 
@@ -629,11 +683,9 @@ def test_a_front_process_passes_shared_memory_through_the_core(tmp_path, regions
         }
         answer = client.post("/v2/models/simple/infer", json=body).json()
         assert answer["outputs"] == [
-            {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16],
-             "parameters": {"shared_memory_region": "both", "shared_memory_byte_size": INT32,
-                            "shared_memory_offset": 2 * INT32}},
+            {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]},
             {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16], "data": (a - b).tolist()},
-        ]  # fmt: skip
+        ]
         sums = shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=2 * INT32)
         np.testing.assert_array_equal(sums[0], a + b)
         assert client.post("/v2/systemsharedmemory/unregister").is_success

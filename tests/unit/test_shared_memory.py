@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 from pathlib import Path
 
 import pytest
@@ -91,14 +92,7 @@ def test_outputs_are_written_into_their_region_and_kept_as_metadata(tmp_path):
         claims = memory.claims()
         claims.reserve(TensorRegion("r", 8, 4), WHERE)
         outputs = [("Y", Tensor("UINT8", (4,), b"\1\2\3\4"), False)]
-        placed = claims.place(outputs, {"Y": TensorRegion("r", 8, 4)}, "m")
-        assert placed == {
-            "Y": {
-                "shared_memory_region": "r",
-                "shared_memory_byte_size": 4,
-                "shared_memory_offset": 4,
-            }
-        }
+        assert claims.place(outputs, {"Y": TensorRegion("r", 8, 4)}, "m") == {"Y"}
         assert outputs == [("Y", Tensor("UINT8", (4,), b""), False)]
         assert (tmp_path / "obj").read_bytes()[12:16] == b"\1\2\3\4"
         too_big = [("Y", Tensor("UINT8", (8,), b"\0" * 8), False)]
@@ -112,6 +106,57 @@ def test_outputs_are_written_into_their_region_and_kept_as_metadata(tmp_path):
         await memory.unregister(None)
 
     asyncio.run(run())
+
+
+def _past_the_bound(name: str, open_now: int, bound: int) -> str:
+    return (
+        f"register system shared-memory region '{name}': {open_now} regions hold their files "
+        f"open already, the most this server keeps (--client-shm-max-regions {bound}; a "
+        "region unregistered while requests use it counts until they end). Hint: unregister "
+        "the regions no longer in use"
+    )
+
+
+def test_regions_past_the_bound_are_refused_until_a_file_is_closed(tmp_path):
+    """The bound counts open files: a region unregistered while a request uses it keeps
+    its place until that request lets go."""
+
+    async def run() -> None:
+        memory = SharedMemory(True, tmp_path, max_regions=2)
+        key = _object(tmp_path, "obj", b"\0" * 64)
+        memory.register(SystemRegion("a", key, 0, 64))
+        memory.register(SystemRegion("b", key, 0, 64))
+        with pytest.raises(SharedMemoryError) as caught:
+            memory.register(SystemRegion("c", key, 0, 64))
+        assert caught.value.kind is ErrorKind.INVALID_ARGUMENT
+        assert caught.value.message == _past_the_bound("c", 2, 2)
+        assert [region.name for region in memory.status(None)] == ["a", "b"]
+        claims = memory.claims()
+        claims.reserve(TensorRegion("a", 8), WHERE)
+        unregistering = asyncio.ensure_future(memory.unregister("a"))
+        await asyncio.sleep(0)
+        assert [region.name for region in memory.status(None)] == ["b"]
+        with pytest.raises(SharedMemoryError) as caught:
+            memory.register(SystemRegion("c", key, 0, 64))  # a's file is still open
+        assert caught.value.message == _past_the_bound("c", 2, 2)
+        claims.release()
+        await asyncio.wait_for(unregistering, 5)
+        memory.register(SystemRegion("c", key, 0, 64))
+        await memory.unregister(None)
+        memory.register(SystemRegion("d", key, 0, 64))
+        await memory.unregister(None)
+
+    asyncio.run(run())
+
+
+def test_the_bound_leaves_three_quarters_of_the_open_file_limit_to_the_server(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (400, hard))
+    try:
+        assert SharedMemory(True, tmp_path, max_regions=1024).max_regions == 100
+        assert SharedMemory(True, tmp_path, max_regions=64).max_regions == 64
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_switched_off_everything_but_status_names_the_flag(tmp_path):
