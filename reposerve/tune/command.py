@@ -30,6 +30,26 @@ from reposerve.tune.space import Machine
 
 DEFAULT_TIME_BUDGET_S = 600.0
 DEFAULT_TOLERANCE = 1e-2
+# Ctrl-C, a SIGTERM, a closed terminal (SIGHUP): each stops the run the same way.
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    """A signal stopped the run. It unwinds like an exception (not caught as one), so the
+    server tune started stops, and a server tuned through --url gets its models back."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(number)
+        self.number = number
+
+
+def _interrupt(number: int, frame: object) -> None:
+    # Only the first signal unwinds: the cleanup it runs is bounded (a server that does
+    # not stop within STOP_GRACE_S is killed), and a second Ctrl-C would cut it short
+    # with a traceback, leaving the server to its death signal.
+    for each in STOPPING:
+        signal.signal(each, signal.SIG_IGN)
+    raise Interrupted(number)
 
 
 def tune_parser() -> argparse.ArgumentParser:
@@ -110,10 +130,8 @@ def tune(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.write and args.url:
         parser.error("--write needs --model-repository (the folder to write to)")
-    # A SIGTERM unwinds like Ctrl-C: the server tune started stops, a server it tuned
-    # through --url gets its models back as they were.
-    for number in (signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
-        signal.signal(number, lambda number, frame: sys.exit(128 + number))
+    for number in STOPPING:
+        signal.signal(number, _interrupt)
     repository = None if args.url else (args.model_repository or Path("model_repository"))
     out = args.out or Path("tune-out") / args.model
     out.mkdir(parents=True, exist_ok=True)
@@ -130,6 +148,15 @@ def tune(argv: list[str]) -> int:
     except TuneError as exc:
         print(f"reposerve tune: {exc.message}", file=sys.stderr)
         return 1
+    except Interrupted as stop:
+        left = (
+            "the server it started has stopped"
+            if args.url is None
+            else f"{args.url} serves its models as they were"
+        )
+        name = signal.Signals(stop.number).name
+        print(f"reposerve tune: interrupted by {name}; {left}", file=sys.stderr)
+        return 128 + stop.number
     print(summary(results))
     print(f"report: {written[-1]}")
     return 0

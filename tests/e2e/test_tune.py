@@ -7,6 +7,7 @@ outputs beyond the tolerance is never recommended."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from tests.server import REPO_ROOT, running_server
 from tests.toy_models import write_model
+from tools.bench.servers import children_of
 
 pytestmark = pytest.mark.e2e
 
@@ -252,3 +254,34 @@ def test_tune_refuses_what_it_cannot_do(known_cost, tmp_path):
     assert "the current configuration does not serve" in done.stderr
     assert "expected a real sample, got noise" in done.stderr
     assert "Hint: give real samples with --inputs" in done.stderr
+
+
+def test_ctrl_c_stops_tune_with_one_line_and_stops_the_server_it_started(known_cost, tmp_path):
+    """SIGINT (a terminal's Ctrl-C) while tune measures: exit status 130, one line saying
+    so, no traceback, and the server it started is gone."""
+    errors = tmp_path / "stderr.txt"
+    with errors.open("wb") as sink:
+        tune = subprocess.Popen(
+            [sys.executable, "-m", "reposerve", "tune", "known_cost",
+             "--model-repository", str(known_cost), "--out", str(tmp_path / "out")],
+            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=sink,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120  # a hang detector
+        servers: list[int] = []
+        # Measuring: its server is up, and the first candidate has been reported.
+        while not (servers and "current configuration" in errors.read_text()):
+            assert tune.poll() is None and time.monotonic() < deadline, errors.read_text()
+            servers = children_of(tune.pid)
+            time.sleep(0.05)
+        tune.send_signal(signal.SIGINT)
+        assert tune.wait(120) == 130, errors.read_text()
+    finally:
+        tune.kill()
+        tune.wait()
+    text = errors.read_text()
+    assert "Traceback" not in text, text
+    assert text.splitlines()[-1] == (
+        "reposerve tune: interrupted by SIGINT; the server it started has stopped"
+    )
+    assert [pid for pid in servers if Path(f"/proc/{pid}").exists()] == []
