@@ -2,12 +2,15 @@
 and not): the bundled chat generator and embedding model, a Triton vLLM-style python model
 from config.pbtxt with a Hugging Face tokenizer_config.json template, stop strings cut
 across responses, a cancelled stream, errors in the API's shape, batching of embeddings,
-API keys, the /openai/v1 prefix and front workers."""
+API keys, the /openai/v1 prefix and front workers; seeds at the edge of int64; tiny_chat
+as vLLM-shaped clients call it (genai-perf's rows, the generate extension); and vLLM's
+GET /health."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import shutil
 import textwrap
 import time
@@ -17,6 +20,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
 
 from tests.server import (
     REPO_ROOT,
@@ -324,6 +328,97 @@ def test_streamed_choices_each_finish_and_the_usage_comes_last(served):
     usage = chunks[-1].usage
     assert chunks[-1].choices == [] and usage.prompt_tokens == 8
     assert usage.completion_tokens == sum(len(text.split()) for text in texts.values())
+
+
+# genai-perf's rows for a Triton vLLM model (its VLLMConverter): sampling_parameters with
+# max_tokens as a string, exclude_input_in_output true, stream only with --streaming.
+GENAI_PERF_ROWS = [
+    {"text_input": "How does the scheduler form a batch?", "stream": stream,
+     "sampling_parameters": json.dumps({"max_tokens": "8", "min_tokens": "8"}),
+     "exclude_input_in_output": True}
+    for stream in (False, True, False, True)
+]  # fmt: skip
+
+
+def _grpc_inputs(row: dict) -> list:
+    inputs = []
+    for name, value in row.items():
+        is_text = isinstance(value, str)
+        tensor = grpcclient.InferInput(name, [1], "BYTES" if is_text else "BOOL")
+        tensor.set_data_from_numpy(
+            np.array([value.encode() if is_text else value], object if is_text else bool)
+        )
+        inputs.append(tensor)
+    return inputs
+
+
+def test_tiny_chat_answers_genai_perfs_vllm_requests_as_vllm_does(served):
+    """Over a gRPC stream, as perf_analyzer sends what genai-perf writes: one response
+    with the whole text unless streaming, the prompt left out, min_tokens kept."""
+    server, _ = served
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for index, row in enumerate(GENAI_PERF_ROWS):
+            client.async_stream_infer(
+                "tiny_chat", _grpc_inputs(row), request_id=str(index),
+                enable_empty_final_response=True,
+            )  # fmt: skip
+        received: dict[str, list] = {str(index): [] for index in range(len(GENAI_PERF_ROWS))}
+        finals = 0
+        while finals < len(GENAI_PERF_ROWS):  # each request sent ends in one final answer
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            response = result.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                finals += 1
+            if result.as_numpy("text_output") is not None:
+                received[response.id].append(result)
+    finally:
+        client.stop_stream()
+    for index, row in enumerate(GENAI_PERF_ROWS):
+        results = received[str(index)]
+        texts = [result.as_numpy("text_output")[0].decode() for result in results]
+        counted = sum(int(result.as_numpy("num_output_tokens")[0]) for result in results)
+        text = "".join(texts)
+        assert len(text.split()) == counted == 8  # min_tokens = max_tokens: exactly 8 words
+        assert not text.strip().startswith("How does")  # exclude_input_in_output
+        assert len(results) == (9 if row["stream"] else 1)  # a word each, then the end
+        assert results[-1].as_numpy("finish_reason")[0] == b"length"
+
+
+def test_tiny_chat_on_the_generate_extension_as_vllms_model(served):
+    """Triton's generate extension as its vLLM guide calls it: vLLM's defaults (the prompt
+    first, 16 tokens at most, one response), settings in sampling_parameters."""
+    server, _ = served
+    url = f"{server.url}/v2/models/tiny_chat/generate"
+    prompt = "What is a model server?"
+    plain = httpx.post(url, json={"text_input": prompt}, timeout=30)
+    assert plain.status_code == 200, plain.text
+    text = plain.json()["text_output"]
+    assert text.startswith(prompt) and 1 <= len(text[len(prompt) :].split()) <= 16
+    sampled = httpx.post(url, json={
+        "text_input": prompt, "exclude_input_in_output": True,
+        "sampling_parameters": json.dumps({"max_tokens": 5, "temperature": 0, "stop": ["."]}),
+    }, timeout=30)  # fmt: skip
+    assert sampled.status_code == 200, sampled.text
+    answer = sampled.json()
+    assert not answer["text_output"].startswith(prompt) and answer["text_output"].strip()
+    assert "." not in answer["text_output"] and answer["finish_reason"] in ("stop", "length")
+    echoed = {"text_input": prompt, "stream": True, "exclude_input_in_output": False}
+    streamed = httpx.post(url + "_stream", json=echoed, timeout=30)
+    assert "exclude_input_in_output" in streamed.text  # vLLM's rule, named
+
+
+def test_tiny_chat_never_answers_an_empty_completion(served):
+    """A prompt whose last word ends a sentence in the corpus: the first draw ends the
+    text, so a new sentence begins instead."""
+    server, _ = served
+    answer = _client(server).completions.create(
+        model="tiny_chat", prompt="without copies that serve no purpose.", max_tokens=4, n=6, seed=0
+    )
+    assert all(choice.text.strip() for choice in answer.choices), answer.choices
 
 
 def test_nulls_the_api_allows_read_as_absent(served):

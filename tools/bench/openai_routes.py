@@ -183,8 +183,7 @@ async def _chat_in_process(folder: Path, duration: float) -> dict[str, float]:
     while time.perf_counter() - started < duration:
         inputs = {
             "text_input": [prompt],
-            "max_tokens": [MAX_TOKENS],
-            "seed": [seed],
+            "sampling_parameters": [msgspec.json.encode({"max_tokens": MAX_TOKENS, "seed": seed})],
             "stream": [True],
         }
         began = time.perf_counter()
