@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from reposerve.config.confined import inside_model_folder
 from reposerve.config.schema import ModelConfig
 from reposerve.errors import ConfigError
 
@@ -23,7 +24,7 @@ def read_labels(folder: Path, config: ModelConfig, label: str) -> dict[str, tupl
         if output.label_filename is None:
             continue
         key = f"{label}: output[{index}].label_filename"
-        path = _inside(folder, output.label_filename, key)
+        path = inside_model_folder(folder, output.label_filename, key)
         try:
             lines = tuple(path.read_text(encoding="utf-8").splitlines())
         except FileNotFoundError:
@@ -50,11 +51,3 @@ def read_labels(folder: Path, config: ModelConfig, label: str) -> dict[str, tupl
 def class_count(shape: list[int]) -> int | None:
     """Classes per item of an output of this (per-item) shape; None while a dim is -1."""
     return None if any(dim < 0 for dim in shape) else math.prod(shape)
-
-
-def _inside(folder: Path, name: str, key: str) -> Path:
-    """``folder/name``, refused when it would point outside the model folder."""
-    path = (folder / name).resolve()
-    if Path(name).is_absolute() or not path.is_relative_to(folder.resolve()):
-        raise ConfigError(f'{key}: "{name}" must be a file inside the model folder')
-    return path

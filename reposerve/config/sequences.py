@@ -9,6 +9,7 @@ client sends and may ask for, as in Triton, where control inputs and state live 
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 import msgspec
@@ -69,6 +70,11 @@ def check_sequence_batching(config: ModelConfig) -> str | None:
         if initial is not None:
             if initial.data_file is not None and state.datatype == "BYTES":
                 return f"{here}.initial_state.data_file: a BYTES state starts empty (no file)"
+            if initial.data_file is not None and not _in_its_folder(initial.data_file):
+                return (
+                    f'{here}.initial_state.data_file: "{initial.data_file}" must name a file '
+                    "in the model's initial_state folder (a relative path, no '..')"
+                )
             if initial.datatype != state.datatype:
                 return (
                     f"{here}.initial_state.datatype: {initial.datatype}, the state's is "
@@ -93,6 +99,13 @@ def check_sequence_batching(config: ModelConfig) -> str | None:
                 f"{config.max_batch_size}"
             )
     return None
+
+
+def _in_its_folder(data_file: str) -> bool:
+    """Whether ``data_file`` names a path under the initial_state folder, as Triton reads
+    it (``<model>/initial_state/<data_file>``); symlinks are the reader's to check."""
+    path = PurePath(data_file)
+    return bool(data_file) and not path.is_absolute() and ".." not in path.parts
 
 
 def implied_tensors(config: ModelConfig) -> tuple[set[str], set[str]]:

@@ -57,6 +57,11 @@ _SERVER_PARAMETERS = frozenset(
     }
 )  # fmt: skip
 _MAX_CORRELATION_ID = 2**64 - 1  # Triton's is a uint64 (or a string)
+# A string correlation id's bound, in UTF-8 bytes. Triton documents none (it copies the
+# string into every request's CORRID tensor); ids are names (a UUID is 36), so this leaves
+# room and keeps what errors and logs echo of an id short.
+MAX_STRING_CORRELATION_ID = 256
+_ECHOED = 64  # characters of a refused id an error shows
 
 
 class InferRequest(msgspec.Struct):
@@ -504,6 +509,15 @@ def _sequence_parameters(parameters: dict[str, Any], model: str) -> dict[str, An
     elif type(sequence_id) is not str:
         raise ProtocolError(
             f"model '{model}': parameter sequence_id must be an unsigned 64-bit int or a string"
+        )
+    elif (
+        len(sequence_id) > MAX_STRING_CORRELATION_ID  # the cheap test first
+        or len(sequence_id.encode(errors="surrogatepass")) > MAX_STRING_CORRELATION_ID
+    ):
+        raise ProtocolError(
+            f"model '{model}': parameter sequence_id is longer than the "
+            f"{MAX_STRING_CORRELATION_ID}-byte limit of a string correlation id "
+            f"(it begins {sequence_id[:_ECHOED]!r})"
         )
     flags = {}
     for key in ("sequence_start", "sequence_end"):

@@ -6,7 +6,9 @@ instance the sequence was given when it started (a *lane*: that instance and a d
 batcher of its own), so a model that keeps state per sequence finds it where it left it.
 Each lane holds a bounded number of sequences at once (the direct strategy's slots, the
 oldest strategy's candidates); a sequence that finds every lane full waits for one to
-end, as in Triton's backlog. Batches form from the ready requests of a lane's sequences,
+end, as in Triton's backlog. A request that leaves the backlog (its caller cancelled it, or
+its ``timeout`` passed) takes no slot, and a sequence none of whose requests ever ran is
+let go as soon as none waits. Batches form from the ready requests of a lane's sequences,
 at most one of each.
 
 Before a request runs, the batcher adds what the model reads of its sequence: the
@@ -22,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import OrderedDict, deque
+import re
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +33,7 @@ import msgspec
 import numpy as np
 
 from reposerve.config import DynamicBatching, ModelConfig
+from reposerve.config.confined import inside_model_folder
 from reposerve.config.schema import ControlInput, SequenceState
 from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
 from reposerve.errors import (
@@ -51,6 +55,7 @@ log = logging.getLogger("reposerve.scheduler")
 
 SequenceId = int | str
 _LOST_KEPT = 4096  # lost sequences remembered, to tell their next request why
+_DECIMAL = re.compile(r"[1-9][0-9]*|0")  # an integer's own decimal form
 
 
 class _Lane:
@@ -65,14 +70,16 @@ class _Lane:
 
 
 class _Sequence:
-    __slots__ = ("key", "lane", "state", "turn", "waiting", "ended", "idle", "gone")
+    __slots__ = ("key", "lane", "state", "turn", "waiting", "ran", "ended", "idle", "gone", "slot")
 
     def __init__(self, key: SequenceId | tuple[str, int]) -> None:
         self.key = key
         self.lane: _Lane | None = None
+        self.slot: asyncio.Future | None = None  # its wait in the backlog, while there
         self.state: dict[str, Tensor] = {}  # implicit state, by the model's input name
         self.turn = asyncio.Lock()  # FIFO: the sequence's requests run in arrival order
         self.waiting = 0  # requests accepted and not finished
+        self.ran = False  # a request of it reached its lane: the model has seen it
         self.ended = False  # its END request ran: the next must START it again
         self.idle: Timer | None = None
         self.gone: str | None = None  # why it was released under its requests
@@ -109,7 +116,9 @@ class SequenceBatcher:
         self._lanes: list[_Lane] = []
         self._sequences: dict[SequenceId | tuple[str, int], _Sequence] = {}
         self._single = itertools.count()  # keys of single-request (iterative) sequences
-        self._backlog: deque[tuple[_Sequence, asyncio.Future]] = deque()
+        # Sequences waiting for a slot, oldest first, by their wait (dicts keep order): one
+        # whose request leaves is taken out at once, so the backlog holds only live waits.
+        self._backlog: dict[asyncio.Future, _Sequence] = {}
         # Why recently lost sequences went (their instance stopped), for their next request.
         self._lost: OrderedDict[SequenceId | tuple[str, int], str] = OrderedDict()
         self._running = 0  # requests accepted and not finished
@@ -120,19 +129,16 @@ class SequenceBatcher:
         self._aborted: ReposerveError | None = None
         self.revive: Callable[[], str | None] | None = None  # as Scheduler.revive
         self._expecting = False  # a revived instance is coming: requests wait for it
-        self._numeric_corrid = next(
-            (
-                c.datatype
-                for c in sequence.control_input
-                if c.kind == "corrid" and c.datatype != "BYTES"
-            ),
-            None,
+        # The datatype of its CORRID control, if it has one: what the model is told the id as.
+        self._corrid = next(
+            (c.datatype for c in sequence.control_input if c.kind == "corrid"), None
         )
 
     def load_initial_state(self) -> None:
         """Read each state's initial value (a file's, for some) before requests come."""
         self._initial = {
-            state.input_name: _initial(state, self._folder) for state in self._sequence.state
+            state.input_name: _initial(state, index, self._folder, self._label)
+            for index, state in enumerate(self._sequence.state)
         }
 
     # -- what the version and the service use, as of a Scheduler -----------------------
@@ -179,9 +185,12 @@ class SequenceBatcher:
         """The task running an admitted request. One cancelled before it ever ran (its
         caller left at once) is counted out here, since ``_run`` never saw it."""
         entered: list[bool] = []
+        deadline = self._deadline(sequence, request)
         task = asyncio.ensure_future(self._run(sequence, request, call_depth, stream, entered))
 
         def never_ran(done: asyncio.Task) -> None:
+            if deadline is not None:
+                deadline.cancel()
             if not entered:
                 self._unsent -= 1
                 self._finished(sequence, request, ran=False)
@@ -199,10 +208,7 @@ class SequenceBatcher:
     def abort(self, error: ReposerveError) -> None:
         self._closed = True
         self._aborted = error
-        while self._backlog:
-            _, waiter = self._backlog.popleft()
-            if not waiter.done():
-                waiter.set_exception(error)
+        self._fail_backlog(error)
         for lane in self._lanes:
             lane.scheduler.abort(error)
 
@@ -227,11 +233,9 @@ class SequenceBatcher:
             return
         self._lanes.remove(lane)
         if self._closed and not self._lanes:  # none is coming back: the backlog fails now
-            error = self._aborted or SchedulerError(f"{self._label}: its last instance stopped")
-            while self._backlog:
-                _, waiter = self._backlog.popleft()
-                if not waiter.done():
-                    waiter.set_exception(error)
+            self._fail_backlog(
+                self._aborted or SchedulerError(f"{self._label}: its last instance stopped")
+            )
         why = f"{self._label}: the instance running this sequence stopped; start the sequence again"
         lane.scheduler.abort(SchedulerError(why))
         for sequence in [s for s in self._sequences.values() if s.lane is lane]:
@@ -268,6 +272,9 @@ class SequenceBatcher:
                 ErrorKind.INVALID_ARGUMENT,
             )
         key: SequenceId | tuple[str, int] = request.sequence_id
+        if self._corrid is not None and key != 0 and key != "":
+            key = _as_told(key, self._corrid, self._name)  # refused now, not in a slot
+            request = msgspec.structs.replace(request, sequence_id=key)
         if (key == 0 or key == "") and self._sequence.iterative_sequence:
             key = ("single request", next(self._single))
             request = msgspec.structs.replace(request, sequence_start=True, sequence_end=True)
@@ -277,8 +284,6 @@ class SequenceBatcher:
                 "non-empty correlation ID",
                 ErrorKind.INVALID_ARGUMENT,
             )
-        if isinstance(key, str) and self._numeric_corrid is not None:
-            _numeric_id(key, self._numeric_corrid, self._name)  # refused now, not in a slot
         sequence = self._sequences.get(key)
         lost = self._lost.pop(key, None)
         if sequence is None:
@@ -328,7 +333,7 @@ class SequenceBatcher:
                     )
                 lane = await self._slot(sequence)
                 prepared = self._prepared(sequence, request)
-                sent = True
+                sent = sequence.ran = True
                 self._unsent -= 1
                 if stream is not None:
                     await self._pass_through(lane.scheduler.stream(prepared, call_depth), stream)
@@ -365,7 +370,7 @@ class SequenceBatcher:
             sequence.ended = True
             sequence.state = {}
         if sequence.waiting == 0 and sequence.gone is None:
-            if sequence.ended:
+            if sequence.ended or not sequence.ran:  # nothing of it for the model to go on with
                 self._release(sequence, None)
             else:
                 self._wait_idle(sequence)
@@ -410,11 +415,14 @@ class SequenceBatcher:
             return sequence.lane
         if self._closed and not self._lanes:
             raise self._aborted or SchedulerError(f"{self._label} is unloading; retry elsewhere")
-        waiter = asyncio.get_running_loop().create_future()
-        self._backlog.append((sequence, waiter))
+        waiter = sequence.slot = asyncio.get_running_loop().create_future()
+        self._backlog[waiter] = sequence
         self._grant()
-        # A waiter cancelled meanwhile is skipped when its turn comes (``_grant``).
-        return await waiter
+        try:
+            return await waiter
+        finally:  # one that left (cancelled, timed out) leaves the backlog now
+            self._backlog.pop(waiter, None)
+            sequence.slot = None
 
     def _grant(self) -> None:
         """Give waiting sequences the free slots, oldest first."""
@@ -422,12 +430,47 @@ class SequenceBatcher:
             lane = min(self._lanes, key=lambda lane: lane.sequences, default=None)
             if lane is None or lane.sequences >= self._capacity:
                 return
-            sequence, waiter = self._backlog.popleft()
-            if waiter.done():
+            waiter = next(iter(self._backlog))
+            sequence = self._backlog.pop(waiter)
+            if waiter.done():  # cancelled, its task not yet resumed to take it out
                 continue
             sequence.lane = lane
             lane.sequences += 1
             waiter.set_result(lane)
+
+    def _fail_backlog(self, error: ReposerveError) -> None:
+        waiting, self._backlog = self._backlog, {}
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_exception(error)
+
+    def _deadline(self, sequence: _Sequence, request: InferRequest) -> Timer | None:
+        """The timer of ``request``'s ``timeout`` parameter, while its sequence has no slot.
+        Triton's schedule-policy extension (docs/protocol/extension_schedule_policy.md,
+        "Sequence Batcher with Direct Scheduling Strategy"): the timeout applies only to
+        the requests of sequences not yet given a batch slot; when it passes, the request,
+        its sequence and the sequence's requests received are terminated. Once a sequence
+        has its slot, its requests' timeouts no longer count (``_prepared`` drops them)."""
+        if not request.timeout_us or sequence.lane is not None:
+            return None
+        return self._clock.call_later(
+            request.timeout_us * 1000, lambda: self._time_out(sequence, request.timeout_us)
+        )
+
+    def _time_out(self, sequence: _Sequence, timeout_us: int) -> None:
+        if sequence.lane is not None or sequence.gone is not None:
+            return  # it got its slot meanwhile, or it is gone already
+        why = (
+            f"{self._label}: timeout of sequence {sequence.key} expired: a request of it "
+            f"waited {timeout_us} us (its timeout parameter) without a sequence slot, so the "
+            "sequence and its requests were dropped; start it again"
+        )
+        log.info("%s", why)
+        self._release(sequence, why)  # the requests behind it fail with ``why`` in turn
+        waiter = sequence.slot
+        if waiter is not None and not waiter.done():
+            self._backlog.pop(waiter, None)
+            waiter.set_exception(SchedulerError(why))
 
     # -- what the model reads and returns of its sequence --------------------------------
 
@@ -443,16 +486,17 @@ class SequenceBatcher:
         outputs = request.outputs
         if outputs is not None and self._state_outputs:
             outputs = {**outputs, **{name: None for name in self._state_outputs}}
-        return msgspec.structs.replace(request, inputs=inputs, outputs=outputs)
+        # Its sequence has its slot: a timeout no longer counts (``_deadline``), and one
+        # left to the lane's queue could drop a request from the middle of the sequence.
+        return msgspec.structs.replace(request, inputs=inputs, outputs=outputs, timeout_us=0)
 
     def _control(self, control: ControlInput, request: InferRequest, rows: int) -> Tensor:
         shape = (rows, 1) if self._batched else (1,)
         count = element_count(shape)
-        if control.kind == "corrid":
-            key = request.sequence_id
+        if control.kind == "corrid":  # ``_admit`` made the id the form the control holds
+            value = request.sequence_id
             if control.datatype == "BYTES":
-                return Tensor("BYTES", shape, pack_bytes([str(key).encode()] * count))
-            value = _numeric_id(key, control.datatype, self._name)
+                return Tensor("BYTES", shape, pack_bytes([str(value).encode()] * count))
         else:
             flag = {
                 "start": request.sequence_start,
@@ -499,7 +543,7 @@ def _lane_config(config: ModelConfig) -> ModelConfig:
     return msgspec.structs.replace(config, dynamic_batching=batching, execution=execution)
 
 
-def _initial(state: SequenceState, folder: Path | None) -> Tensor:
+def _initial(state: SequenceState, index: int, folder: Path | None, label: str) -> Tensor:
     """A state's value on a sequence's first request: its initial_state (zeros, or the
     file's values), else zeros with 1 for each variable dimension, as in Triton."""
     initial = state.initial_state
@@ -510,33 +554,46 @@ def _initial(state: SequenceState, folder: Path | None) -> Tensor:
         return Tensor("BYTES", shape, pack_bytes([b""] * count))
     if initial is None or initial.data_file is None:
         return Tensor(state.datatype, shape, bytes(count * dtype.itemsize))
+    key = f"{label}: sequence_batching.state[{index}].initial_state.data_file"
     if folder is None:
-        raise ConfigError(f"initial state file '{initial.data_file}' needs the model's folder")
-    path = folder / "initial_state" / initial.data_file
+        raise ConfigError(f"{key}: '{initial.data_file}' needs the model's folder")
+    # Triton reads <model>/initial_state/<data_file>; it stays inside the model folder as
+    # a label file does (a symlink out is refused), so nothing outside is read or sized.
+    name = f"initial_state/{initial.data_file}"
+    path = inside_model_folder(folder, name, key)
+    needed = count * dtype.itemsize
     try:
-        data = path.read_bytes()
+        size = path.stat().st_size
+        data = path.read_bytes() if size == needed else b""  # read only what it must hold
+    except FileNotFoundError:
+        raise ConfigError(f'{key}: "{name}" does not exist in the model folder') from None
     except OSError as exc:
-        raise ConfigError(f"initial state of '{state.input_name}': {exc}") from exc
-    if len(data) != count * dtype.itemsize:
+        raise ConfigError(f'{key}: cannot read "{name}": {exc.strerror}') from None
+    if len(data) != needed:
         raise ConfigError(
-            f"{path}: holds {len(data)} bytes, initial state {list(shape)} of "
-            f"{state.datatype} needs {count * dtype.itemsize}"
+            f'{key}: "{name}" holds {size} bytes; initial state {list(shape)} of '
+            f"{state.datatype} needs {needed}"
         )
     return Tensor(state.datatype, shape, data)
 
 
-def _numeric_id(key: SequenceId, datatype: str, model: str) -> int:
-    """A correlation id as a numeric CORRID control holds it: a string id must read as
-    an integer (Triton's dyna sequence models ask the same)."""
+def _as_told(key: SequenceId, datatype: str, model: str) -> SequenceId:
+    """A correlation id in the form its model's CORRID control tells it, which is the
+    sequence's key: one value the model sees is one sequence. For a BYTES control an
+    integer id is its decimal string; for a numeric one a string id must be an integer
+    written as that integer's own decimal (``"7"`` is 7; ``"07"``, ``"+7"``, ``" 7"``
+    are refused, not made second sequences the model could not tell from 7)."""
+    if datatype == "BYTES":
+        return str(key)
     if isinstance(key, str):
-        try:
-            key = int(key)
-        except ValueError:
+        if _DECIMAL.fullmatch(key) is None:
             raise SchedulerError(
                 f"model '{model}': correlation id '{key}' is a string; its CORRID control "
-                f"is {datatype}, so the id must be an integer",
+                f"is {datatype}, so the id must be an integer, as an int or a string of "
+                "its decimal digits with no sign or leading zeros",
                 ErrorKind.INVALID_ARGUMENT,
-            ) from None
+            )
+        key = int(key)
     limits = np.iinfo(NUMPY_DTYPES[datatype])
     if not limits.min <= key <= limits.max:
         raise SchedulerError(

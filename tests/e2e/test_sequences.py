@@ -377,3 +377,46 @@ def _sum(client, model, key, value, start=False, end=False) -> float:
     tensor.set_data_from_numpy(np.full((1, 1), value, np.float32))
     result = client.infer(model, [tensor], sequence_id=key, sequence_start=start, sequence_end=end)
     return float(result.as_numpy("SUM")[0][0])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_numeric_corrid_sees_one_sequence_per_id(http, grpc, protocol):
+    client, module = (http, httpclient) if protocol == "http" else (grpc, grpcclient)
+    key = 3000 if protocol == "http" else 3001
+
+    def send(sequence_id, value, **flags) -> int:
+        result = client.infer(
+            "simple_dyna_sequence", [_int_input(module, value)], sequence_id=sequence_id, **flags
+        )
+        return int(result.as_numpy("OUTPUT")[0][0])
+
+    # The model is told the id as a UINT64: the string of an integer is that integer's
+    # sequence, and a second spelling of it is refused rather than made another sequence.
+    assert send(str(key), 0, sequence_start=True) == 1
+    for alias in (f"0{key}", f"+{key}"):
+        with pytest.raises(InferenceServerException) as caught:
+            send(alias, 0, sequence_start=True)
+        assert f"correlation id '{alias}' is a string; its CORRID control is UINT64" in (
+            caught.value.message()
+        )
+    assert send(key, 5, sequence_end=True) == 5 + key  # END * CORRID: the same sequence
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_long_string_id_is_refused_and_echoed_cut(server, http, grpc, protocol):
+    client, module = (http, httpclient) if protocol == "http" else (grpc, grpcclient)
+    key = "k" * (1 << 20)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(
+            "simple_sequence", [_int_input(module, 1)], sequence_id=key, sequence_start=True
+        )
+    message = caught.value.message()
+    assert (
+        "model 'simple_sequence': parameter sequence_id is longer than the 256-byte limit of "
+        f"a string correlation id (it begins '{'k' * 64}')"
+    ) in message
+    assert len(message) < 300
+    longest = max(map(len, server.log().splitlines()))
+    assert longest < 2000  # nothing logged the id whole
+    # 256 bytes is accepted
+    assert _send(client, module, "simple_sequence", "s" * 256, [20, -7]) == [21, -7]

@@ -137,6 +137,16 @@ def test_triton_json_round_trips_through_the_pbtxt_reader():
             'initial_state = { datatype = "BYTES", shape = [1], data_file = "f" }',
             "sequence_batching.state[0].initial_state.data_file: a BYTES state starts empty",
         ),
+        *(  # read from <model>/initial_state/, never from outside the model folder
+            (
+                '[sequence_batching]\n[[sequence_batching.state]]\ninput_name = "S"\n'
+                'output_name = "T"\ndatatype = "FP32"\nshape = [1]\n'
+                f'initial_state = {{ datatype = "FP32", shape = [1], data_file = "{name}" }}',
+                f'sequence_batching.state[0].initial_state.data_file: "{name}" must name a '
+                "file in the model's initial_state folder (a relative path, no '..')",
+            )
+            for name in ("/etc/passwd", "../../../etc/passwd", "a/../../b", "")
+        ),
     ],
 )
 def test_sequence_rules_name_the_key(extra, message):
