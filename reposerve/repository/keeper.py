@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -33,6 +33,13 @@ log = logging.getLogger("reposerve.repository")
 Serving = dict[str, list[ModelVersion]]  # name -> its READY versions
 
 
+class Loading(msgspec.Struct, frozen=True):
+    """A load under way, and the room made for it."""
+
+    name: str
+    needed: Footprint
+
+
 class BudgetKeeper:
     """``serving`` lists the loaded models; ``unload(name, dependents)`` takes one out of
     service (an ensemble with the steps only it uses)."""
@@ -48,7 +55,8 @@ class BudgetKeeper:
         self._roots = roots
         self._serving = serving
         self._unload = unload
-        self._budget = asyncio.Lock()  # loads under a budget: one at a time
+        self._budget = asyncio.Lock()  # budget decisions: one at a time
+        self._loads: list[Loading] = []  # loads under way, by the room made for each
         self._measured_at = 0.0  # when refresh last measured
         self._measuring: asyncio.Future | None = None
 
@@ -64,19 +72,36 @@ class BudgetKeeper:
             if serving:
                 await self._measure({name: serving})
             return fresh
-        # Room is made for one load at a time, so two never count on the same bytes.
-        async with self._budget if residency.budgeted else contextlib.nullcontext():
-            if residency.budgeted:
-                await self._make_room(name)
-            started = time.monotonic()
-            fresh = await load_now()
+        # Each stays in use until it is measured: no decision meanwhile evicts it.
+        with residency.in_use([name]):
+            async with self._room(name):
+                started = time.monotonic()
+                fresh = await load_now()
             serving = [v for v in fresh if v.state is ModelState.READY]
             if serving:
-                footprint = (await self._measure({name: serving})).get(name, Footprint())
-                residency.loaded(name, footprint, time.monotonic() - started)
-                if residency.budgeted:
-                    await self._trim(name)
+                async with self._budget:
+                    footprint = (await self._measure({name: serving})).get(name, Footprint())
+                    residency.loaded(name, footprint, time.monotonic() - started)
+                    if residency.budgeted:
+                        await self._trim(name)
             return fresh
+
+    @contextlib.asynccontextmanager
+    async def _room(self, name: str) -> AsyncIterator[None]:
+        """Under a budget, room made for ``name`` and kept for it while its load runs.
+        The decisions are made one at a time, so two never count on the same bytes; the
+        loads themselves run side by side, so a hung one holds only the room made for it
+        (until --load-timeout-secs), never the other models' loads."""
+        if not self.residency.budgeted:
+            yield
+            return
+        async with self._budget:
+            loading = Loading(name, await self._make_room(name))
+        self._loads.append(loading)
+        try:
+            yield
+        finally:  # loaded, it counts as a resident from here: measured, not guessed
+            self._loads.remove(loading)
 
     async def refresh(self) -> None:
         """Where the server manages memory, measure the loaded models again (for
@@ -104,7 +129,7 @@ class BudgetKeeper:
             if not any(v.pipeline for v in versions)
         }
 
-    async def _make_room(self, name: str) -> None:
+    async def _make_room(self, name: str) -> Footprint:
         """Unload idle models, least recently used first, until ``name`` fits (by its
         footprint when it was loaded before, else its files' size in host memory: where
         it goes on a GPU is known once it is placed, and ``_trim`` sees it then). Each
@@ -118,7 +143,7 @@ class BudgetKeeper:
             residents = self._residents(exclude=name)
             over = residency.over(residents, needed)
             if over == Footprint():
-                return
+                return needed
             victims = choose_victims(residents, over)
             if victims is None:
                 message = refusal(name, needed, over, residency, residents)
@@ -160,12 +185,20 @@ class BudgetKeeper:
         held = describe_footprint(victim.held)
         reason = f"evicted: least recently used, {held} for '{making_room_for}'"
         log.info("%s %s", victim.name, reason)
+        # Said first: a load that brings it back meanwhile clears it, and the index is right.
+        self.residency.evicted(victim.name, reason)
         # An ensemble goes with the steps no other loaded ensemble uses.
         await self._unload(victim.name, victim.ensemble)
-        self.residency.evicted(victim.name, reason)
 
     def _residents(self, exclude: str) -> list[Resident]:
-        return residents_of(self._serving(), self.residency, exclude)
+        """The resident models, and the loads under way (by the room made for them, which
+        no one may take) but another of ``exclude``."""
+        loads = [
+            Resident(load.name, load.needed, 0.0, busy=False, pinned=False, protected="loading")
+            for load in self._loads
+            if load.name != exclude
+        ]
+        return residents_of(self._serving(), self.residency, exclude) + loads
 
     async def _measure(self, serving: Serving | None = None) -> dict[str, Footprint]:
         """The footprints of ``serving`` (every resident model by default) now, measured

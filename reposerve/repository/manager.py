@@ -21,6 +21,7 @@ from reposerve.config.complete import require_declared
 from reposerve.errors import ConfigError, ErrorKind, RepositoryError
 from reposerve.operations import IndexEntry
 from reposerve.pipelines.ensemble import check_steps
+from reposerve.repository.fingerprint import Fingerprint, model_fingerprint
 from reposerve.repository.keeper import BudgetKeeper
 from reposerve.repository.override import OverrideFolder
 from reposerve.repository.residency import Residency
@@ -30,14 +31,30 @@ from reposerve.repository.version import Control, ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
 
+Files = tuple[tuple[Fingerprint, ...], ...]  # a model's and its steps' folders, as fingerprinted
+
 
 class _Model:
     def __init__(self) -> None:
         self.versions: dict[int, ModelVersion] = {}
+        self.loading: list[ModelVersion] = []  # a load's versions, until they swap in
         self.error = ""  # why the last load could not even start (config, layout)
+        # The files (its folder's and its steps') a load from them failed with: on-demand
+        # requests answer with that failure, not a new load, until they change.
+        self.failed_with: Files | None = None
         self.lock = asyncio.Lock()
         # Folders written from load requests' files, until no version runs from them.
         self.overrides: list[OverrideFolder] = []
+
+    def listed(self) -> dict[int, ModelVersion]:
+        """Its versions as the index lists them: a load's under way stand in for those
+        not serving (a first load shows LOADING, as in Triton's index)."""
+        listed = dict(self.versions)
+        for version in self.loading:
+            current = listed.get(version.version)
+            if current is None or current.state is not ModelState.READY:
+                listed[version.version] = version
+        return dict(sorted(listed.items()))
 
     def drop_unused_overrides(self) -> None:
         running = [v.source.path for v in self.versions.values() if not v.unloaded]
@@ -71,7 +88,7 @@ class Repository:
             self.residency,
             self.roots,
             self._serving_versions,
-            lambda name, dependents: self.unload(name, dependents=dependents),
+            lambda name, dependents: self.unload(name, dependents=dependents, spare_in_use=True),
         )
         self._on_demand: dict[str, asyncio.Future] = {}  # loads first requests wait for
         # name -> (backend, completed config, versions) as last loaded
@@ -113,11 +130,15 @@ class Repository:
         files: Mapping[str, bytes] | None,
         chain: tuple[str, ...],
     ) -> list[ModelVersion]:
-        for step in self.steps_of(name):
-            if step not in chain and not self._serving(step):
-                with contextlib.suppress(ConfigError):  # the ensemble's load says why
-                    await self._load_with_steps(step, None, None, (*chain, name))
-        fresh = await self._load(name, config, files)
+        steps = self.steps_of(name)
+        # An ensemble and its steps become resident as one unit: until the ensemble
+        # serves (and so protects them), no budget decision evicts a step it needs.
+        with self.residency.in_use(steps):
+            for step in steps:
+                if step not in chain and not self._serving(step):
+                    with contextlib.suppress(ConfigError):  # the ensemble's load says why
+                        await self._load_with_steps(step, None, None, (*chain, name))
+            fresh = await self._load(name, config, files)
         if any(version.state is ModelState.READY for version in fresh):
             await self._refresh_dependents(name)
         return fresh
@@ -167,6 +188,12 @@ class Repository:
                 pass
             if self._serving(name):
                 return
+        if (
+            model is not None
+            and model.failed_with is not None
+            and model.failed_with == await asyncio.to_thread(self._files, name)
+        ):
+            return  # failed from these very files: get() says why, at once
         load = self._on_demand.get(name)
         if load is None:
             load = self._on_demand[name] = asyncio.ensure_future(self.load(name))
@@ -216,6 +243,8 @@ class Repository:
                 check_exists(self.roots, name)
         model = self._models.setdefault(name, _Model())
         async with model.lock:
+            # Taken before reading them: a change during the load brings another.
+            files_now = None if config or files else await asyncio.to_thread(self._files, name)
             # Written off the event loop: the files may be large.
             try:
                 override = await asyncio.to_thread(OverrideFolder, name, files) if files else None
@@ -232,6 +261,7 @@ class Repository:
                 if override:
                     override.remove()
                 model.error = exc.message
+                model.failed_with = files_now
                 log.error("failed to load '%s': %s", name, exc.message)  # Triton's words
                 raise
             model.error = ""
@@ -252,9 +282,13 @@ class Repository:
                 )
                 for version in source.versions
             ]
-            async with self._loading:
-                log.debug("loading %s (versions %s)", name, [v.number for v in source.versions])
-                await asyncio.gather(*(version.load() for version in fresh))
+            model.loading = fresh
+            try:
+                async with self._loading:
+                    log.debug("loading %s (versions %s)", name, [v.number for v in source.versions])
+                    await asyncio.gather(*(version.load() for version in fresh))
+            finally:
+                model.loading = []
             if self._closing:  # the shutdown came while this load ran: nothing swaps in
                 await asyncio.gather(*(version.unload(time.monotonic()) for version in fresh))
                 self._refuse_if_closing(name)
@@ -272,6 +306,8 @@ class Repository:
                 else:
                     current[version.version] = version
             model.versions = current
+            serving = any(v.state is ModelState.READY for v in current.values())
+            model.failed_with = None if serving else files_now
             retired = [
                 version
                 for version in old.values()
@@ -283,13 +319,18 @@ class Repository:
             return fresh
 
     async def unload(
-        self, name: str, deadline: float | None = None, dependents: bool = False
+        self,
+        name: str,
+        deadline: float | None = None,
+        dependents: bool = False,
+        spare_in_use: bool = False,
     ) -> None:
         """Unload every version of ``name`` by ``deadline`` (``time.monotonic``; default:
         the unload timeout from now, counting the wait for a load in progress). Ensembles
         using it stop serving, with the reason. ``dependents`` (Triton's
         ``unload_dependents``): an ensemble's step models go too, those no other loaded
-        ensemble uses."""
+        ensemble uses; with ``spare_in_use`` (an eviction) not those in use by then (a
+        request, or the load of an ensemble that needs them: it came back meanwhile)."""
         model = self._models.get(name)
         if model is None:
             raise RepositoryError(f"unload: unknown model '{name}'")
@@ -310,8 +351,8 @@ class Repository:
                 for step in version.config.step
             }
             for step in sorted(steps - used):
-                if step in self._models:
-                    await self.unload(step, deadline, dependents=True)
+                if step in self._models and not (spare_in_use and self.residency.busy(step)):
+                    await self.unload(step, deadline, dependents=True, spare_in_use=spare_in_use)
 
     def describe(self, name: str) -> tuple[str, ModelConfig, list[int]]:
         """``name`` when it is not loaded: its backend, config and versions as its last
@@ -341,6 +382,14 @@ class Repository:
             return model.error
         reason = self.residency.reasons.get(name)
         return reason if reason and not reason.startswith("evicted") else None
+
+    def _files(self, name: str) -> Files:
+        """What ``name`` loads from, to notice a change: its folders' fingerprints, and
+        its steps' (an ensemble that failed for a step's sake may load once it is fixed)."""
+        names = [name]
+        for model in names:  # grows as steps are found; each model once
+            names.extend(step for step in self.steps_of(model) if step not in names)
+        return tuple(model_fingerprint(self.roots, model) for model in names)
 
     def steps_of(self, name: str) -> list[str]:
         """The models an ensemble on disk calls (none for another model, or one whose
@@ -465,16 +514,17 @@ class Repository:
         entries: list[IndexEntry] = []
         for name in sorted(set(self.names()) | set(self._models)):
             model = self._models.get(name)
-            if model is None or (not model.versions and not model.error):
+            listed = model.listed() if model else {}
+            if model is None or (not listed and not model.error):
                 if not ready_only:  # not loaded: why, when a budget kept it out
                     entries.append(IndexEntry(name, reason=self.residency.reasons.get(name, "")))
                 continue
-            if model.error and not model.versions:
+            if model.error and not listed:
                 if not ready_only:
                     entries.append(IndexEntry(name, state="UNAVAILABLE", reason=model.error))
                 continue
             why = self.residency.reasons.get(name)
-            for number, version in sorted(model.versions.items()):
+            for number, version in listed.items():
                 if ready_only and version.state is not ModelState.READY:
                     continue
                 reason = why if why and version.unloaded else version.reason

@@ -16,33 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reposerve.errors import ConfigError, RepositoryError
+from reposerve.repository.fingerprint import Fingerprint, model_fingerprint
 from reposerve.repository.manager import Repository
 from reposerve.repository.roots import all_model_names
 
 log = logging.getLogger("reposerve.repository")
 
-Fingerprint = tuple[tuple[str, int, int], ...]
-
-
-def fingerprint(folder: Path) -> Fingerprint:
-    entries = []
-    for path in folder.rglob("*"):
-        if "__pycache__" in path.parts:
-            continue
-        try:
-            stat = path.stat()
-        except OSError:  # removed while we looked: the next poll sees the rest
-            continue
-        if path.is_file():
-            entries.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
-    return tuple(sorted(entries))
-
 
 def snapshot(roots: Sequence[Path]) -> dict[str, tuple[Fingerprint, ...]]:
-    return {
-        name: tuple(fingerprint(root / name) for root in roots if (root / name).is_dir())
-        for name in all_model_names(roots)
-    }
+    return {name: model_fingerprint(roots, name) for name in all_model_names(roots)}
 
 
 class RepositoryWatcher:

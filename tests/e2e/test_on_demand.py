@@ -5,6 +5,7 @@ busy and pinned ones never are, and a budget that cannot hold a model says so.""
 from __future__ import annotations
 
 import re
+import textwrap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -237,3 +238,112 @@ def test_made_up_model_names_cost_nothing_past_their_request(tmp_path):
             grown = _rss(server.process.pid) - before
         assert answers.count(404) == sent
         assert grown < 12 * MIB, f"{grown / MIB:.0f} MiB more after {sent} unknown names"
+
+
+# Its load waits until GO appears beside model.py (a hung load, until the test lets it go).
+LOAD_GATED = """
+    import time
+
+    class Model:
+        def load(self, context):
+            deadline = time.monotonic() + 100  # under --load-timeout-secs' 120
+            while not (context.version_path / "GO").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"] + 1}
+"""
+
+
+def _state(url: str, model: str) -> str | None:
+    return _index(url)[model].get("state")
+
+
+def test_a_hung_load_holds_back_no_other_models_load(tmp_path):
+    repository = _repository(tmp_path / "repository")
+    write_model(repository, "hung", vector_config(size=4), LOAD_GATED)
+    with running_server(repository, tmp_path, *FLAGS) as server, ThreadPoolExecutor(1) as pool:
+        hung = pool.submit(_infer, server.url, "hung")
+        wait_for(lambda: _state(server.url, "hung") == "LOADING", what="hung to load")
+        assert _infer(server.url, "a").status_code == 200  # cold, loaded meanwhile
+        assert _state(server.url, "hung") == "LOADING"
+        (repository / "hung" / "1" / "GO").touch()
+        assert hung.result(timeout=120).status_code == 200
+
+
+def test_an_ensemble_and_its_steps_become_resident_as_one(tmp_path):
+    """While an ensemble's second step loads, a cold model's load makes room: it evicts
+    an idle model, never the first step (the least recently used) that the ensemble is
+    about to need."""
+    repository = _repository(tmp_path / "repository")
+    write_model(repository, "second", vector_config(size=4), LOAD_GATED)
+    steps = (
+        '[[step]]\nmodel = "a"\ninput_map = { INPUT = "IN" }\noutput_map = { OUTPUT = "MID" }\n'
+        '[[step]]\nmodel = "second"\ninput_map = { INPUT = "MID" }\noutput_map = { OUTPUT = "OUT" }'
+    )
+    write_model(repository, "pipeline", ensemble_head(8) + steps, None)
+    body = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+    flags = ("--model-control-mode", "on-demand", "--host-memory-budget", "240M")
+    with running_server(repository, tmp_path, *flags) as server:
+        for model in ("a", "b"):  # a is the least recently used
+            assert _infer(server.url, model).status_code == 200
+        sent = 4
+        with ThreadPoolExecutor(sent) as pool:
+            answers = [
+                pool.submit(
+                    httpx.post, f"{server.url}/v2/models/pipeline/infer", json=body, timeout=120
+                )
+                for _ in range(sent)
+            ]
+            wait_for(lambda: _state(server.url, "second") == "LOADING", what="the second step")
+            assert _infer(server.url, "c").status_code == 200  # a third of the budget's room
+            (repository / "second" / "1" / "GO").touch()
+            codes = [answer.result(timeout=120).status_code for answer in answers]
+        assert codes == [200] * sent, [answer.result().text for answer in answers]
+        index = _index(server.url)
+        assert index["b"]["reason"].endswith("for 'c'")
+        assert index["a"]["state"] == index["pipeline"]["state"] == "READY"
+
+
+# Its load fails, after noting it in the file its parameters name.
+FAILS_TO_LOAD = """
+    from pathlib import Path
+
+    class Model:
+        def load(self, context):
+            with Path(context.config.parameters["log"]).open("a") as log:
+                log.write("load\\n")
+            raise RuntimeError("the weights are missing")
+
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"]}
+"""
+
+
+def test_a_failed_load_is_remembered_until_its_files_change_or_it_is_loaded(tmp_path):
+    repository = _repository(tmp_path / "repository")
+    loads = tmp_path / "loads.log"
+    config = vector_config(size=4, extra=f'[parameters]\nlog = "{loads}"')
+    folder = write_model(repository, "broken", config, FAILS_TO_LOAD)
+    flags = ("--model-control-mode", "on-demand")
+
+    def count() -> int:
+        return loads.read_text().count("load\n")
+
+    def refused() -> None:
+        answer = _infer(server.url, "broken")
+        assert answer.status_code == 404, answer.text
+        assert "RuntimeError: the weights are missing" in answer.json()["error"]
+
+    with running_server(repository, tmp_path, *flags) as server:
+        for _ in range(10):
+            refused()
+        assert count() == 1
+        (folder / "1" / "model.py").write_text(textwrap.dedent(FAILS_TO_LOAD) + "\n# edited\n")
+        for _ in range(3):
+            refused()
+        assert count() == 2  # its files changed: tried once more
+        answer = httpx.post(f"{server.url}/v2/repository/models/broken/load")
+        assert answer.status_code == 400 and "weights are missing" in answer.text
+        refused()
+        assert count() == 3  # the operator's load is tried, whatever is remembered

@@ -106,3 +106,21 @@ def test_footprints_read_as_triton_memory_usage():
     assert Footprint(5, {1: 7}).usage() == [MemoryUsage("CPU", 0, 5), MemoryUsage("GPU", 1, 7)]
     assert Footprint(1, {0: 2}) + Footprint(3, {0: 4, 1: 5}) == Footprint(4, {0: 6, 1: 5})
     assert describe_footprint(Footprint(84 << 20, {0: 3 << 30})) == "84 MiB, 3.0 GiB on GPU 0"
+
+
+def test_a_name_never_loaded_keeps_nothing_once_its_requests_end():
+    residency = Residency(on_demand=True, clock=lambda: 1.0)
+    for _ in range(2):
+        residency.begin("made-up")
+    residency.end("made-up")
+    assert residency.busy("made-up")  # one request still in progress
+    residency.end("made-up")
+    assert residency.last_used == {} and residency.active == {}
+
+
+def test_a_loaded_model_held_in_use_stays_known_after():
+    residency = Residency(on_demand=True, clock=lambda: 2.0)
+    residency.loaded("real", Footprint(10), 0.1)
+    with residency.in_use(["real", "step"]):
+        assert residency.busy("real") and residency.busy("step")
+    assert residency.active == {} and residency.last_used == {"real": 2.0}
