@@ -26,7 +26,7 @@ from reposerve.errors import InstanceError, InvalidInput, ProtocolError, Reposer
 from reposerve.front_service import FrontService
 from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import RETRY_AFTER, STATUS, error_body
-from reposerve.http.infer import Disconnected, InferEndpoint, error_reply
+from reposerve.http.infer import Disconnected, InferEndpoint, error_reply, wait_for_disconnect
 from reposerve.protocol.generate import encode_generate
 
 log = logging.getLogger("reposerve.http")
@@ -166,11 +166,6 @@ async def _send_error_event(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send(_event(error_body(message)))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def _event(document: bytes) -> dict:
