@@ -182,13 +182,14 @@ class SequenceBatcher:
         call_depth: int,
         stream: LeaseStream | None,
     ) -> asyncio.Task:
-        """The task running an admitted request. One cancelled before it ever ran (its
-        caller left at once) is counted out here, since ``_run`` never saw it."""
+        """The task running an admitted request, under its timeout while its sequence
+        has no slot (``_deadline``). One cancelled before it ever ran (its caller left at
+        once) is counted out here, since ``_run`` never saw it."""
         entered: list[bool] = []
         deadline = self._deadline(sequence, request)
         task = asyncio.ensure_future(self._run(sequence, request, call_depth, stream, entered))
 
-        def never_ran(done: asyncio.Task) -> None:
+        def ended(done: asyncio.Task) -> None:
             if deadline is not None:
                 deadline.cancel()
             if not entered:
@@ -197,7 +198,7 @@ class SequenceBatcher:
                 if stream is not None:
                     stream.end(None)
 
-        task.add_done_callback(never_ran)
+        task.add_done_callback(ended)
         return task
 
     async def drain(self) -> None:
@@ -450,7 +451,8 @@ class SequenceBatcher:
         "Sequence Batcher with Direct Scheduling Strategy"): the timeout applies only to
         the requests of sequences not yet given a batch slot; when it passes, the request,
         its sequence and the sequence's requests received are terminated. Once a sequence
-        has its slot, its requests' timeouts no longer count (``_prepared`` drops them)."""
+        has its slot, its requests' timeouts no longer count (``_prepared`` drops them).
+        Triton names the direct strategy; both strategies share this one backlog here."""
         if not request.timeout_us or sequence.lane is not None:
             return None
         return self._clock.call_later(
