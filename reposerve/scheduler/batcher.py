@@ -263,7 +263,15 @@ class Scheduler:
                 return
             if staged and not plan.full:
                 return  # a batch that can still grow waits for an instance to be free
-            self._launch(instance, self._take(head[: plan.count]), rerun=False)
+            chosen = head[: plan.count]
+            if staged and any(item.timer is not None for item in chosen):
+                # A staged batch is in the instance's hands and runs whenever it comes
+                # up; a request's timeout holds only while it is queued. So a batch with
+                # a deadline in it waits here for a free instance, as every batch does in
+                # Triton, whose queue policy rejects a request that times out before its
+                # batch goes to an instance (model_config.proto, ModelQueuePolicy).
+                return
+            self._launch(instance, self._take(chosen), rerun=False)
 
     def _free_instance(self, staged: bool) -> Executor | None:
         """The least busy instance that takes a batch now (or, ``staged``, next)."""

@@ -4,6 +4,10 @@ that form under load, and instance groups placed and budgeted as configured."""
 from __future__ import annotations
 
 import asyncio
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import msgspec
@@ -12,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.server import SERVE_BROKEN, start_server
+from tests.server import SERVE_BROKEN, running_server, start_server
 from tests.toy_models import PLUS_ONE, SLOW, vector_config, write_model
 
 pytestmark = pytest.mark.e2e
@@ -177,3 +181,79 @@ def test_priority_and_timeout_parameters_reach_the_scheduler(server):
         f"{server.url}/v2/models/plus_one/infer", content=msgspec.json.encode(body)
     )
     assert response.status_code == 200
+
+
+# Notes each row it runs (its first value) in EXECUTED, then holds a batch holding a 1
+# until GO appears (STARTED says it is held).
+GATED_RECORDS = """
+    import time
+
+    class Model:
+        def load(self, context):
+            self.folder = context.version_path
+
+        def execute(self, inputs):
+            values = inputs["INPUT"][:, 0]
+            with (self.folder / "EXECUTED").open("a") as log:
+                log.write("".join(f"{value:g}\\n" for value in values))
+            if 1 in values:
+                (self.folder / "STARTED").touch()
+                while not (self.folder / "GO").exists():
+                    time.sleep(0.01)
+            return {"OUTPUT": inputs["INPUT"] * 2}
+"""
+
+
+def _wait(predicate: Callable[[], bool], limit: float = 20.0) -> bool:
+    """Whether ``predicate`` came true before ``limit`` seconds (a hang detector)."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _pending(server, model: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    found = re.search(
+        rf'^nv_inference_pending_request_count{{model="{model}",.*}} (\S+)$', text, re.M
+    )
+    return float(found[1]) if found else 0.0
+
+
+def test_a_request_that_times_out_behind_a_running_batch_never_runs(repository, tmp_path):
+    """Behind a held batch, a full batch forms from a request with a 5 s timeout and one
+    without (the instance could take it as its next, staged): the first times out and
+    never runs, the other runs once the instance is free, with the rest of the queue."""
+    folder = write_model(
+        repository, "gated", vector_config(size=2, max_batch=2, extra="[dynamic_batching]"),
+        GATED_RECORDS,
+    )  # fmt: skip
+    version = folder / "1"
+    with running_server(repository, tmp_path) as server, ThreadPoolExecutor(8) as pool:
+
+        def send(value: float, timeout_us: int | None) -> httpx.Response:
+            body = _body(np.full((1, 2), value, np.float32))
+            if timeout_us is not None:
+                body["parameters"] = {"timeout": timeout_us}
+            return httpx.post(f"{server.url}/v2/models/gated/infer", json=body, timeout=120)
+
+        sent = {1.0: pool.submit(send, 1.0, None)}
+        assert _wait(lambda: (version / "STARTED").exists())
+        # One at a time, each queued before the next (well within the 5 s): 10 and 20 make
+        # the full batch.
+        for value, timeout_us in ((10.0, 5_000_000), (20.0, None), (30.0, 5_000_000), (40.0, None)):
+            sent[value] = pool.submit(send, value, timeout_us)
+            assert _wait(lambda: _pending(server, "gated") >= len(sent) - 1)
+        # Both time out while the first batch is held (a hang detector bounds the wait).
+        _wait(lambda: sent[10.0].done() and sent[30.0].done())
+        (version / "GO").touch()
+        answers = {value: future.result() for value, future in sent.items()}
+    for value in (10.0, 30.0):
+        assert answers[value].status_code == 503, answers[value].text
+        assert "timed out in the queue" in answers[value].json()["error"]
+    for value in (1.0, 20.0, 40.0):
+        assert answers[value].status_code == 200, answers[value].text
+    executed = sorted(float(line) for line in (version / "EXECUTED").read_text().split())
+    assert executed == [1.0, 20.0, 40.0]

@@ -282,6 +282,31 @@ def test_a_busy_instance_takes_a_full_batch_to_run_next_but_not_one_that_can_gro
     run(body)
 
 
+def test_a_full_batch_holding_a_deadline_is_not_staged_and_its_expired_request_never_runs():
+    async def body():
+        scheduler, (instance,), clock = scenario(
+            "max_queue_delay_microseconds = 0", max_batch=2, staging=1
+        )
+        running = scheduler.submit(make_request([[0, 0]]))
+        await turn()
+        expiring = scheduler.submit(make_request([[1, 1]], timeout_us=500))
+        patient = scheduler.submit(make_request([[2, 2]]))
+        await turn()
+        assert len(instance.batches) == 1  # full, but a deadline in it: it stays queued
+        clock.advance(600 * US)
+        await turn()
+        with pytest.raises(SchedulerError, match="timed out in the queue after 600 us"):
+            expiring.result()
+        instance.finish()
+        await turn()
+        assert instance.batches[1].tolist() == [[2, 2]]  # the rest of the batch runs
+        instance.finish()
+        await turn()
+        assert [lease_value(f).tolist() for f in (running, patient)] == [[[0, 0]], [[2, 2]]]
+
+    run(body)
+
+
 def test_a_batch_handed_back_unstarted_runs_next_and_fails_nobody():
     async def body():
         scheduler, (instance,), _ = scenario(None, staging=1)
