@@ -8,8 +8,10 @@ body, in shared memory, and in responses, so moving a tensor is a memcpy.
 
 from __future__ import annotations
 
+import itertools
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -36,6 +38,8 @@ TRITON_CONFIG_TYPES: dict[str, str] = {
     name: ("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}") for name in DATATYPES
 }
 
+T = TypeVar("T")
+
 _LENGTH = struct.Struct("<I")
 BYTES_LENGTH_SIZE = _LENGTH.size
 
@@ -52,56 +56,170 @@ def element_count(shape: Iterable[int]) -> int:
     return count
 
 
-def bytes_offsets(raw: bytes | memoryview, count: int) -> list[int]:
-    """Start offsets of ``count`` BYTES elements in ``raw``, plus the end offset.
+# The most elements one C-level loop (a map, a join, a list made an array) goes over: such
+# a loop holds the GIL throughout, so over millions of elements every other thread (the
+# front's event loop, answering health checks) would wait; between chunks they get turns.
+C_LOOP_CHUNK = 1 << 16
+
+
+def chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most C_LOOP_CHUNK."""
+    return (items[start : start + C_LOOP_CHUNK] for start in range(0, len(items), C_LOOP_CHUNK))
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _int64(values: list[int]) -> np.ndarray:
+    return np.concatenate([np.array(part, np.int64) for part in chunks(values)] or [_NONE])
+
+
+# After this many elements of one length in a row, the walk checks the rest of the run
+# with numpy; shorter runs are walked in Python, one element at a time as they always
+# were (irregular data costs about what it did, a flood of equal elements one numpy pass).
+RUN_PROBE = 32
+
+
+class ByteRuns:
+    """Where ``count`` BYTES elements lie in their wire bytes, as runs of consecutive
+    elements of one length: run ``r`` holds ``counts[r]`` elements of ``lengths[r]``
+    bytes each, the first framed at ``starts[r]``. A flood of equal elements (16 Mi empty
+    ones, say) is one run, found and read back without a Python step per element."""
+
+    __slots__ = ("count", "end", "starts", "lengths", "counts", "firsts")
+
+    def __init__(self, count: int, end: int, singles: list[int], runs: list[int]) -> None:
+        """``singles``: where each element outside runs is framed; ``runs``: start, length
+        and count of each run, flat."""
+        self.count = count
+        self.end = end  # where element ``count`` would start
+        table = np.reshape(_int64(runs), (-1, 3))
+        alone = len(singles)
+        starts = np.concatenate([_int64(singles), table[:, 0]])
+        order = np.argsort(starts, kind="stable")  # two ascending lists, merged
+        self.starts = starts[order]
+        self.counts = np.concatenate([np.ones(alone, np.int64), table[:, 2]])[order]
+        lengths = np.concatenate([np.full(alone, -1, np.int64), table[:, 1]])[order]
+        # An element outside runs lasts until the next one is framed.
+        following = np.append(self.starts[1:], self.end)
+        self.lengths = np.where(lengths < 0, following - self.starts - BYTES_LENGTH_SIZE, lengths)
+        self.firsts = np.cumsum(self.counts) - self.counts  # each run's first element
+
+    def offset(self, index: int) -> int:
+        """Where element ``index`` is framed (``count``: the end of the data)."""
+        if index >= self.count:
+            return self.end
+        run = int(np.searchsorted(self.firsts, index, side="right")) - 1
+        step = BYTES_LENGTH_SIZE + int(self.lengths[run])
+        return int(self.starts[run]) + (index - int(self.firsts[run])) * step
+
+    def elements(self, raw: bytes | memoryview) -> np.ndarray:
+        """The elements as a flat object array of ``bytes``: a long run in one numpy step,
+        the rest sliced by C iterators (``map``), no Python step per element."""
+        data = np.frombuffer(raw, np.uint8)
+        array = np.empty(self.count, dtype=object)
+        long = self.counts >= RUN_PROBE
+        for start, length, first, count in zip(
+            self.starts[long].tolist(), self.lengths[long].tolist(),
+            self.firsts[long].tolist(), self.counts[long].tolist(), strict=True,
+        ):  # fmt: skip
+            if length == 0:
+                array[first : first + count] = b""  # a void dtype has no size 0
+                continue
+            step = BYTES_LENGTH_SIZE + length
+            payloads = np.ndarray((count,), f"V{length}", data, start + BYTES_LENGTH_SIZE, (step,))
+            array[first : first + count] = payloads.tolist()  # bytes, NULs kept
+        run, within = self._members(np.flatnonzero(~long))
+        lengths = self.lengths[run]
+        begins = self.starts[run] + within * (BYTES_LENGTH_SIZE + lengths) + BYTES_LENGTH_SIZE
+        view = memoryview(raw)
+        pieces = map(view.__getitem__, map(slice, begins.tolist(), (begins + lengths).tolist()))
+        array[self.firsts[run] + within] = list(map(bytes, pieces))
+        return array
+
+    def _members(self, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each element of ``runs`` (run indices, ascending): its run, its place in it."""
+        counts = self.counts[runs]
+        run = np.repeat(runs, counts)
+        before = np.repeat(np.cumsum(counts) - counts, counts)
+        return run, np.arange(len(run), dtype=np.int64) - before
+
+
+def byte_runs(raw: bytes | memoryview, count: int) -> ByteRuns:
+    """The framing of ``count`` BYTES elements in ``raw``, checked.
 
     Raises ValueError when ``raw`` does not hold exactly ``count`` well-framed elements,
-    so a lying length prefix can never make us read past the buffer.
+    so a lying length prefix can never make us read past the buffer. Once RUN_PROBE
+    elements in a row had one length, the run goes on with numpy comparisons over the
+    length fields where the next elements would be (in windows that double, so a run
+    costs about its own size); irregular stretches are walked in Python.
     """
-    offsets = [0]
-    position = 0
-    end = len(raw)
+    data = np.frombuffer(raw, np.uint8)
+    end = len(data)
     unpack = _LENGTH.unpack_from
-    for _ in range(count):
+    singles: list[int] = []
+    runs: list[int] = []
+    position = done = same = 0
+    previous = -1
+    while done < count:
         if position + BYTES_LENGTH_SIZE > end:
-            raise ValueError(f"holds fewer than {count} elements ({len(offsets) - 1} found)")
-        (length,) = unpack(raw, position)
-        position += BYTES_LENGTH_SIZE + length
-        if position > end:
-            raise ValueError(
-                f"element {len(offsets) - 1} claims {length} bytes, past the end of the data"
-            )
-        offsets.append(position)
+            raise ValueError(f"holds fewer than {count} elements ({done} found)")
+        (length,) = unpack(data, position)
+        step = BYTES_LENGTH_SIZE + length
+        if position + step > end:
+            raise ValueError(f"element {done} claims {length} bytes, past the end of the data")
+        same = same + 1 if length == previous else 0
+        previous = length
+        if same < RUN_PROBE:
+            singles.append(position)
+            position += step
+            done += 1
+            continue
+        run = _run_length(data, position, length, min(count - done, (end - position) // step))
+        runs += (position, length, run)
+        position += run * step
+        done += run
+        same = 0
     if position != end:
         raise ValueError(f"has {end - position} bytes left over after {count} elements")
-    return offsets
+    return ByteRuns(count, end, singles, runs)
+
+
+def _run_length(data: np.ndarray, position: int, length: int, most: int) -> int:
+    """How many of the (at most ``most``) elements framed every ``4 + length`` bytes from
+    ``position`` carry ``length``: the first does."""
+    step = BYTES_LENGTH_SIZE + length
+    run, window = 1, RUN_PROBE
+    while run < most:
+        window = min(2 * window, most - run)
+        fields = np.ndarray((window,), "<u4", data, position + run * step, (step,))
+        differs = np.flatnonzero(fields != length)
+        if len(differs):
+            return run + int(differs[0])
+        run += window
+    return run
 
 
 def pack_bytes(items: Iterable[bytes]) -> bytes:
-    """Frame BYTES elements in the wire format."""
-    parts: list[bytes] = []
-    for item in items:
-        parts.append(_LENGTH.pack(len(item)))
-        parts.append(item)
-    return b"".join(parts)
+    """Frame BYTES elements in the wire format (C iterators, a chunk at a time)."""
+    items = items if isinstance(items, Sequence) else list(items)
+    return b"".join(map(_pack_chunk, chunks(items)))
+
+
+def _pack_chunk(items: Sequence[bytes]) -> bytes:
+    lengths = map(_LENGTH.pack, map(len, items))
+    return b"".join(itertools.chain.from_iterable(zip(lengths, items, strict=True)))
 
 
 def unpack_bytes(raw: bytes | memoryview, count: int) -> list[bytes]:
     """The ``count`` elements framed in ``raw`` as bytes objects (validated)."""
-    offsets = bytes_offsets(raw, count)
-    view = memoryview(raw)
-    return [
-        bytes(view[start + BYTES_LENGTH_SIZE : stop])
-        for start, stop in zip(offsets, offsets[1:], strict=False)
-    ]
+    return byte_runs(raw, count).elements(raw).tolist()
 
 
 def to_numpy(datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> np.ndarray:
     """A numpy array over wire bytes: a view for fixed-size types, objects for BYTES."""
     if datatype == "BYTES":
-        array = np.empty(element_count(shape), dtype=object)
-        array[:] = unpack_bytes(raw, array.size)
-        return array.reshape(shape)
+        return byte_runs(raw, element_count(shape)).elements(raw).reshape(shape)
     return np.frombuffer(raw, dtype=NUMPY_DTYPES[datatype]).reshape(shape)
 
 

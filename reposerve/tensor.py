@@ -6,7 +6,7 @@ import os
 
 import msgspec
 
-from reposerve.datatypes import bytes_offsets, element_count, item_size
+from reposerve.datatypes import byte_runs, element_count, item_size
 
 
 class FileUnreadable(OSError):
@@ -70,11 +70,13 @@ def split_batch(tensor: Tensor, sizes: list[int]) -> list[Tensor]:
     raw = tensor.raw
     pieces: list[Tensor] = []
     if tensor.datatype == "BYTES":
-        offsets = bytes_offsets(raw, tensor.shape[0] * per_item)
+        runs = byte_runs(raw, tensor.shape[0] * per_item)
         first = 0
         for size in sizes:
             last = first + size * per_item
-            pieces.append(Tensor("BYTES", (size, *rest), raw[offsets[first] : offsets[last]]))
+            pieces.append(
+                Tensor("BYTES", (size, *rest), raw[runs.offset(first) : runs.offset(last)])
+            )
             first = last
         return pieces
     stride = per_item * item_size(tensor.datatype)

@@ -7,6 +7,7 @@ in the body, so a lying shape or length costs nothing.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ import msgspec
 import numpy as np
 
 from reposerve.config import ModelConfig, TensorConfig
-from reposerve.datatypes import NUMPY_DTYPES, bytes_offsets, element_count, pack_bytes
+from reposerve.datatypes import NUMPY_DTYPES, byte_runs, chunks, element_count, pack_bytes
 from reposerve.errors import ProtocolError
 from reposerve.protocol.classification import UNRANKED
 from reposerve.protocol.shared_memory import (
@@ -295,7 +296,7 @@ def _shared_input(
     else:
         try:
             raw = raw.read()
-            bytes_offsets(raw, count)
+            byte_runs(raw, count)
         except FileUnreadable as exc:
             raise ProtocolError(str(exc)) from None
         except ValueError as exc:
@@ -309,7 +310,7 @@ def _shared_input(
 def _check_binary(datatype: str, raw: memoryview, count: int, shape: tuple, where: str) -> None:
     if datatype == "BYTES":
         try:
-            bytes_offsets(raw, count)
+            byte_runs(raw, count)
         except ValueError as exc:
             raise ProtocolError(f"{where}: BYTES data for shape {list(shape)} {exc}") from exc
         return
@@ -321,10 +322,26 @@ def _check_binary(datatype: str, raw: memoryview, count: int, shape: tuple, wher
         )
 
 
+def _holds_lists(values: list) -> bool:
+    return any(map(isinstance, values, itertools.repeat(list)))
+
+
+def _holds_values(values: list) -> bool:
+    return not all(map(isinstance, values, itertools.repeat(list)))
+
+
 def _flatten(data: Any, where: str) -> list:
+    """The values of nested JSON arrays, in order. Levels that hold lists only are
+    flattened by C iterators (no Python step per element); a level mixing lists and
+    values is walked."""
     if not isinstance(data, list):
         raise ProtocolError(f"{where}: data must be a JSON array")
-    if not any(isinstance(element, list) for element in data):
+    while data and not any(map(_holds_values, chunks(data))):
+        level: list = []
+        for part in chunks(data):
+            level.extend(itertools.chain.from_iterable(part))
+        data = level
+    if not any(map(_holds_lists, chunks(data))):
         return data
     flat: list = []
     stack = [iter(data)]
@@ -361,11 +378,15 @@ def _json_to_wire(item: _InputHeader, count: int, where: str) -> bytes:
     if item.datatype == "BYTES":
         flat = _flatten(item.data, where)
         _check_count(len(flat), count, item, where)
-        if not all(isinstance(element, str) for element in flat):
+        encoded: list[bytes] = []
+        try:
+            for part in chunks(flat):  # C loops, a chunk at a time (see C_LOOP_CHUNK)
+                encoded.extend(map(str.encode, part))
+        except TypeError:  # a value that is not a string
             raise ProtocolError(
                 f"{where}: BYTES data in JSON must be strings ({json_type_error('BYTES')})"
-            )
-        return pack_bytes(element.encode() for element in flat)
+            ) from None
+        return pack_bytes(encoded)
     if item.datatype == "BF16":
         raise ProtocolError(f"{where}: BF16 data must be sent as binary tensor data")
     if not isinstance(item.data, list):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import struct
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -10,8 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import reposerve
 from reposerve.config import parse_model_config
-from reposerve.datatypes import bytes_offsets, pack_bytes, to_numpy, unpack_bytes
+from reposerve.datatypes import (
+    RUN_PROBE,
+    byte_runs,
+    pack_bytes,
+    to_numpy,
+    unpack_bytes,
+)
 from reposerve.errors import ProtocolError
 from reposerve.protocol.request import decode_request
 from reposerve.protocol.response import encode_response
@@ -44,16 +54,110 @@ CONFIG = parse_model_config(
 def test_bytes_framing_round_trips(items):
     raw = pack_bytes(items)
     assert unpack_bytes(raw, len(items)) == items
-    assert len(bytes_offsets(raw, len(items))) == len(items) + 1
+    assert byte_runs(raw, len(items)).offset(len(items)) == len(raw)
 
 
 @given(st.binary(max_size=64), st.integers(0, 10**12))
 def test_bytes_framing_never_reads_past_the_end(raw, count):
     try:
-        offsets = bytes_offsets(raw, count)
+        runs = byte_runs(raw, count)
     except ValueError:
         return
-    assert offsets[-1] == len(raw)
+    assert runs.offset(count) == len(raw) and int(runs.counts.sum()) == count
+
+
+def _walked(raw: bytes, count: int) -> list[int] | str:
+    """The framing read one element at a time (the oracle): offsets, or what is wrong."""
+    offsets, position = [0], 0
+    for index in range(count):
+        if position + 4 > len(raw):
+            return f"holds fewer than {count} elements ({index} found)"
+        (length,) = struct.unpack_from("<I", raw, position)
+        position += 4 + length
+        if position > len(raw):
+            return f"element {index} claims {length} bytes, past the end of the data"
+        offsets.append(position)
+    if position != len(raw):
+        return f"has {len(raw) - position} bytes left over after {count} elements"
+    return offsets
+
+
+# Elements in runs of one length, long and short, with a lying tail now and then.
+_RUNS = st.lists(st.tuples(st.binary(max_size=5), st.integers(1, 3 * RUN_PROBE)), max_size=6).map(
+    lambda runs: [item for item, times in runs for _ in range(times)]
+)
+
+
+@given(_RUNS, st.integers(-2, 2), st.binary(max_size=6))
+def test_runs_read_the_framing_as_a_walk_one_element_at_a_time_does(items, extra, tail):
+    raw = pack_bytes(items) + tail
+    count = max(len(items) + extra, 0)
+    expected = _walked(raw, count)
+    try:
+        runs = byte_runs(raw, count)
+    except ValueError as exc:
+        assert str(exc) == expected
+        return
+    assert [runs.offset(index) for index in range(count + 1)] == expected
+    assert runs.elements(raw).tolist() == [
+        raw[start + 4 : stop] for start, stop in zip(expected, expected[1:], strict=False)
+    ]
+
+
+def _lines_run(work: Callable[[], object]) -> int:
+    """Lines of reposerve's own code that ``work`` runs (a hook of another package, as
+    hypothesis's on garbage collection, does not count)."""
+    package = str(Path(reposerve.__file__).parent)
+    lines = 0
+
+    def trace(frame, event, arg):
+        nonlocal lines
+        if not frame.f_code.co_filename.startswith(package):
+            return None
+        lines += event == "line"
+        return trace
+
+    sys.settrace(trace)
+    try:
+        work()
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+@pytest.mark.parametrize("item", [b"", b"token-17"])
+def test_a_flood_of_equal_elements_takes_no_python_step_per_element(item):
+    """16 Mi empty elements walked in Python held the GIL for seconds: the front's event
+    loop (health checks) waited, whichever thread walked. A run of equal elements is
+    checked and read back by numpy: the Python lines run do not grow with the count."""
+    count = 1 << 18
+    raw = pack_bytes([item] * count)
+    lines = _lines_run(lambda: byte_runs(raw, count).elements(raw))
+    assert lines < 50 * RUN_PROBE  # the first RUN_PROBE elements, then numpy
+    assert unpack_bytes(raw, count) == [item] * count
+    tensor = Tensor("BYTES", (count, 1), memoryview(raw))
+    assert _lines_run(lambda: split_batch(tensor, [count // 2, count // 2])) < 100 * RUN_PROBE
+
+
+def test_json_bytes_data_is_framed_without_a_python_step_per_element():
+    count = 1 << 16
+    body = msgspec.json.encode(
+        {"inputs": [{"name": "V", "shape": [count, 1], "datatype": "BYTES",
+                     "data": [[""]] * count}]}
+    )  # fmt: skip
+    config = parse_model_config(
+        '[[input]]\nname = "V"\ndatatype = "BYTES"\nshape = [-1, 1]\n'
+        '[[output]]\nname = "W"\ndatatype = "FP32"\nshape = [1]\n',
+        "m/config.toml",
+    )
+    request = None
+
+    def decode() -> None:
+        nonlocal request
+        request = decode_request(body, None, config, "m")
+
+    assert _lines_run(decode) < 1000
+    assert bytes(request.inputs["V"].raw) == bytes(4 * count)
 
 
 def _binary_body(header: dict, payload: bytes) -> tuple[bytes, int]:
