@@ -130,12 +130,12 @@ def tune(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.write and args.url:
         parser.error("--write needs --model-repository (the folder to write to)")
-    for number in STOPPING:
-        signal.signal(number, _interrupt)
     repository = None if args.url else (args.model_repository or Path("model_repository"))
     out = args.out or Path("tune-out") / args.model
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()  # the budget counts the server's start too
+    for number in STOPPING:
+        signal.signal(number, _interrupt)
     try:
         with _server(args.url, repository, args.model, out) as client:
             results, recommendations = _run(args, client, repository, started)
