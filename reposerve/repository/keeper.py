@@ -192,13 +192,15 @@ class BudgetKeeper:
 
     def _residents(self, exclude: str) -> list[Resident]:
         """The resident models, and the loads under way (by the room made for them, which
-        no one may take) but another of ``exclude``."""
+        no one may take) but another of ``exclude``. A load whose model already serves
+        (its version READY, the load not yet returned) counts once, as a resident."""
+        serving = self._serving()
         loads = [
             Resident(load.name, load.needed, 0.0, busy=False, pinned=False, protected="loading")
             for load in self._loads
-            if load.name != exclude
+            if load.name != exclude and load.name not in serving
         ]
-        return residents_of(self._serving(), self.residency, exclude) + loads
+        return residents_of(serving, self.residency, exclude) + loads
 
     async def _measure(self, serving: Serving | None = None) -> dict[str, Footprint]:
         """The footprints of ``serving`` (every resident model by default) now, measured

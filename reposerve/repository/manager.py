@@ -343,16 +343,26 @@ class Repository:
                 if any(step.model == name for step in version.config.step):
                     version.lost_step(f"its step model '{name}' was unloaded")
         if dependents:
-            used = {
-                step.model
-                for other in self._models.values()
-                for version in other.versions.values()
-                if not version.unloaded
-                for step in version.config.step
-            }
-            for step in sorted(steps - used):
-                if step in self._models and not (spare_in_use and self.residency.busy(step)):
+            # Each step checked as it is reached, not once before: an unload awaits, and
+            # an ensemble that loads again meanwhile (a request for it came back) uses the
+            # steps it found serving.
+            for step in sorted(steps):
+                if (
+                    step in self._models
+                    and step not in self._steps_in_use()
+                    and not (spare_in_use and self.residency.busy(step))
+                ):
                     await self.unload(step, deadline, dependents=True, spare_in_use=spare_in_use)
+
+    def _steps_in_use(self) -> set[str]:
+        """The steps of every ensemble version not unloaded (serving, or loading)."""
+        return {
+            step.model
+            for model in self._models.values()
+            for version in model.versions.values()
+            if not version.unloaded
+            for step in version.config.step
+        }
 
     def describe(self, name: str) -> tuple[str, ModelConfig, list[int]]:
         """``name`` when it is not loaded: its backend, config and versions as its last

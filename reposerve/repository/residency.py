@@ -111,8 +111,10 @@ def residents_of(
         if name == exclude or name in in_units:
             continue
         ensemble = any(v.pipeline for v in versions)
-        steps = [s for s, used in users.items() if used == [name]] if ensemble else []
-        members = [name, *steps]
+        # Steps not resident (one an eviction took, loading again) hold nothing here: a
+        # load under way counts by its own room, and a stale footprint would count twice.
+        steps = [s for s, used in users.items() if used == [name] and s in serving]
+        members = [name, *steps] if ensemble else [name]
         residents.append(
             Resident(
                 name,

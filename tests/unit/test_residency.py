@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from reposerve.arguments import parse_budget
 from reposerve.repository.footprints import Footprint
+from reposerve.repository.keeper import BudgetKeeper, Loading
 from reposerve.repository.residency import (
     Residency,
     Resident,
     choose_victims,
     describe_footprint,
     refusal,
+    residents_of,
 )
 from reposerve.statistics import MemoryUsage
 
@@ -124,3 +128,41 @@ def test_a_loaded_model_held_in_use_stays_known_after():
     with residency.in_use(["real", "step"]):
         assert residency.busy("real") and residency.busy("step")
     assert residency.active == {} and residency.last_used == {"real": 2.0}
+
+
+def _version(steps=(), busy=False):
+    """What eviction reads of a READY version: its steps, pipeline, scheduler, pinning."""
+    config = SimpleNamespace(
+        step=[SimpleNamespace(model=step) for step in steps],
+        lifecycle=SimpleNamespace(pinned=False),
+    )
+    return SimpleNamespace(
+        config=config, pipeline=bool(steps), scheduler=SimpleNamespace(busy=busy)
+    )
+
+
+MIB = 1 << 20
+# An ensemble resident with one of its two steps: the other was evicted (its footprint as
+# last measured stays in the book) and is loading again for the ensemble's request.
+PAIR_MISSING_A_STEP = {"pair": [_version(steps=("w0", "w1"))], "w0": [_version()]}
+
+
+def _book() -> Residency:
+    residency = Residency(host_budget=parse_budget("230M"), on_demand=True)
+    residency.footprints.update(w0=Footprint(67 * MIB), w1=Footprint(67 * MIB))
+    return residency
+
+
+def test_an_ensembles_unit_holds_only_the_steps_that_are_resident():
+    [pair] = residents_of(PAIR_MISSING_A_STEP, _book(), exclude="w2")
+    assert pair.name == "pair" and pair.held == Footprint(67 * MIB)
+
+
+def test_a_load_whose_model_already_serves_counts_once():
+    """A load returns a moment after its version is READY: meanwhile the model counts as
+    a resident, not a second time by the room made for its load."""
+    serving = {"w1": [_version()]}
+    keeper = BudgetKeeper(_book(), (), lambda: serving, unload=None)
+    keeper._loads += [Loading("w1", Footprint(67 * MIB)), Loading("w3", Footprint(67 * MIB))]
+    held = {(r.name, r.protected): r.held for r in keeper._residents(exclude="w2")}
+    assert held == {("w1", None): Footprint(67 * MIB), ("w3", "loading"): Footprint(67 * MIB)}

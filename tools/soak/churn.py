@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 
 from tools.bench import servers
-from tools.soak.outcomes import Outcomes, explained
+from tools.soak.outcomes import Outcomes
 
 HOLDER = """
     import numpy as np
@@ -95,11 +95,8 @@ async def churn_client(base: str, running: asyncio.Event, tally: Outcomes, seed:
                 continue
             tally.answered += 1
             kind = "ensemble" if model == "pair" else "on-demand"
-            if reply.status_code != 200:
-                if reason := explained(reply.text):
-                    tally.ok(f"{kind} request failed by a fault: {reason}")
-                else:
-                    tally.problem(f"{kind} request {reply.status_code} {reply.text[:120]}")
+            if reply.status_code != 200:  # no fault here: a neighbour's load is no excuse
+                tally.problem(f"{kind} request {reply.status_code} {reply.text[:160]}")
                 continue
             data = np.array(reply.json()["outputs"][0]["data"], np.float32).reshape(1, 4)
             if np.allclose(data, _expected(model, values)):
@@ -124,4 +121,4 @@ async def unknown_names_client(base: str, running: asyncio.Event, tally: Outcome
             if reply.status_code == 404:
                 tally.ok("unknown model name answered 404")
             else:
-                tally.problem(f"unknown model name: {reply.status_code} {reply.text[:120]}")
+                tally.problem(f"unknown model name: {reply.status_code} {reply.text[:400]}")
