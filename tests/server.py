@@ -164,11 +164,17 @@ def front_calls(server: Server) -> int:
     return int(float(found[1]))
 
 
-def pinned_clients(server: Server) -> dict[int, httpx.Client]:
-    """An HTTP client on one kept-alive connection to each front."""
+def pinned_clients(server: Server, timeout: float = 120.0) -> dict[int, httpx.Client]:
+    """An HTTP client on one kept-alive connection to each front. The fronts share one
+    listening socket: whichever accepts first takes a connection, so on a loaded machine
+    one front may take many in a row; new connections are tried, a moment apart, until
+    both fronts have one (``timeout`` is a hang detector, not a speed bound)."""
     found: dict[int, httpx.Client] = {}
     spare = []
-    for _ in range(60):
+    deadline = time.monotonic() + timeout
+    while len(found) < 2 and time.monotonic() < deadline:
+        if spare:
+            time.sleep(0.05)  # the other front's turn to be scheduled
         client = httpx.Client(
             base_url=server.url, limits=httpx.Limits(max_connections=1), timeout=30
         )
@@ -179,8 +185,6 @@ def pinned_clients(server: Server) -> dict[int, httpx.Client]:
             spare.append(client)
         else:
             found[front] = client
-        if len(found) == 2:
-            break
     for client in spare:
         client.close()
     assert len(found) == 2, "every connection landed on one front"

@@ -108,7 +108,11 @@ def fronts(tmp_path_factory: pytest.TempPathFactory):
     log = root / "count.log"
     write_model(repository, "count", counting_config(log), COUNTING_SYNC)
     server = start_server(repository, root, *TWO_FRONTS)
-    clients = pinned_clients(server)
+    try:
+        clients = pinned_clients(server)
+    except BaseException:  # no server left running into the next tests
+        server.stop()
+        raise
     yield server, clients, log
     for client in clients.values():
         client.close()

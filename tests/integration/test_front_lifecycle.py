@@ -32,22 +32,31 @@ def _fronts(repository: Path) -> FrontWorkers:
     return Server(settings).fronts  # the server's, not started: its fronts alone
 
 
+def _new_children(before: set[int]) -> set[int]:
+    """This process's children but those it had before the test (other tests' servers)."""
+    return set(children_of(os.getpid())) - before
+
+
 def test_a_shutdown_during_the_start_starts_no_more_fronts(repository):
-    async def body() -> list[int]:
+    before = set(children_of(os.getpid()))
+
+    async def body() -> set[int]:
         fronts = _fronts(repository)
         starting = asyncio.create_task(fronts.start(None))
         await asyncio.sleep(0)  # the first front is spawned; the start waits on its link
         fronts.leave()  # what the shutdown does first
         await starting
-        spawned = children_of(os.getpid())
+        spawned = _new_children(before)
         await fronts.wait(30)
         return spawned
 
     assert len(asyncio.run(body())) == 1
-    assert children_of(os.getpid()) == []  # each one reaped
+    assert _new_children(before) == set()  # each one reaped
 
 
 def test_the_shutdown_reaps_a_front_that_had_not_connected_yet(repository):
+    before = set(children_of(os.getpid()))
+
     async def body() -> None:
         fronts = _fronts(repository)
         starting = asyncio.create_task(fronts.start(None))
@@ -56,4 +65,4 @@ def test_the_shutdown_reaps_a_front_that_had_not_connected_yet(repository):
         await starting
 
     asyncio.run(body())
-    assert children_of(os.getpid()) == []  # none left running, none left a zombie
+    assert _new_children(before) == set()  # none left running, none left a zombie
