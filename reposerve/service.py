@@ -62,9 +62,6 @@ from reposerve.utilization import Usage
 
 log = logging.getLogger("reposerve")
 
-# How many times a request for an on-demand model follows it through evictions that
-# overtake it before it fails with the reason (each a load of its own).
-_EVICTIONS_OUTLIVED = 3
 # Request bodies at least this large are decoded in a worker thread, so that walking one
 # (its BYTES elements, its JSON numbers) never stalls the event loop that serves everyone.
 DECODE_IN_THREAD = 1 << 20
@@ -300,7 +297,7 @@ class InferenceService:
         residency = self.repository.residency
         residency.begin(name)  # before its load: a model just loaded for it stays for it
         try:
-            model = await self._serving(name, version)
+            model = await self.repository.serving(name, version)
             claims = self.shared_memory.claims()
             try:
                 return await self._run(model, await decode(model, claims), claims, version)
@@ -315,7 +312,7 @@ class InferenceService:
         decoded now (its errors raise here); the answers come as they are made."""
         in_use = self._in_use(name)
         try:
-            model = await self._serving(name, version)
+            model = await self.repository.serving(name, version)
             request = decode_generate(body, model.config, name)
         except BaseException:
             in_use()
@@ -330,7 +327,7 @@ class InferenceService:
         in_use = self._in_use(name)
         claims = self.shared_memory.claims()
         try:
-            model = await self._serving(name, version)
+            model = await self.repository.serving(name, version)
             request = await _decode_parts(header, raws, model, name, claims)
         except BaseException:
             in_use()
@@ -393,20 +390,6 @@ class InferenceService:
             in_use()
             claims.release()
 
-    async def _serving(self, name: str, version: str | None) -> ModelVersion:
-        """The version to run a request on; in on-demand mode a model on disk that is not
-        loaded is loaded first (its first requests wait for one load)."""
-        if self.model_control_mode != "on-demand":
-            return self.repository.get(name, version)
-        for _ in range(_EVICTIONS_OUTLIVED):
-            await self.repository.ensure_loaded(name)
-            try:
-                return self.repository.get(name, version)
-            except RepositoryError:  # evicted again before this request took it
-                if not self.repository.evicted(name):
-                    raise
-        return self.repository.get(name, version)
-
     async def _run(
         self,
         model: ModelVersion,
@@ -430,7 +413,7 @@ class InferenceService:
                 raise
             # Chosen for eviction just before this request marked it in use: it goes
             # to the model loaded again, as if it had come a moment later.
-            model = await self._serving(model.name, version)
+            model = await self.repository.serving(model.name, version)
             lease = await model.scheduler.lease(request)
         # The regions are the request's until its answer is let go.
         return make_answer(model, request, selected, lease, True, claims, hold=True)
@@ -450,7 +433,7 @@ class InferenceService:
         except RepositoryError as exc:
             _, config, _ = self._not_loaded(name, None, exc)
             catalog.check_opted_in(name, config)  # not loaded for routes it is not on
-            version = await self._serving(name, None)
+            version = await self.repository.serving(name, None)
         return [catalog.served(version)]
 
     def _described(self) -> dict[str, ModelConfig]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from reposerve.config import ModelConfig, TensorConfig
@@ -42,6 +42,10 @@ class StepModel(Protocol):
 
 Resolve = Callable[[str, str | None], StepModel]
 """The READY version of a model (``Repository.get``); raises RepositoryError otherwise."""
+Serve = Callable[[str, str | None], Awaitable[StepModel]]
+"""The version to run a step on (``Repository.serving``): in on-demand mode a step that
+is not loaded (an eviction took it as the ensemble came back) is loaded, and the
+ensemble's request waits for it rather than failing."""
 
 
 def step_version(step: EnsembleStep) -> str | None:
@@ -145,12 +149,18 @@ class EnsembleScheduler:
     failed (naming it), or with the reason when the ensemble is unloaded."""
 
     def __init__(
-        self, label: str, config: ModelConfig, statistics: ModelStatistics, resolve: Resolve
+        self,
+        label: str,
+        config: ModelConfig,
+        statistics: ModelStatistics,
+        resolve: Resolve,
+        serve: Serve,
     ) -> None:
         self._label = label
         self._config = config
         self._statistics = statistics
         self._resolve = resolve
+        self._serve = serve
         self._running: dict[asyncio.Future, asyncio.Task] = {}
         self._closed = False
         self._aborted = False
@@ -295,7 +305,7 @@ class EnsembleScheduler:
         the outputs the ensemble keeps, copied out of the instance's shared memory."""
         where = f"{self._label}: step[{index}] ({step.model})"
         try:
-            model = self._resolve(step.model, step_version(step))
+            model = await self._serve(step.model, step_version(step))
             inputs = {name: tensors[tensor] for name, tensor in step.input_map.items()}
             batch_size = request.batch_size if model.config.max_batch_size > 0 else 1
             step_request = InferRequest(

@@ -30,6 +30,9 @@ from reposerve.repository.scan import ConfigOverride, check_model_name, read_mod
 from reposerve.repository.version import Control, ModelState, ModelVersion
 
 log = logging.getLogger("reposerve.repository")
+# How many times a request for an on-demand model follows it through evictions that
+# overtake it before it fails with the reason (each a load of its own).
+_EVICTIONS_OUTLIVED = 3
 
 Files = tuple[tuple[Fingerprint, ...], ...]  # a model's and its steps' folders, as fingerprinted
 
@@ -172,6 +175,21 @@ class Repository:
             with contextlib.suppress(ConfigError):  # its own reason is in the index
                 await self.load(ensemble)
 
+    async def serving(self, name: str, version: str | None = None) -> ModelVersion:
+        """The version to run a request on (``get``); in on-demand mode a model on disk
+        that is not loaded is loaded first (its first requests wait for one load), and
+        one evicted before the request took it is followed through a few loads more."""
+        if not self.residency.on_demand:
+            return self.get(name, version)
+        for _ in range(_EVICTIONS_OUTLIVED):
+            await self.ensure_loaded(name)
+            try:
+                return self.get(name, version)
+            except RepositoryError:  # evicted again before this request took it
+                if not self.evicted(name):
+                    raise
+        return self.get(name, version)
+
     async def ensure_loaded(self, name: str) -> None:
         """Load ``name`` unless it serves (on-demand mode: its first request). Requests
         that come while it loads wait for the same load, or for one under way from
@@ -278,6 +296,7 @@ class Repository:
                     latency_summaries=self._latency_summaries,
                     restart_on_request=self._restart_on_request,
                     resolve=self.get,
+                    serve=self.serving,
                     control=self.model_control,
                 )
                 for version in source.versions

@@ -200,6 +200,7 @@ class Residency:
         # Whether loads are counted and requests tracked at all (models come and go on
         # their own): a server without a budget or on-demand loading pays nothing for it.
         self.tracking = on_demand or self.budgeted
+        self.on_demand = on_demand
         self._clock = clock
         self.last_used: dict[str, float] = {}
         self.active: dict[str, int] = {}

@@ -41,7 +41,7 @@ from reposerve.instance.messages import (
 from reposerve.instance.outcomes import BatchTensor, FailureCause
 from reposerve.instance.process import InstanceProcess
 from reposerve.pipelines.calls import serve_call
-from reposerve.pipelines.ensemble import EnsembleScheduler, Resolve, check_steps
+from reposerve.pipelines.ensemble import EnsembleScheduler, Resolve, Serve, check_steps
 from reposerve.repository.footprints import Footprint
 from reposerve.repository.gpus import discover
 from reposerve.repository.placement import plan_instances
@@ -87,10 +87,12 @@ class ModelVersion:
         chat_template: ChatTemplate | None = None,
         latency_summaries: bool = False,
         resolve: Resolve | None = None,
+        serve: Serve | None = None,
         control: Control | None = None,
         restart_on_request: bool = False,
     ) -> None:
-        """``resolve`` looks up other models (``Repository.get``): an ensemble's steps;
+        """``resolve`` looks up other models (``Repository.get``): an ensemble's steps,
+        which it runs on what ``serve`` gives (``Repository.serving``);
         ``control`` serves its models' requests to load and unload models;
         ``restart_on_request``: an instance that died is replaced once the next request
         comes, not at once (``--instance-restart on-request``, Triton's python backend)."""
@@ -115,9 +117,9 @@ class ModelVersion:
         # Instances join the scheduler as they load; until READY nobody else submits.
         self.scheduler: Scheduler | SequenceBatcher | EnsembleScheduler
         if self.pipeline:
-            if resolve is None:
+            if resolve is None or serve is None:
                 raise ValueError(f"{self.label}: an ensemble needs a way to find its steps")
-            self.scheduler = EnsembleScheduler(self.label, config, self.statistics, resolve)
+            self.scheduler = EnsembleScheduler(self.label, config, self.statistics, resolve, serve)
         else:
             self.scheduler = self._scheduler(config)
             if restart_on_request:

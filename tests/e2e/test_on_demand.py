@@ -347,3 +347,33 @@ def test_a_failed_load_is_remembered_until_its_files_change_or_it_is_loaded(tmp_
         assert answer.status_code == 400 and "weights are missing" in answer.text
         refused()
         assert count() == 3  # the operator's load is tried, whatever is remembered
+
+
+def test_an_ensembles_request_waits_for_a_step_taken_from_under_it(tmp_path):
+    """A step unloaded while an ensemble's request is on its way to it (an eviction does
+    this when the ensemble comes back as its unit goes) is loaded again for that request,
+    which waits for it: it never fails because its step went meanwhile."""
+    repository = tmp_path / "repository"
+    write_model(repository, "gated", vector_config(size=4), GATED)  # x * 2, once let go
+    write_model(repository, "a", vector_config(size=4), HOLDS)  # x + 1
+    steps = (
+        '[[step]]\nmodel = "gated"\ninput_map = { INPUT = "IN" }\noutput_map = { OUTPUT = "MID" }\n'
+        '[[step]]\nmodel = "a"\ninput_map = { INPUT = "MID" }\noutput_map = { OUTPUT = "OUT" }'
+    )
+    write_model(repository, "pipeline", ensemble_head(8) + steps, None)
+    body = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+    flags = ("--model-control-mode", "on-demand")
+    gate = repository / "gated" / "1"
+    with running_server(repository, tmp_path, *flags) as server, ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(
+            httpx.post, f"{server.url}/v2/models/pipeline/infer", json=body, timeout=120
+        )
+        wait_for(lambda: (gate / "STARTED").exists(), 120, "the first step to start")
+        unloaded = httpx.post(f"{server.url}/v2/repository/models/a/unload", timeout=60)
+        assert unloaded.status_code == 200, unloaded.text
+        assert _index(server.url)["a"]["state"] == "UNAVAILABLE"
+        (gate / "GO").touch()
+        reply = answer.result(timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["outputs"][0]["data"] == [3.0] * 4
+        assert _index(server.url)["a"]["state"] == "READY"  # loaded again for the request
