@@ -87,14 +87,10 @@ async def churn_client(base: str, running: asyncio.Event, tally: Outcomes, seed:
             values = rng.standard_normal((1, 4)).astype(np.float32)
             tensor = {"name": "INPUT", "shape": [1, 4], "datatype": "FP32"}
             body = {"inputs": [{**tensor, "data": values.ravel().tolist()}]}
-            tally.sent += 1
-            try:
-                reply = await http.post(f"/v2/models/{model}/infer", json=body)
-            except httpx.HTTPError as exc:
-                tally.problem(f"LOST: on-demand request got no answer ({type(exc).__name__})")
-                continue
-            tally.answered += 1
             kind = "ensemble" if model == "pair" else "on-demand"
+            reply = await tally.answer(http.post(f"/v2/models/{model}/infer", json=body), kind)
+            if reply is None:
+                continue
             if reply.status_code != 200:  # no fault here: a neighbour's load is no excuse
                 tally.problem(f"{kind} request {reply.status_code} {reply.text[:160]}")
                 continue
@@ -111,13 +107,10 @@ async def unknown_names_client(base: str, running: asyncio.Event, tally: Outcome
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         while running.is_set():
             name = "".join(random.choices(letters, k=UNKNOWN_NAME_BYTES))
-            tally.sent += 1
-            try:
-                reply = await http.post(f"/v2/models/{name}/infer", json={"inputs": []})
-            except httpx.HTTPError as exc:
-                tally.problem(f"LOST: unknown name got no answer ({type(exc).__name__})")
+            sent = http.post(f"/v2/models/{name}/infer", json={"inputs": []})
+            reply = await tally.answer(sent, "unknown model name")
+            if reply is None:
                 continue
-            tally.answered += 1
             if reply.status_code == 404:
                 tally.ok("unknown model name answered 404")
             else:

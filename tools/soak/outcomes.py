@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Awaitable
+
+import httpx
 
 # Errors a fault explains, and the fault: an instance killed or restarting, a version
 # reloaded or unloaded under the request, or the request's instance killed for a hung one.
@@ -41,3 +44,21 @@ class Outcomes:
     def problem(self, outcome: str) -> None:
         self.seen[outcome] += 1
         self.problems[outcome] += 1
+
+    async def answer(self, reply: Awaitable[httpx.Response], what: str) -> httpx.Response | None:
+        """``reply`` awaited and counted: sent, and answered, or lost (a problem: None)."""
+        self.sent += 1
+        try:
+            response = await reply
+        except httpx.HTTPError as exc:
+            self.problem(f"LOST: {what} got no answer ({type(exc).__name__})")
+            return None
+        self.answered += 1
+        return response
+
+    def failed(self, what: str, reply: httpx.Response) -> None:
+        """``reply`` is not what ``what`` should get: a fault explains it, or it is a problem."""
+        if reason := explained(reply.text):
+            self.ok(f"{what} failed by a fault: {reason}")
+        else:
+            self.problem(f"{what} answered {reply.status_code} {reply.text[:120]}")

@@ -17,7 +17,7 @@ import os
 import httpx
 import numpy as np
 
-from tools.soak.outcomes import Outcomes, explained
+from tools.soak.outcomes import Outcomes
 
 VALUES = 16 * 4  # bytes of one FP32 row of adder's input, and of its output
 _names = itertools.count()
@@ -42,11 +42,10 @@ async def _round(http: httpx.AsyncClient, tally: Outcomes, values: np.ndarray, l
         os.pwrite(descriptor, values.tobytes(), 0)
         offset = 4 * VALUES if lie else 0  # past the object's end: a lie
         registration = {"key": key, "offset": offset, "byte_size": 2 * VALUES}
-        tally.sent += 1
-        reply = await http.post(
-            f"/v2/systemsharedmemory/region/{region}/register", json=registration
-        )
-        tally.answered += 1
+        sent = http.post(f"/v2/systemsharedmemory/region/{region}/register", json=registration)
+        reply = await tally.answer(sent, "region registration")
+        if reply is None:
+            return
         if lie:
             if reply.status_code == 400 and key in reply.text:
                 tally.ok("lying region registration refused")
@@ -57,10 +56,9 @@ async def _round(http: httpx.AsyncClient, tally: Outcomes, values: np.ndarray, l
             tally.problem(f"region registration: {reply.status_code} {reply.text[:120]}")
             return
         await _infer(http, tally, region, descriptor, values)
-        tally.sent += 1
-        reply = await http.post(f"/v2/systemsharedmemory/region/{region}/unregister")
-        tally.answered += 1
-        if reply.status_code != 200:
+        sent = http.post(f"/v2/systemsharedmemory/region/{region}/unregister")
+        reply = await tally.answer(sent, "region unregister")
+        if reply is not None and reply.status_code != 200:
             tally.problem(f"region unregister: {reply.status_code} {reply.text[:120]}")
     finally:
         os.close(descriptor)
@@ -74,14 +72,11 @@ async def _infer(
         "inputs": [{**_tensor("INPUT", region, 0), "shape": [1, 16], "datatype": "FP32"}],
         "outputs": [_tensor("OUTPUT", region, VALUES)],
     }
-    tally.sent += 1
-    reply = await http.post("/v2/models/adder/infer", json=request)
-    tally.answered += 1
+    reply = await tally.answer(http.post("/v2/models/adder/infer", json=request), "region request")
+    if reply is None:
+        return
     if reply.status_code != 200:
-        if reason := explained(reply.text):
-            tally.ok(f"request through a region failed by a fault: {reason}")
-        else:
-            tally.problem(f"request through a region: {reply.status_code} {reply.text[:120]}")
+        tally.failed("request through a region", reply)
         return
     written = np.frombuffer(os.pread(descriptor, VALUES, VALUES), np.float32)
     if np.array_equal(written, values + 1):

@@ -16,7 +16,7 @@ import itertools
 import httpx
 import numpy as np
 
-from tools.soak.outcomes import Outcomes, explained
+from tools.soak.outcomes import Outcomes
 
 MODEL = "tally"
 CONFIG = """
@@ -63,6 +63,7 @@ def _body(sequence: int, value: float, start: bool, end: bool) -> dict:
 async def sequence_client(base: str, running: asyncio.Event, tally: Outcomes, seed: int) -> None:
     """Whole sequences, each sum checked; one that a fault ends is started anew."""
     rng = np.random.default_rng(seed)
+    url = f"/v2/models/{MODEL}/infer"
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         while running.is_set():
             sequence, total = next(_ids), 0.0
@@ -70,18 +71,11 @@ async def sequence_client(base: str, running: asyncio.Event, tally: Outcomes, se
             for step in range(length):
                 value = float(rng.integers(1, 100))
                 body = _body(sequence, value, start=step == 0, end=step == length - 1)
-                tally.sent += 1
-                try:
-                    reply = await http.post(f"/v2/models/{MODEL}/infer", json=body)
-                except httpx.HTTPError as exc:
-                    tally.problem(f"LOST: sequence request got no answer ({type(exc).__name__})")
+                reply = await tally.answer(http.post(url, json=body), "sequence request")
+                if reply is None:
                     break
-                tally.answered += 1
                 if reply.status_code != 200:
-                    if reason := explained(reply.text):
-                        tally.ok(f"sequence ended by a fault: {reason}")
-                    else:
-                        tally.problem(f"sequence request {reply.status_code} {reply.text[:120]}")
+                    tally.failed("sequence request", reply)
                     break
                 total += value
                 if reply.json()["outputs"][0]["data"] != [total]:

@@ -121,15 +121,12 @@ async def client(base: str, running: asyncio.Event, tally: Outcomes, seed: int) 
                 kind, model, expected = "good", "hangs", values
             else:
                 kind = "good"
-            tally.sent += 1
-            try:
-                response = await http.post(
-                    f"/v2/models/{model}/infer", content=content, json=request_body(values)
-                )
-            except httpx.HTTPError as exc:
-                tally.problem(f"LOST: {kind} request got no answer ({type(exc).__name__})")
+            sent = http.post(
+                f"/v2/models/{model}/infer", content=content, json=request_body(values)
+            )
+            response = await tally.answer(sent, f"{kind} request")
+            if response is None:
                 continue
-            tally.answered += 1
             _judge(tally, kind, response, expected)
 
 
