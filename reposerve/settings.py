@@ -1,4 +1,5 @@
-"""Server settings: what the CLI flags say, as one value."""
+"""Server settings: what the CLI flags say, as one value. A field's default is also its
+flag's (reposerve.options.table names the field each flag fills)."""
 
 from __future__ import annotations
 
