@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 
 from reposerve.fronts import default_workers, usable_cores
-from reposerve.options.table import LOG_LEVELS, OPTIONS, default_of
+from reposerve.options.table import OPTIONS, default_of
+from reposerve.options.values import LOG_LEVELS
 from reposerve.settings import Settings
 
 KUBERNETES_GRACE_SECS = 5.0  # endpoint removal reaches kube-proxy and ingresses in seconds

@@ -5,28 +5,23 @@ field's default from ``Settings``; a flag read by a rule (``resolve``) carries i
 
 from __future__ import annotations
 
-import argparse
 import enum
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from reposerve.access import API_CATEGORIES
 from reposerve.arguments import (
     boolean,
     memory_budget,
     non_negative,
     positive,
     positive_int,
-    positive_int_at_most,
 )
-from reposerve.fronts import WORKERS_PER_CORE, max_workers, usable_cores
-from reposerve.metrics import MetricsOptions, parse_metrics_setting
-from reposerve.repository import gpus
-from reposerve.settings import RestrictedApi, Settings
+from reposerve.fronts import WORKERS_PER_CORE
+from reposerve.options import values
+from reposerve.settings import Settings
 
 
 class Group(enum.Enum):
@@ -77,94 +72,6 @@ def default_of(option: Option, defaults: Settings) -> Any:
     return value
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-def _restricted(value: str) -> RestrictedApi:
-    apis, _, header = value.partition(":")
-    key, _, secret = header.partition("=")
-    names = frozenset(api.strip() for api in apis.split(",") if api.strip())
-    unknown = names - API_CATEGORIES
-    if not names or not key or not secret or unknown:
-        raise argparse.ArgumentTypeError(
-            f"expected API[,API]:KEY=VALUE with API in {', '.join(sorted(API_CATEGORIES))}, "
-            f"got {value!r}"
-        )
-    return RestrictedApi(names, key.lower(), secret)
-
-
-def _metrics_setting(value: str) -> tuple[str, object]:
-    try:
-        return parse_metrics_setting(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _workers(value: str) -> int:
-    """The limit is read when a value is, so the table holds no machine's numbers."""
-    limit = max_workers(usable_cores())
-    return positive_int_at_most(limit, f"{WORKERS_PER_CORE} per usable core")(value)
-
-
-_workers.__name__ = "int"  # what argparse names in its messages
-
-
-def _log_format(value: str) -> str:
-    return "default" if value == "text" else value  # text is Triton's default format
-
-
-def _repositories_are_folders(settings: Settings) -> str | None:
-    for root in settings.model_repositories:
-        if not root.is_dir():
-            return f"model repository {root} is not a folder"
-    if len({root.resolve() for root in settings.model_repositories}) < len(
-        settings.model_repositories
-    ):
-        return "a --model-repository is given twice"
-    return None
-
-
-def _log_file_writable(settings: Settings) -> str | None:
-    folder = os.path.dirname(os.path.abspath(settings.log_file))
-    if settings.log_file and not os.access(folder, os.W_OK):
-        return f"--log-file: cannot write in {folder}"
-    return None
-
-
-def _tls_pair(settings: Settings) -> str | None:
-    if bool(settings.ssl_certfile) != bool(settings.ssl_keyfile):
-        return "--ssl-certfile and --ssl-keyfile go together"
-    return None
-
-
-def _inference_front(settings: Settings) -> str | None:
-    if settings.http_port is None and settings.grpc_port is None:
-        return (
-            "nothing to serve inference on: --allow-http and --allow-grpc are both false; allow one"
-        )
-    return None
-
-
-def _gpu_visible(settings: Settings) -> str | None:
-    if settings.gpu_memory_budget and not gpus.discover().visible:
-        return (
-            f"--gpu-memory-budget {settings.gpu_memory_budget.text}: "
-            f"{gpus.discover().describe()}; drop the flag, or make a GPU visible"
-        )
-    return None
-
-
-def _metrics_config_help() -> str:
-    defaults = MetricsOptions()
-    quantiles = ",".join(f"{q:g}:{e:g}" for q, e in defaults.summary_quantiles)
-    return (
-        "Triton's metrics settings, repeatable: "
-        f"counter_latencies=true|false ({str(defaults.counter_latencies).lower()}), "
-        f"summary_latencies=true|false ({str(defaults.summary_latencies).lower()}), "
-        f"summary_quantiles=Q:E,... ({quantiles}); a later setting wins"
-    )
-
-
 _SERVER = (
     Option(
         flag="--exit-timeout-secs",
@@ -208,7 +115,7 @@ _LOGGING = (
         flag="--log-level",
         group=Group.LOGGING,
         default="info",
-        choices=LOG_LEVELS,
+        choices=values.LOG_LEVELS,
         help="the lowest level logged; Triton's --log-* flags below refine it",
     ),
     Option(
@@ -235,13 +142,13 @@ _LOGGING = (
         metavar="PATH",
         help="append the log (and everything the server and its instances write) to PATH "
         "instead of the console",
-        check=_log_file_writable,
+        check=values.log_file_writable,
     ),
     Option(
         flag="--log-format",
         group=Group.LOGGING,
         field="log_format",
-        parse=_log_format,
+        parse=values.log_format,
         choices=("default", "ISO8601", "json", "text"),
         help="default (text is the same), ISO8601 (UTC times), json (one object a line)",
     ),
@@ -257,7 +164,7 @@ _MODEL_REPOSITORY = (
         metavar="PATH",
         help="folder of model folders; repeat it to serve several as one (a model name in "
         "two of them does not load)",
-        check=_repositories_are_folders,
+        check=values.repositories_are_folders,
     ),
     Option(
         flag="--model-control-mode",
@@ -367,7 +274,7 @@ _HTTP = (
     Option(
         flag="--http-workers",
         group=Group.HTTP,
-        parse=_workers,
+        parse=values.workers,
         metavar="N",
         help="HTTP front processes on the one port, this one included, all feeding the same "
         "schedulers (default: 1 below 4 usable cores, then one per two cores, at most 8; "
@@ -400,7 +307,7 @@ _HTTP = (
         field="ssl_keyfile",
         metavar="PEM",
         help="the certificate's private key",
-        check=_tls_pair,
+        check=values.tls_pair,
     ),
     Option(
         flag="--http-max-input-size",
@@ -442,7 +349,7 @@ _HTTP = (
         flag="--http-restricted-api",
         group=Group.HTTP,
         field="restricted",
-        parse=_restricted,
+        parse=values.restricted,
         repeat=True,
         metavar="API:KEY=VALUE",
         help="require header KEY: VALUE on these APIs (e.g. model-repository:admin-key=s3cret)",
@@ -467,7 +374,7 @@ _GRPC = (
         parse=boolean,
         metavar="BOOL",
         help="serve Triton's gRPC protocol (GRPCInferenceService and grpc.health.v1)",
-        check=_inference_front,
+        check=values.inference_front,
     ),
     Option(
         flag="--grpc-port",
@@ -487,7 +394,7 @@ _GRPC = (
     Option(
         flag="--grpc-workers",
         group=Group.GRPC,
-        parse=_workers,
+        parse=values.workers,
         metavar="N",
         help="gRPC front processes on the one port, as --http-workers",
     ),
@@ -532,7 +439,7 @@ _GRPC = (
         flag="--grpc-restricted-protocol",
         group=Group.GRPC,
         field="grpc_restricted",
-        parse=_restricted,
+        parse=values.restricted,
         repeat=True,
         metavar="API:KEY=VALUE",
         help="require metadata KEY: VALUE on these gRPC APIs (as --http-restricted-api)",
@@ -574,10 +481,10 @@ _METRICS = (
     Option(
         flag="--metrics-config",
         group=Group.METRICS,
-        parse=_metrics_setting,
+        parse=values.metrics_setting,
         repeat=True,
         metavar="SETTING=VALUE",
-        help=_metrics_config_help(),
+        help=values.metrics_config_help(),
     ),
     *(
         Option(
@@ -611,7 +518,7 @@ _MEMORY = (
         metavar="BYTES|SHARE",
         help="the same on each GPU alone, by the GPU memory NVML lists for the instances: "
         "bytes or a share of each GPU's memory (80%); needs a visible GPU (default: no budget)",
-        check=_gpu_visible,
+        check=values.gpu_visible,
     ),
     Option(
         flag="--allow-client-shm",
