@@ -20,7 +20,7 @@ EXEMPT = {
     ("config/triton.py", "config_from_triton"): "Triton's schema gives the parameters map "
     "this shape before this code reads it",
     ("config/triton_parameters.py", "apply_triton_parameters"): "the same",
-    ("config/triton.py", "from_triton"): "every field triton_schema declares has a converter; "
+    ("config/triton.py", "from_triton"): "every field model_config.proto declares has a converter; "
     "the parser refuses the others first",
     ("config/triton.py", "_instance_groups"): "the same: every kind and field is read",
     ("config/triton.py", "_dynamic_batching"): "the same",

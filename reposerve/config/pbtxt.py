@@ -21,7 +21,7 @@ def parse_pbtxt(text: str, label: str, folder_name: str | None = None) -> ModelC
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
         unknown = _NO_FIELD.search(str(exc))
-        if unknown:  # a Triton field left out of triton_schema: reposerve has no equivalent
+        if unknown:  # a Triton field left out of model_config.proto: reposerve has no equivalent
             raise ConfigError(
                 f"{label}: {exc.GetLine()}:{exc.GetColumn()}: {unknown['field']}: not "
                 "supported by reposerve (or not a Triton ModelConfig field)"
