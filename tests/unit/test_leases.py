@@ -153,7 +153,10 @@ def _model(scheduler: Scheduler, decoupled: bool) -> SimpleNamespace:
 
 
 def _service(model: SimpleNamespace) -> InferenceService:
-    repository = SimpleNamespace(get=lambda name, version: model, residency=Residency())
+    async def serving(name: str, version: str | None) -> SimpleNamespace:
+        return model
+
+    repository = SimpleNamespace(serving=serving, residency=Residency())
     return InferenceService(repository)
 
 
