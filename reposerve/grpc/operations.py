@@ -1,7 +1,7 @@
 """The service's operations other than inference, as Triton's unary gRPC calls.
 
-Each call turns its request message into the operation's arguments (the Structs of
-``reposerve.operations``), calls ``FrontService`` and builds its response message
+Each call turns its request message into the operation (a Struct of
+``reposerve.operations``), has ``FrontService`` perform it and builds its response message
 from the result field by field (``build``): no JSON between them, and a load's files stay
 the bytes that came (``bytes_param``). The model config is the one result that is a
 document, Triton's model-config JSON, which is its message's JSON mapping.
@@ -18,7 +18,21 @@ from reposerve.errors import ProtocolError
 from reposerve.front_service import FrontService
 from reposerve.grpc import schema
 from reposerve.grpc.infer import parameter_value
-from reposerve.operations import IndexRequest, SystemRegion
+from reposerve.operations import (
+    CudaSharedMemoryRegisterRequest,
+    CudaSharedMemoryStatusRequest,
+    CudaSharedMemoryUnregisterRequest,
+    IndexRequest,
+    ModelConfigRequest,
+    ModelMetadataRequest,
+    ModelReadyRequest,
+    ModelStatisticsRequest,
+    ServerMetadataRequest,
+    SystemRegion,
+    SystemSharedMemoryRegisterRequest,
+    SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryUnregisterRequest,
+)
 from reposerve.protocol.repository import load_request, unload_request
 
 
@@ -77,19 +91,18 @@ class Operations:
         self.service = service
 
     async def ModelReady(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
-        ready = await self.service.model_ready(request.name, _version(request))
+        ready = await self.service.perform(ModelReadyRequest(request.name, _version(request)))
         return response("ModelReady", ready=ready)
 
     async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
-        return build("ServerMetadata", await self.service.server_metadata())
+        return build("ServerMetadata", await self.service.perform(ServerMetadataRequest()))
 
     async def ModelMetadata(self, request: Any) -> Any:  # noqa: N802
-        return build(
-            "ModelMetadata", await self.service.model_metadata(request.name, _version(request))
-        )
+        operation = ModelMetadataRequest(request.name, _version(request))
+        return build("ModelMetadata", await self.service.perform(operation))
 
     async def ModelConfig(self, request: Any) -> Any:  # noqa: N802
-        document = await self.service.model_config(request.name, _version(request))
+        document = await self.service.perform(ModelConfigRequest(request.name, _version(request)))
         message = response("ModelConfig")
         # Fields of Triton's that this server's ModelConfig message does not declare
         # (batch_input, ...) are dropped, as its clients would drop them.
@@ -97,11 +110,11 @@ class Operations:
         return message
 
     async def ModelStatistics(self, request: Any) -> Any:  # noqa: N802
-        statistics = await self.service.model_statistics(request.name or None, _version(request))
-        return build("ModelStatistics", statistics)
+        operation = ModelStatisticsRequest(request.name or None, _version(request))
+        return build("ModelStatistics", await self.service.perform(operation))
 
     async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
-        entries = await self.service.repository_index(IndexRequest(ready=request.ready))
+        entries = await self.service.perform(IndexRequest(ready=request.ready))
         message = response("RepositoryIndex")
         for entry in entries:
             _fill(message.models.add(), entry)
@@ -109,39 +122,41 @@ class Operations:
 
     async def RepositoryModelLoad(self, request: Any) -> Any:  # noqa: N802
         load = load_request(request.model_name, _parameters(request), _file_content)
-        await self.service.load_model(load)
+        await self.service.perform(load)
         return response("RepositoryModelLoad")
 
     async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
-        await self.service.unload_model(unload_request(request.model_name, _parameters(request)))
+        await self.service.perform(unload_request(request.model_name, _parameters(request)))
         return response("RepositoryModelUnload")
 
     # Triton's shared-memory extension: an empty name = every region.
     async def SystemSharedMemoryStatus(self, request: Any) -> Any:  # noqa: N802
         message = response("SystemSharedMemoryStatus")
-        for region in await self.service.shared_memory_status(request.name or None):
+        operation = SystemSharedMemoryStatusRequest(request.name or None)
+        for region in await self.service.perform(operation):
             _fill(message.regions[region.name], region)
         return message
 
     async def SystemSharedMemoryRegister(self, request: Any) -> Any:  # noqa: N802
         region = SystemRegion(request.name, request.key, request.offset, request.byte_size)
-        await self.service.register_shared_memory(region)
+        await self.service.perform(SystemSharedMemoryRegisterRequest(region))
         return response("SystemSharedMemoryRegister")
 
     async def SystemSharedMemoryUnregister(self, request: Any) -> Any:  # noqa: N802
-        await self.service.unregister_shared_memory(request.name or None)
+        await self.service.perform(SystemSharedMemoryUnregisterRequest(request.name or None))
         return response("SystemSharedMemoryUnregister")
 
     async def CudaSharedMemoryStatus(self, request: Any) -> Any:  # noqa: N802
         message = response("CudaSharedMemoryStatus")
-        for region in await self.service.cuda_memory_status(request.name or None):
+        operation = CudaSharedMemoryStatusRequest(request.name or None)
+        for region in await self.service.perform(operation):
             _fill(message.regions[region.name], region)
         return message
 
     async def CudaSharedMemoryRegister(self, request: Any) -> Any:  # noqa: N802
-        await self.service.register_cuda_memory(request.name)
+        await self.service.perform(CudaSharedMemoryRegisterRequest(request.name))
         return response("CudaSharedMemoryRegister")
 
     async def CudaSharedMemoryUnregister(self, request: Any) -> Any:  # noqa: N802
-        await self.service.unregister_cuda_memory(request.name or None)
+        await self.service.perform(CudaSharedMemoryUnregisterRequest(request.name or None))
         return response("CudaSharedMemoryUnregister")

@@ -28,6 +28,7 @@ from reposerve.grpc.decoding import Reclaimer, Undecodable, deserializer, status
 from reposerve.grpc.infer import request_parts, response_encoder
 from reposerve.grpc.operations import Operations, response
 from reposerve.grpc.stream import serve_stream
+from reposerve.operations import ServerReadyRequest
 from reposerve.settings import Settings
 
 log = logging.getLogger("reposerve.grpc")
@@ -65,7 +66,7 @@ class Handlers(Operations):
         return response("ServerLive", live=True)
 
     async def ServerReady(self, request: Any) -> Any:  # noqa: N802
-        return response("ServerReady", ready=await self.service.server_ready())
+        return response("ServerReady", ready=await self.service.perform(ServerReadyRequest()))
 
     async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
         header, raws = request_parts(request)
@@ -81,7 +82,8 @@ class Handlers(Operations):
         """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever
         ``service`` names: the probe asks about the whole server."""
         health = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
-        return health(status=1 if await self.service.server_ready() else 2)  # SERVING / NOT_SERVING
+        ready = await self.service.perform(ServerReadyRequest())
+        return health(status=1 if ready else 2)  # SERVING / NOT_SERVING
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
