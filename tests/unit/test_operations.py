@@ -19,7 +19,8 @@ from google.protobuf import json_format
 from reposerve.config import parse_model_config
 from reposerve.errors import ProtocolError, ReposerveError
 from reposerve.grpc import schema
-from reposerve.grpc.operations import Operations
+from reposerve.grpc.operations import CALLS
+from reposerve.grpc.server import UNARY
 from reposerve.logs import LogUpdate
 from reposerve.operations import (
     AnyOperation,
@@ -86,7 +87,7 @@ def _call(method: str, service: _Service, request: object = None) -> object:
     """``method`` of the gRPC front's operations, as a client's call reaches it."""
     if request is None:
         request = _message(f"{method}Request")
-    return asyncio.run(getattr(Operations(service), method)(request))
+    return asyncio.run(CALLS[method](service, request))
 
 
 def _from_json(document: bytes, message: object) -> object:
@@ -322,3 +323,10 @@ def test_the_service_performs_every_operation(operation, tmp_path):
         return
     kind = result_type(type(operation))
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(result), type=kind) == result
+
+
+def test_every_unary_grpc_method_has_its_call():
+    """The gRPC front registers ``UNARY[method]`` for each of Triton's unary methods: one
+    missing would fail its start, one extra would never be called."""
+    assert set(UNARY) == {method for method, *_ in schema.METHODS}
+    assert CALLS.items() <= UNARY.items()
