@@ -1,64 +1,22 @@
 """What a front calls (``FrontService``): ``reposerve.service.InferenceService`` in the
-server's own process, or ``reposerve.fronts.remote.RemoteService`` in a front worker's."""
+server's own process, or ``reposerve.fronts.remote.RemoteService`` in a front worker's.
+
+Inference has a method of its own for each shape of request (its hot path); every other
+operation is one typed value (``reposerve.operations``) given to ``perform``."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from reposerve.answers import Answer
-from reposerve.logs import LogSettings, LogUpdate
-from reposerve.operations import (
-    CudaRegion,
-    IndexEntry,
-    IndexRequest,
-    LoadRequest,
-    ModelConfigDocument,
-    ModelMetadata,
-    ModelStatistics,
-    OpenAIModel,
-    ServerMetadata,
-    SystemRegion,
-    UnloadRequest,
-)
+from reposerve.operations import Operation
+
+R = TypeVar("R")
 
 
 class FrontService(Protocol):
-    async def server_ready(self) -> bool: ...
-
-    async def server_metadata(self) -> ServerMetadata: ...
-
-    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata: ...
-
-    async def model_config(self, name: str, version: str | None) -> ModelConfigDocument: ...
-
-    async def model_ready(self, name: str, version: str | None) -> bool: ...
-
-    async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics: ...
-
-    async def repository_index(self, request: IndexRequest) -> list[IndexEntry]: ...
-
-    async def load_model(self, request: LoadRequest) -> None: ...
-
-    async def unload_model(self, request: UnloadRequest) -> None: ...
-
-    async def shared_memory_status(self, name: str | None) -> list[SystemRegion]: ...
-
-    async def register_shared_memory(self, region: SystemRegion) -> None: ...
-
-    async def unregister_shared_memory(self, name: str | None) -> None: ...
-
-    async def cuda_memory_status(self, name: str | None) -> list[CudaRegion]: ...
-
-    async def register_cuda_memory(self, name: str) -> None: ...
-
-    async def unregister_cuda_memory(self, name: str | None) -> None: ...
-
-    async def openai_models(self, name: str | None) -> list[OpenAIModel]: ...
-
-    async def log_settings(self) -> LogSettings: ...
-
-    async def update_log_settings(self, update: LogUpdate) -> LogSettings: ...
+    async def perform(self, operation: Operation[R]) -> R: ...
 
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None

@@ -1,19 +1,28 @@
-"""The typed arguments and results of the service's operations other than inference.
+"""The service's operations other than inference, as typed values, and their results.
 
-``InferenceService`` takes and returns these values; each front encodes them in its own
-protocol: the HTTP front as the V2 JSON documents Triton answers (field names and order
-are Triton's, so a Struct's msgspec JSON is the document, byte for byte), the gRPC front
-as Triton's protobuf messages (``reposerve.grpc.operations``). They hold only builtins,
-bytes and Structs, so a front in another process sends and receives them as msgpack.
+Each operation is one tagged Struct (``...Request``) whose fields are its arguments and
+whose type parameter is its result (``IndexRequest`` is an ``Operation[list[IndexEntry]]``):
+``InferenceService.perform`` runs it in one ``match``, and every front builds the value
+from its protocol's request and encodes the result in its own: the HTTP front as the V2
+JSON documents Triton answers (field names and order are Triton's, so a result's msgspec
+JSON is the document, byte for byte), the gRPC front as Triton's protobuf messages
+(``reposerve.grpc.operations``). Operations and results hold only builtins, bytes and
+Structs, so a front in another process sends the operation itself as msgpack
+(``reposerve.fronts.frames.Operate``) and decodes the result as ``result_type`` says.
 
-Two are defined beside the code that keeps them and named here so that this module is
-the one vocabulary a front needs: ``ModelStats`` (``reposerve.statistics``) and the
-logging extension's ``LogSettings`` / ``LogUpdate`` (``reposerve.logs``).
+Adding an operation: its Struct here (and in ``AnyOperation``), its case in
+``InferenceService.perform``, and its routes in the fronts.
+
+Two results are defined beside the code that keeps them and named here so that this
+module is the one vocabulary a front needs: ``ModelStats`` (``reposerve.statistics``) and
+the logging extension's ``LogSettings`` / ``LogUpdate`` (``reposerve.logs``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import typing
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -22,22 +31,44 @@ from reposerve.logs import LogSettings, LogUpdate
 from reposerve.statistics import MemoryUsage, ModelStats
 
 __all__ = [
+    "AnyOperation",
     "CudaRegion",
+    "CudaSharedMemoryRegisterRequest",
+    "CudaSharedMemoryStatusRequest",
+    "CudaSharedMemoryUnregisterRequest",
     "IndexEntry",
     "IndexRequest",
     "LoadRequest",
     "LogSettings",
+    "LogSettingsRequest",
     "LogUpdate",
+    "LogUpdateRequest",
     "ModelConfigDocument",
+    "ModelConfigRequest",
     "ModelMetadata",
+    "ModelMetadataRequest",
+    "ModelReadyRequest",
     "ModelStatistics",
+    "ModelStatisticsRequest",
     "ModelStats",
     "OpenAIModel",
+    "OpenAIModelsRequest",
+    "Operation",
     "ServerMetadata",
+    "ServerMetadataRequest",
+    "ServerReadyRequest",
     "SystemRegion",
+    "SystemSharedMemoryRegisterRequest",
+    "SystemSharedMemoryStatusRequest",
+    "SystemSharedMemoryUnregisterRequest",
     "TensorMetadata",
     "UnloadRequest",
+    "result_type",
 ]
+
+R = TypeVar("R")
+
+# -- the results -------------------------------------------------------------------------
 
 
 class ServerMetadata(msgspec.Struct, frozen=True):
@@ -71,10 +102,6 @@ class ModelStatistics(msgspec.Struct):
     model_stats: list[ModelStats]
 
 
-class IndexRequest(msgspec.Struct, frozen=True):
-    ready: bool = False  # only the versions that are ready
-
-
 class IndexEntry(msgspec.Struct, omit_defaults=True):
     """One row of the repository index (Triton's shape: a model never loaded has only a
     name, one that could not even start a load no version)."""
@@ -86,19 +113,6 @@ class IndexEntry(msgspec.Struct, omit_defaults=True):
     # reposerve's addition under on-demand loading or a memory budget: what a loaded
     # version holds, as /stats says (gRPC drops it)
     memory_usage: list[MemoryUsage] = []
-
-
-class LoadRequest(msgspec.Struct, frozen=True):
-    """Load (or reload) ``name``, optionally from another configuration and model files."""
-
-    name: str
-    config: str | None = None  # Triton's model-config JSON, used instead of the folder's
-    files: dict[str, bytes] = {}  # path inside the model folder -> content, as sent
-
-
-class UnloadRequest(msgspec.Struct, frozen=True):
-    name: str
-    unload_dependents: bool = False  # the ensembles that call the model go too
 
 
 class SystemRegion(msgspec.Struct, frozen=True):
@@ -139,3 +153,127 @@ class OpenAIModel(msgspec.Struct, frozen=True):
     input_shape: list[int] = []  # the text input's shape, the batch dimension left out
     created: int = 0
     chat_template: ChatTemplate | None = None
+
+
+# -- the operations ----------------------------------------------------------------------
+
+
+class Operation(msgspec.Struct, Generic[R], frozen=True, tag=True):
+    """One of the service's operations, its result an ``R``. Tagged by class name, so that
+    ``AnyOperation`` decodes any of them from one frame."""
+
+
+@functools.cache
+def result_type(kind: type[Operation[Any]]) -> Any:
+    """The ``R`` of ``kind`` (an ``Operation[R]``): what its result decodes as."""
+    (base,) = kind.__dict__["__orig_bases__"]
+    return typing.get_args(base)[0]
+
+
+class ServerReadyRequest(Operation[bool]):
+    """Whether the server can serve (``InferenceService.ready``)."""
+
+
+class ServerMetadataRequest(Operation[ServerMetadata]):
+    pass
+
+
+class ModelReadyRequest(Operation[bool]):
+    name: str
+    version: str | None = None  # None: the version the model serves by default
+
+
+class ModelMetadataRequest(Operation[ModelMetadata]):
+    name: str
+    version: str | None = None
+
+
+class ModelConfigRequest(Operation[ModelConfigDocument]):
+    name: str
+    version: str | None = None
+
+
+class ModelStatisticsRequest(Operation[ModelStatistics]):
+    name: str | None = None  # None: every loaded model
+    version: str | None = None  # None: every version of ``name``
+
+
+class IndexRequest(Operation[list[IndexEntry]]):
+    ready: bool = False  # only the versions that are ready
+
+
+class LoadRequest(Operation[None]):
+    """Load (or reload) ``name``, optionally from another configuration and model files."""
+
+    name: str
+    config: str | None = None  # Triton's model-config JSON, used instead of the folder's
+    files: dict[str, bytes] = {}  # path inside the model folder -> content, as sent
+
+
+class UnloadRequest(Operation[None]):
+    name: str
+    unload_dependents: bool = False  # the ensembles that call the model go too
+
+
+class OpenAIModelsRequest(Operation[list[OpenAIModel]]):
+    """The models on the OpenAI-compatible routes; ``name``: that one, ready to serve."""
+
+    name: str | None = None
+
+
+class LogSettingsRequest(Operation[LogSettings]):
+    pass
+
+
+class LogUpdateRequest(Operation[LogSettings]):
+    update: LogUpdate
+
+
+# Triton's shared-memory extension: a ``name`` of None = every region.
+class SystemSharedMemoryStatusRequest(Operation[list[SystemRegion]]):
+    name: str | None = None
+
+
+class SystemSharedMemoryRegisterRequest(Operation[None]):
+    region: SystemRegion
+
+
+class SystemSharedMemoryUnregisterRequest(Operation[None]):
+    """Done once the requests using the region(s) have ended (``reposerve.shared_memory``)."""
+
+    name: str | None = None
+
+
+class CudaSharedMemoryStatusRequest(Operation[list[CudaRegion]]):
+    name: str | None = None
+
+
+class CudaSharedMemoryRegisterRequest(Operation[None]):
+    name: str
+
+
+class CudaSharedMemoryUnregisterRequest(Operation[None]):
+    name: str | None = None
+
+
+AnyOperation = (
+    ServerReadyRequest
+    | ServerMetadataRequest
+    | ModelReadyRequest
+    | ModelMetadataRequest
+    | ModelConfigRequest
+    | ModelStatisticsRequest
+    | IndexRequest
+    | LoadRequest
+    | UnloadRequest
+    | OpenAIModelsRequest
+    | LogSettingsRequest
+    | LogUpdateRequest
+    | SystemSharedMemoryStatusRequest
+    | SystemSharedMemoryRegisterRequest
+    | SystemSharedMemoryUnregisterRequest
+    | CudaSharedMemoryStatusRequest
+    | CudaSharedMemoryRegisterRequest
+    | CudaSharedMemoryUnregisterRequest
+)
+"""Every operation: what a front's ``Operate`` frame carries."""

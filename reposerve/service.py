@@ -5,8 +5,9 @@ back ``Answer``s: the outputs the request asked for, still in the instance's sha
 memory, which the front encodes in its protocol and releases. Tensors a request places in
 client shared memory (``reposerve.shared_memory``) are read from and written into the
 client's regions here; the answer carries those outputs' metadata alone. Every other
-operation takes and returns the typed values of ``reposerve.operations``, which each front
-decodes and encodes in its own protocol. Status codes and headers stay in the fronts.
+operation is a typed value of ``reposerve.operations``, run by ``perform`` for its
+result, which each front decodes and encodes in its own protocol. Status codes and headers
+stay in the fronts.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import itertools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -34,19 +35,32 @@ from reposerve.errors import (
     SchedulerError,
 )
 from reposerve.instance.messages import CallFailure, CallResult, ModelControl
-from reposerve.logs import LogControl, LogSettings, LogUpdate
+from reposerve.logs import LogControl
 from reposerve.metrics import CustomFamily, MetricsOptions, VersionMetrics, render
 from reposerve.operations import (
-    CudaRegion,
+    CudaSharedMemoryRegisterRequest,
+    CudaSharedMemoryStatusRequest,
+    CudaSharedMemoryUnregisterRequest,
     IndexEntry,
     IndexRequest,
     LoadRequest,
+    LogSettingsRequest,
+    LogUpdateRequest,
     ModelConfigDocument,
+    ModelConfigRequest,
     ModelMetadata,
+    ModelMetadataRequest,
+    ModelReadyRequest,
     ModelStatistics,
+    ModelStatisticsRequest,
     OpenAIModel,
-    ServerMetadata,
-    SystemRegion,
+    OpenAIModelsRequest,
+    Operation,
+    ServerMetadataRequest,
+    ServerReadyRequest,
+    SystemSharedMemoryRegisterRequest,
+    SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryUnregisterRequest,
     UnloadRequest,
 )
 from reposerve.protocol import documents
@@ -65,6 +79,8 @@ log = logging.getLogger("reposerve")
 # Request bodies at least this large are decoded in a worker thread, so that walking one
 # (its BYTES elements, its JSON numbers) never stalls the event loop that serves everyone.
 DECODE_IN_THREAD = 1 << 20
+
+R = TypeVar("R")
 
 
 class InferenceService:
@@ -138,29 +154,72 @@ class InferenceService:
             return False
         return not self._strict or self.repository.all_ready()
 
-    # -- metadata ------------------------------------------------------------------------
+    # -- the operations other than inference ----------------------------------------------
 
-    async def server_ready(self) -> bool:
-        """``ready`` for a front (which may ask from another process)."""
-        return self.ready()
+    async def perform(self, operation: Operation[R]) -> R:
+        """Run ``operation`` (``reposerve.operations``) for its result: the one way every
+        front, in this process or another, reaches the service's operations other than
+        inference."""
+        return cast(R, await self._perform(operation))
 
-    async def server_metadata(self) -> ServerMetadata:
-        return documents.server_metadata(self.server_name, self.shared_memory.allowed)
+    async def _perform(self, operation: Operation[Any]) -> object:
+        """Each operation's case: where an operation joins the service."""
+        shared_memory = self.shared_memory
+        match operation:
+            case ServerReadyRequest():
+                return self.ready()
+            case ServerMetadataRequest():
+                return documents.server_metadata(self.server_name, shared_memory.allowed)
+            case ModelReadyRequest(name=name, version=version):
+                return await self._model_ready(name, version)
+            case ModelMetadataRequest(name=name, version=version):
+                return self._model_metadata(name, version)
+            case ModelConfigRequest(name=name, version=version):
+                return self._model_config(name, version)
+            case ModelStatisticsRequest(name=name, version=version):
+                return await self._statistics(name, version)
+            case IndexRequest(ready=ready):
+                await self.repository.keeper.refresh()
+                return self.repository.index(ready_only=ready)
+            case LoadRequest():
+                await self._load(operation)
+            case UnloadRequest(name=name, unload_dependents=dependents):
+                # Triton's unload; with ``unload_dependents`` the ensembles that call the
+                # model go too (otherwise they stop serving, saying why).
+                self._check_control()
+                await self.repository.unload(name, dependents=dependents)
+            case OpenAIModelsRequest(name=name):
+                return await self._openai_models(name)
+            case LogSettingsRequest():
+                return self._log_control().settings
+            case LogUpdateRequest(update=update):
+                return self._log_control().update(update)
+            case SystemSharedMemoryStatusRequest(name=name):
+                return shared_memory.status(name)
+            case SystemSharedMemoryRegisterRequest(region=region):
+                shared_memory.register(region)
+            case SystemSharedMemoryUnregisterRequest(name=name):
+                await shared_memory.unregister(name)
+            case CudaSharedMemoryStatusRequest(name=name):
+                return shared_memory.cuda_status(name)
+            case CudaSharedMemoryRegisterRequest(name=name):
+                await shared_memory.register_cuda(name)
+            case CudaSharedMemoryUnregisterRequest(name=name):
+                shared_memory.unregister_cuda(name)
+            case _:
+                raise TypeError(f"not an operation of the service: {operation!r}")
+        return None
 
     # -- logging (Triton's logging extension) ----------------------------------------------
-
-    async def log_settings(self) -> LogSettings:
-        return self._log_control().settings
-
-    async def update_log_settings(self, update: LogUpdate) -> LogSettings:
-        return self._log_control().update(update)
 
     def _log_control(self) -> LogControl:
         if self._logs is None:
             raise RepositoryError("log settings: this server does not manage its logging")
         return self._logs
 
-    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
+    # -- metadata ------------------------------------------------------------------------
+
+    def _model_metadata(self, name: str, version: str | None) -> ModelMetadata:
         try:
             model = self.repository.get(name, version)
         except RepositoryError as exc:
@@ -169,7 +228,7 @@ class InferenceService:
         ready = [v.version for v in self.repository.versions(name) if v.state is ModelState.READY]
         return documents.model_metadata(name, ready, model.backend, model.config)
 
-    async def model_config(self, name: str, version: str | None) -> ModelConfigDocument:
+    def _model_config(self, name: str, version: str | None) -> ModelConfigDocument:
         try:
             model = self.repository.get(name, version)
         except RepositoryError as exc:
@@ -177,7 +236,7 @@ class InferenceService:
             return documents.config_document(name, backend, config)
         return documents.config_document(name, model.backend, model.config)
 
-    async def model_ready(self, name: str, version: str | None) -> bool:
+    async def _model_ready(self, name: str, version: str | None) -> bool:
         """Ready to serve; in on-demand mode a model that is not loaded is, unless its
         last load failed or a budget refused it (its first request loads it)."""
         try:
@@ -205,7 +264,7 @@ class InferenceService:
             raise error
         return backend, config, numbers
 
-    async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics:
+    async def _statistics(self, name: str | None, version: str | None) -> ModelStatistics:
         if name is None:
             versions = self.repository.loaded()
         elif version:
@@ -420,7 +479,7 @@ class InferenceService:
 
     # -- the OpenAI-compatible routes ------------------------------------------------------
 
-    async def openai_models(self, name: str | None) -> list[OpenAIModel]:
+    async def _openai_models(self, name: str | None) -> list[OpenAIModel]:
         """The models that opt in to the OpenAI-compatible routes; ``name``: that one,
         ready to serve (loaded first in on-demand mode), with its chat template."""
         if name is None:
@@ -446,11 +505,7 @@ class InferenceService:
 
     # -- repository control --------------------------------------------------------------
 
-    async def repository_index(self, request: IndexRequest) -> list[IndexEntry]:
-        await self.repository.keeper.refresh()
-        return self.repository.index(ready_only=request.ready)
-
-    async def load_model(self, request: LoadRequest) -> None:
+    async def _load(self, request: LoadRequest) -> None:
         """Triton's load, with its overrides: ``config`` (Triton's JSON config, used instead
         of the folder's) and ``files`` (the model folder's, only with
         --allow-model-file-override)."""
@@ -493,34 +548,6 @@ class InferenceService:
                 f"failed to load '{name}': {reasons}", kind=ErrorKind.INVALID_ARGUMENT
             )
 
-    async def unload_model(self, request: UnloadRequest) -> None:
-        """Triton's unload; ``unload_dependents`` unloads the ensembles that call the model
-        too (otherwise they stop serving, saying why)."""
-        self._check_control()
-        await self.repository.unload(request.name, dependents=request.unload_dependents)
-
-    # -- client shared memory (Triton's shared-memory extension) ----------------------------
-
-    async def shared_memory_status(self, name: str | None) -> list[SystemRegion]:
-        return self.shared_memory.status(name)
-
-    async def register_shared_memory(self, region: SystemRegion) -> None:
-        self.shared_memory.register(region)
-
-    async def unregister_shared_memory(self, name: str | None) -> None:
-        """Returns once the requests using the region(s) have ended (see
-        ``reposerve.shared_memory``)."""
-        await self.shared_memory.unregister(name)
-
-    async def cuda_memory_status(self, name: str | None) -> list[CudaRegion]:
-        return self.shared_memory.cuda_status(name)
-
-    async def register_cuda_memory(self, name: str) -> None:
-        await self.shared_memory.register_cuda(name)
-
-    async def unregister_cuda_memory(self, name: str | None) -> None:
-        self.shared_memory.unregister_cuda(name)
-
     async def _model_control(self, control: ModelControl) -> CallResult | CallFailure:
         """A model's own request to load, unload or ask after a model (Triton's
         ``pb_utils.load_model`` and friends): the control API's, with its rules. Its body
@@ -529,12 +556,12 @@ class InferenceService:
             if control.action == "load":
                 # Off the loop: a load may carry whole model files, base64 in JSON.
                 load = await asyncio.to_thread(decode_load_request, control.model, control.body)
-                await self.load_model(load)
+                await self.perform(load)
             elif control.action == "unload":
-                await self.unload_model(decode_unload_request(control.model, control.body))
+                await self.perform(decode_unload_request(control.model, control.body))
         except ReposerveError as exc:
             return CallFailure(control.call_id, exc.message, exc.kind)
-        ready = await self.model_ready(control.model, control.version or None)
+        ready = await self._model_ready(control.model, control.version or None)
         return CallResult(control.call_id, 0, [], msgspec.json.encode({"ready": ready}).decode())
 
     def _check_control(self) -> None:

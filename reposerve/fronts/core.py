@@ -34,7 +34,7 @@ from reposerve.fronts.frames import (
     Generate,
     Infer,
     InferParts,
-    Operation,
+    Operate,
     OutputRef,
     Returned,
     SlotOpened,
@@ -42,7 +42,6 @@ from reposerve.fronts.frames import (
     Taken,
     ToFront,
 )
-from reposerve.fronts.operations import OPERATIONS
 from reposerve.instance.arena import Slot, align
 from reposerve.scheduler.lease import COPY_AHEAD
 from reposerve.service import InferenceService
@@ -113,7 +112,7 @@ class FrontPeer(asyncio.Protocol):
                 self._start(frame.call, self._answer(frame))
             case InferParts() | Generate():
                 self._start(frame.call, self._stream(frame))
-            case Operation():
+            case Operate():
                 self._start(frame.call, self._operate(frame))
             case Taken(call=call):
                 window = self._windows.get(call)
@@ -199,18 +198,8 @@ class FrontPeer(asyncio.Protocol):
             del self._windows[frame.call]
         self.send(Ended(frame.call))
 
-    async def _operate(self, frame: Operation) -> None:
-        operation = OPERATIONS.get(frame.name)
-        if operation is None or len(frame.args) != len(operation[0]):
-            raise ReposerveError(f"{self.label}: no operation {frame.name}/{len(frame.args)}")
-        try:
-            args = [
-                msgspec.convert(value, kind)
-                for value, kind in zip(frame.args, operation[0], strict=True)
-            ]
-        except msgspec.ValidationError as exc:
-            raise ReposerveError(f"{self.label}: {frame.name}: {exc}") from exc
-        value = await getattr(self._service, frame.name)(*args)
+    async def _operate(self, frame: Operate) -> None:
+        value = await self._service.perform(frame.operation)
         self.send(Returned(frame.call, _encoder.encode(value)))
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from reposerve.operations import AnyOperation
+
 
 class OutputRef(msgspec.Struct, array_like=True, frozen=True):
     """One output of an answer, in wire layout at ``offset`` of the call's slot."""
@@ -89,12 +91,12 @@ class Taken(msgspec.Struct, tag=True, array_like=True):
     call: int
 
 
-class Operation(msgspec.Struct, tag=True, array_like=True):
-    """One of the service's other operations (``reposerve.fronts.operations``)."""
+class Operate(msgspec.Struct, tag=True, array_like=True):
+    """One of the service's other operations, the value itself (``reposerve.operations``),
+    answered by a ``Returned``."""
 
     call: int
-    name: str
-    args: list[Any]
+    operation: AnyOperation
 
 
 # core -> front
@@ -135,12 +137,12 @@ class Ended(msgspec.Struct, tag=True, array_like=True):
 
 class Returned(msgspec.Struct, tag=True, array_like=True):
     call: int
-    value: bytes  # the operation's result, msgpack
+    value: bytes  # the operation's result, msgpack (``result_type`` says what it decodes as)
 
 
 class Leave(msgspec.Struct, tag=True, array_like=True):
     """The server shuts down: stop accepting, finish what was accepted, exit."""
 
 
-FromFront = SlotOpened | Infer | InferParts | Generate | Cancel | Taken | Operation
+FromFront = SlotOpened | Infer | InferParts | Generate | Cancel | Taken | Operate
 ToFront = Started | Answered | Failed | Ended | Returned | Leave

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -45,36 +45,23 @@ from reposerve.fronts.frames import (
     Infer,
     InferParts,
     Leave,
-    Operation,
+    Operate,
     Returned,
     SlotOpened,
     Started,
     Taken,
     ToFront,
 )
-from reposerve.fronts.operations import OPERATIONS
 from reposerve.instance.arena import Slot, align, grown_size
-from reposerve.operations import (
-    CudaRegion,
-    IndexEntry,
-    IndexRequest,
-    LoadRequest,
-    LogSettings,
-    LogUpdate,
-    ModelConfigDocument,
-    ModelMetadata,
-    ModelStatistics,
-    OpenAIModel,
-    ServerMetadata,
-    SystemRegion,
-    UnloadRequest,
-)
+from reposerve.operations import Operation, result_type
 from reposerve.scheduler.stream import Stream
 from reposerve.tensor import Tensor
 
 log = logging.getLogger("reposerve.fronts")
 
 _header_encoder = msgspec.msgpack.Encoder()
+
+R = TypeVar("R")
 
 
 # The errors a front may meet, by class name (Failed.error): it raises what the server did.
@@ -392,64 +379,10 @@ class RemoteService(asyncio.Protocol):
 
     # -- the other operations ------------------------------------------------------------
 
-    async def _operate(self, name: str, *args: Any) -> Any:
+    async def perform(self, operation: Operation[R]) -> R:
         call, _ = self._open(None)
-        self._begin(call, Operation(call.id, name, list(args)))
+        self._begin(call, Operate(call.id, operation))
         frame = await self._first(call)
         call.released()
         assert isinstance(frame, Returned)
-        return msgspec.msgpack.decode(frame.value, type=OPERATIONS[name][1])
-
-    async def server_ready(self) -> bool:
-        return await self._operate("server_ready")
-
-    async def server_metadata(self) -> ServerMetadata:
-        return await self._operate("server_metadata")
-
-    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
-        return await self._operate("model_metadata", name, version)
-
-    async def model_config(self, name: str, version: str | None) -> ModelConfigDocument:
-        return await self._operate("model_config", name, version)
-
-    async def model_ready(self, name: str, version: str | None) -> bool:
-        return await self._operate("model_ready", name, version)
-
-    async def model_statistics(self, name: str | None, version: str | None) -> ModelStatistics:
-        return await self._operate("model_statistics", name, version)
-
-    async def repository_index(self, request: IndexRequest) -> list[IndexEntry]:
-        return await self._operate("repository_index", request)
-
-    async def load_model(self, request: LoadRequest) -> None:
-        await self._operate("load_model", request)
-
-    async def unload_model(self, request: UnloadRequest) -> None:
-        await self._operate("unload_model", request)
-
-    async def openai_models(self, name: str | None) -> list[OpenAIModel]:
-        return await self._operate("openai_models", name)
-
-    async def log_settings(self) -> LogSettings:
-        return await self._operate("log_settings")
-
-    async def update_log_settings(self, update: LogUpdate) -> LogSettings:
-        return await self._operate("update_log_settings", update)
-
-    async def shared_memory_status(self, name: str | None) -> list[SystemRegion]:
-        return await self._operate("shared_memory_status", name)
-
-    async def register_shared_memory(self, region: SystemRegion) -> None:
-        await self._operate("register_shared_memory", region)
-
-    async def unregister_shared_memory(self, name: str | None) -> None:
-        await self._operate("unregister_shared_memory", name)
-
-    async def cuda_memory_status(self, name: str | None) -> list[CudaRegion]:
-        return await self._operate("cuda_memory_status", name)
-
-    async def register_cuda_memory(self, name: str) -> None:
-        await self._operate("register_cuda_memory", name)
-
-    async def unregister_cuda_memory(self, name: str | None) -> None:
-        await self._operate("unregister_cuda_memory", name)
+        return msgspec.msgpack.decode(frame.value, type=result_type(type(operation)))

@@ -1,14 +1,16 @@
 """The service's operations other than inference, as Triton's unary gRPC calls.
 
-Each call turns its request message into the operation's arguments (the Structs of
-``reposerve.operations``), calls ``FrontService`` and builds its response message
-from the result field by field (``build``): no JSON between them, and a load's files stay
-the bytes that came (``bytes_param``). The model config is the one result that is a
-document, Triton's model-config JSON, which is its message's JSON mapping.
+Each call (``CALLS``, by Triton's method name) turns its request message into the
+operation (a Struct of ``reposerve.operations``), has ``FrontService`` perform it and
+builds its response message from the result field by field (``build``): no JSON between
+them, and a load's files stay the bytes that came (``bytes_param``). The model config is
+the one result that is a document, Triton's model-config JSON, which is its message's
+JSON mapping.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -18,8 +20,25 @@ from reposerve.errors import ProtocolError
 from reposerve.front_service import FrontService
 from reposerve.grpc import schema
 from reposerve.grpc.infer import parameter_value
-from reposerve.operations import IndexRequest, SystemRegion
+from reposerve.operations import (
+    CudaSharedMemoryRegisterRequest,
+    CudaSharedMemoryStatusRequest,
+    CudaSharedMemoryUnregisterRequest,
+    IndexRequest,
+    ModelConfigRequest,
+    ModelMetadataRequest,
+    ModelReadyRequest,
+    ModelStatisticsRequest,
+    ServerMetadataRequest,
+    SystemRegion,
+    SystemSharedMemoryRegisterRequest,
+    SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryUnregisterRequest,
+)
 from reposerve.protocol.repository import load_request, unload_request
+
+# One unary call: (the service, its request message) -> its response message.
+Call = Callable[[FrontService, Any], Awaitable[Any]]
 
 
 def response(method: str, **fields: Any) -> Any:
@@ -70,78 +89,104 @@ def _file_content(value: object, where: str) -> bytes:
     return value
 
 
-class Operations:
-    """One coroutine per call: (request message) -> response message."""
+async def _model_ready(service: FrontService, request: Any) -> Any:
+    ready = await service.perform(ModelReadyRequest(request.name, _version(request)))
+    return response("ModelReady", ready=ready)
 
-    def __init__(self, service: FrontService) -> None:
-        self.service = service
 
-    async def ModelReady(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
-        ready = await self.service.model_ready(request.name, _version(request))
-        return response("ModelReady", ready=ready)
+async def _server_metadata(service: FrontService, request: Any) -> Any:
+    return build("ServerMetadata", await service.perform(ServerMetadataRequest()))
 
-    async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
-        return build("ServerMetadata", await self.service.server_metadata())
 
-    async def ModelMetadata(self, request: Any) -> Any:  # noqa: N802
-        return build(
-            "ModelMetadata", await self.service.model_metadata(request.name, _version(request))
-        )
+async def _model_metadata(service: FrontService, request: Any) -> Any:
+    operation = ModelMetadataRequest(request.name, _version(request))
+    return build("ModelMetadata", await service.perform(operation))
 
-    async def ModelConfig(self, request: Any) -> Any:  # noqa: N802
-        document = await self.service.model_config(request.name, _version(request))
-        message = response("ModelConfig")
-        # Fields of Triton's that this server's ModelConfig message does not declare
-        # (batch_input, ...) are dropped, as its clients would drop them.
-        json_format.ParseDict(document.config, message.config, ignore_unknown_fields=True)
-        return message
 
-    async def ModelStatistics(self, request: Any) -> Any:  # noqa: N802
-        statistics = await self.service.model_statistics(request.name or None, _version(request))
-        return build("ModelStatistics", statistics)
+async def _model_config(service: FrontService, request: Any) -> Any:
+    document = await service.perform(ModelConfigRequest(request.name, _version(request)))
+    message = response("ModelConfig")
+    # Fields of Triton's that this server's ModelConfig message does not declare
+    # (batch_input, ...) are dropped, as its clients would drop them.
+    json_format.ParseDict(document.config, message.config, ignore_unknown_fields=True)
+    return message
 
-    async def RepositoryIndex(self, request: Any) -> Any:  # noqa: N802
-        entries = await self.service.repository_index(IndexRequest(ready=request.ready))
-        message = response("RepositoryIndex")
-        for entry in entries:
-            _fill(message.models.add(), entry)
-        return message
 
-    async def RepositoryModelLoad(self, request: Any) -> Any:  # noqa: N802
-        load = load_request(request.model_name, _parameters(request), _file_content)
-        await self.service.load_model(load)
-        return response("RepositoryModelLoad")
+async def _model_statistics(service: FrontService, request: Any) -> Any:
+    operation = ModelStatisticsRequest(request.name or None, _version(request))
+    return build("ModelStatistics", await service.perform(operation))
 
-    async def RepositoryModelUnload(self, request: Any) -> Any:  # noqa: N802
-        await self.service.unload_model(unload_request(request.model_name, _parameters(request)))
-        return response("RepositoryModelUnload")
 
-    # Triton's shared-memory extension: an empty name = every region.
-    async def SystemSharedMemoryStatus(self, request: Any) -> Any:  # noqa: N802
-        message = response("SystemSharedMemoryStatus")
-        for region in await self.service.shared_memory_status(request.name or None):
-            _fill(message.regions[region.name], region)
-        return message
+async def _repository_index(service: FrontService, request: Any) -> Any:
+    entries = await service.perform(IndexRequest(ready=request.ready))
+    message = response("RepositoryIndex")
+    for entry in entries:
+        _fill(message.models.add(), entry)
+    return message
 
-    async def SystemSharedMemoryRegister(self, request: Any) -> Any:  # noqa: N802
-        region = SystemRegion(request.name, request.key, request.offset, request.byte_size)
-        await self.service.register_shared_memory(region)
-        return response("SystemSharedMemoryRegister")
 
-    async def SystemSharedMemoryUnregister(self, request: Any) -> Any:  # noqa: N802
-        await self.service.unregister_shared_memory(request.name or None)
-        return response("SystemSharedMemoryUnregister")
+async def _repository_model_load(service: FrontService, request: Any) -> Any:
+    load = load_request(request.model_name, _parameters(request), _file_content)
+    await service.perform(load)
+    return response("RepositoryModelLoad")
 
-    async def CudaSharedMemoryStatus(self, request: Any) -> Any:  # noqa: N802
-        message = response("CudaSharedMemoryStatus")
-        for region in await self.service.cuda_memory_status(request.name or None):
-            _fill(message.regions[region.name], region)
-        return message
 
-    async def CudaSharedMemoryRegister(self, request: Any) -> Any:  # noqa: N802
-        await self.service.register_cuda_memory(request.name)
-        return response("CudaSharedMemoryRegister")
+async def _repository_model_unload(service: FrontService, request: Any) -> Any:
+    await service.perform(unload_request(request.model_name, _parameters(request)))
+    return response("RepositoryModelUnload")
 
-    async def CudaSharedMemoryUnregister(self, request: Any) -> Any:  # noqa: N802
-        await self.service.unregister_cuda_memory(request.name or None)
-        return response("CudaSharedMemoryUnregister")
+
+# Triton's shared-memory extension: an empty name = every region.
+async def _system_shared_memory_status(service: FrontService, request: Any) -> Any:
+    message = response("SystemSharedMemoryStatus")
+    operation = SystemSharedMemoryStatusRequest(request.name or None)
+    for region in await service.perform(operation):
+        _fill(message.regions[region.name], region)
+    return message
+
+
+async def _system_shared_memory_register(service: FrontService, request: Any) -> Any:
+    region = SystemRegion(request.name, request.key, request.offset, request.byte_size)
+    await service.perform(SystemSharedMemoryRegisterRequest(region))
+    return response("SystemSharedMemoryRegister")
+
+
+async def _system_shared_memory_unregister(service: FrontService, request: Any) -> Any:
+    await service.perform(SystemSharedMemoryUnregisterRequest(request.name or None))
+    return response("SystemSharedMemoryUnregister")
+
+
+async def _cuda_shared_memory_status(service: FrontService, request: Any) -> Any:
+    message = response("CudaSharedMemoryStatus")
+    operation = CudaSharedMemoryStatusRequest(request.name or None)
+    for region in await service.perform(operation):
+        _fill(message.regions[region.name], region)
+    return message
+
+
+async def _cuda_shared_memory_register(service: FrontService, request: Any) -> Any:
+    await service.perform(CudaSharedMemoryRegisterRequest(request.name))
+    return response("CudaSharedMemoryRegister")
+
+
+async def _cuda_shared_memory_unregister(service: FrontService, request: Any) -> Any:
+    await service.perform(CudaSharedMemoryUnregisterRequest(request.name or None))
+    return response("CudaSharedMemoryUnregister")
+
+
+CALLS: dict[str, Call] = {
+    "ModelReady": _model_ready,
+    "ServerMetadata": _server_metadata,
+    "ModelMetadata": _model_metadata,
+    "ModelConfig": _model_config,
+    "ModelStatistics": _model_statistics,
+    "RepositoryIndex": _repository_index,
+    "RepositoryModelLoad": _repository_model_load,
+    "RepositoryModelUnload": _repository_model_unload,
+    "SystemSharedMemoryStatus": _system_shared_memory_status,
+    "SystemSharedMemoryRegister": _system_shared_memory_register,
+    "SystemSharedMemoryUnregister": _system_shared_memory_unregister,
+    "CudaSharedMemoryStatus": _cuda_shared_memory_status,
+    "CudaSharedMemoryRegister": _cuda_shared_memory_register,
+    "CudaSharedMemoryUnregister": _cuda_shared_memory_unregister,
+}

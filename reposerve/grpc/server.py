@@ -1,15 +1,17 @@
 """The gRPC front: ``inference.GRPCInferenceService`` (unary RPCs) and ``grpc.health.v1``
 on a ``grpc.aio`` server that shares the HTTP front's event loop.
 
-Each handler decodes its request message, calls ``FrontService`` (the operations the
-HTTP front calls) and encodes the answer (``reposerve.grpc.operations``, ``.infer``); errors
-become the gRPC status codes Triton returns. Handlers are registered generically with the
-run-time message classes of ``reposerve.grpc.schema``: no generated stubs.
+Each handler (``UNARY``, by Triton's method name) decodes its request message, calls
+``FrontService`` (the operations the HTTP front calls) and encodes the answer
+(``reposerve.grpc.operations``, ``.infer``); errors become the gRPC status codes Triton
+returns. Handlers are registered generically with the run-time message classes of
+``reposerve.grpc.schema``: no generated stubs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -26,8 +28,9 @@ from reposerve.front_service import FrontService
 from reposerve.grpc import schema
 from reposerve.grpc.decoding import Reclaimer, Undecodable, deserializer, status_message
 from reposerve.grpc.infer import request_parts, response_encoder
-from reposerve.grpc.operations import Operations, response
+from reposerve.grpc.operations import CALLS, Call, response
 from reposerve.grpc.stream import serve_stream
+from reposerve.operations import ServerReadyRequest
 from reposerve.settings import Settings
 
 log = logging.getLogger("reposerve.grpc")
@@ -57,31 +60,40 @@ RESTRICTED_PREFIX = "triton-grpc-protocol-"
 _MAX_MESSAGE = 2**31 - 1
 
 
-class Handlers(Operations):
-    """One coroutine per RPC: (request message) -> response message. Health and
-    inference are here; the service's other operations come from ``Operations``."""
+async def _server_live(service: FrontService, request: Any) -> Any:
+    return response("ServerLive", live=True)
 
-    async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - Triton's RPC names
-        return response("ServerLive", live=True)
 
-    async def ServerReady(self, request: Any) -> Any:  # noqa: N802
-        return response("ServerReady", ready=await self.service.server_ready())
+async def _server_ready(service: FrontService, request: Any) -> Any:
+    return response("ServerReady", ready=await service.perform(ServerReadyRequest()))
 
-    async def ModelInfer(self, request: Any) -> Any:  # noqa: N802
-        header, raws = request_parts(request)
-        encode = response_encoder(
-            schema.message_class(f"{schema.PACKAGE}.ModelInferResponse"), request
-        )
-        with await self.service.infer_parts(
-            request.model_name, request.model_version or None, header, raws
-        ) as answer:  # encoded straight from the instance's memory, then let go
-            return encode(answer)
 
-    async def Check(self, request: Any) -> Any:  # noqa: N802 - grpc.health.v1.Health/Check
-        """SERVING while the server is ready (``/v2/health/ready``'s answer), whatever
-        ``service`` names: the probe asks about the whole server."""
-        health = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
-        return health(status=1 if await self.service.server_ready() else 2)  # SERVING / NOT_SERVING
+async def _model_infer(service: FrontService, request: Any) -> Any:
+    header, raws = request_parts(request)
+    encode = response_encoder(schema.message_class(f"{schema.PACKAGE}.ModelInferResponse"), request)
+    with await service.infer_parts(
+        request.model_name, request.model_version or None, header, raws
+    ) as answer:  # encoded straight from the instance's memory, then let go
+        return encode(answer)
+
+
+async def _check(service: FrontService, request: Any) -> Any:
+    """grpc.health.v1.Health/Check: SERVING while the server is ready
+    (``/v2/health/ready``'s answer), whatever ``service`` names: the probe asks about the
+    whole server."""
+    health = schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckResponse")
+    ready = await service.perform(ServerReadyRequest())
+    return health(status=1 if ready else 2)  # SERVING / NOT_SERVING
+
+
+# Every unary RPC of Triton's service (``schema.METHODS``): health and inference here, the
+# service's other operations from ``reposerve.grpc.operations``.
+UNARY: dict[str, Call] = {
+    "ServerLive": _server_live,
+    "ServerReady": _server_ready,
+    "ModelInfer": _model_infer,
+    **CALLS,
+}
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
@@ -182,11 +194,10 @@ def _streaming(
 def generic_handlers(
     service: FrontService, policy: Policy, reclaimer: Reclaimer | None = None
 ) -> list[grpc.GenericRpcHandler]:
-    handlers = Handlers(service)
     inference = {
         method: _unary(
             method,
-            getattr(handlers, method),
+            functools.partial(UNARY[method], service),
             schema.message_class(f"{schema.PACKAGE}.{request}"),
             category,
             policy,
@@ -198,7 +209,7 @@ def generic_handlers(
     health = {
         "Check": _unary(
             "Check",
-            handlers.Check,
+            functools.partial(_check, service),
             schema.message_class(f"{schema.HEALTH_PACKAGE}.HealthCheckRequest"),
             None,  # the probe is never restricted
             policy,

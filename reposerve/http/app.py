@@ -1,7 +1,7 @@
 """The Starlette app: the whole HTTP surface as one route list, and thin handlers.
 
-Handlers read the path and body, call ``FrontService`` and shape the reply: request
-bodies are decoded into the service's arguments (``reposerve.operations``) and its results
+Handlers read the path and body, call ``FrontService`` and shape the reply: each request
+becomes one of the service's operations (``reposerve.operations``) and its result is
 encoded as V2 JSON. The only HTTP knowledge in reposerve lives in this package.
 """
 
@@ -27,6 +27,22 @@ from reposerve.http.generate import GenerateEndpoint
 from reposerve.http.infer import InferEndpoint, body_deadline
 from reposerve.http.openai import openai_routes
 from reposerve.logs import decode_log_update
+from reposerve.operations import (
+    CudaSharedMemoryRegisterRequest,
+    CudaSharedMemoryStatusRequest,
+    CudaSharedMemoryUnregisterRequest,
+    LogSettingsRequest,
+    LogUpdateRequest,
+    ModelConfigRequest,
+    ModelMetadataRequest,
+    ModelReadyRequest,
+    ModelStatisticsRequest,
+    ServerMetadataRequest,
+    ServerReadyRequest,
+    SystemSharedMemoryRegisterRequest,
+    SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryUnregisterRequest,
+)
 from reposerve.protocol.documents import encode
 from reposerve.protocol.repository import (
     decode_index_request,
@@ -60,7 +76,7 @@ class Handlers:
         return _json(b'{"live":true}')
 
     async def ready(self, request: Request) -> Response:
-        if await self.service.server_ready():
+        if await self.service.perform(ServerReadyRequest()):
             return _json(b'{"ready":true}')
         return _json(b'{"ready":false}', 503)
 
@@ -68,76 +84,79 @@ class Handlers:
         """vLLM's ``GET /health`` (SGLang and TGI serve it too), which OpenAI-world tools
         such as guidellm probe before they start: 200 with an empty body when the server
         can serve, else 503 (vLLM: vllm/entrypoints/serve/instrumentator/health.py)."""
-        return Response(status_code=200 if await self.service.server_ready() else 503)
+        ready = await self.service.perform(ServerReadyRequest())
+        return Response(status_code=200 if ready else 503)
 
     async def server_metadata(self, request: Request) -> Response:
-        return _json(encode(await self.service.server_metadata()))
+        return _json(encode(await self.service.perform(ServerMetadataRequest())))
 
     async def model_metadata(self, request: Request) -> Response:
-        metadata = await self.service.model_metadata(
-            request.path_params["model"], _version(request)
-        )
-        return _json(encode(metadata))
+        operation = ModelMetadataRequest(request.path_params["model"], _version(request))
+        return _json(encode(await self.service.perform(operation)))
 
     async def model_ready(self, request: Request) -> Response:
         name = request.path_params["model"]
-        ready = await self.service.model_ready(name, _version(request))
+        ready = await self.service.perform(ModelReadyRequest(name, _version(request)))
         return _json(encode({"name": name, "ready": ready}), 200 if ready else 400)
 
     async def model_config(self, request: Request) -> Response:
-        document = await self.service.model_config(request.path_params["model"], _version(request))
+        operation = ModelConfigRequest(request.path_params["model"], _version(request))
+        document = await self.service.perform(operation)
         return _json(encode(document.config))  # the config itself, unwrapped (Triton's)
 
     async def model_statistics(self, request: Request) -> Response:
-        name = request.path_params.get("model")
-        return _json(encode(await self.service.model_statistics(name, _version(request))))
+        operation = ModelStatisticsRequest(request.path_params.get("model"), _version(request))
+        return _json(encode(await self.service.perform(operation)))
 
     async def repository_index(self, request: Request) -> Response:
         query = decode_index_request(await request.body())
-        return _json(encode(await self.service.repository_index(query)))
+        return _json(encode(await self.service.perform(query)))
 
     async def load(self, request: Request) -> Response:
         name, body = request.path_params["model"], await request.body()
         # Off the loop: a load may carry whole model files, base64 in JSON.
-        await self.service.load_model(await asyncio.to_thread(decode_load_request, name, body))
+        await self.service.perform(await asyncio.to_thread(decode_load_request, name, body))
         return _json(b"{}")
 
     async def unload(self, request: Request) -> Response:
         body = await request.body()
-        await self.service.unload_model(decode_unload_request(request.path_params["model"], body))
+        await self.service.perform(decode_unload_request(request.path_params["model"], body))
         return _json(b"{}")
 
     async def log_settings(self, request: Request) -> Response:
-        return _json(encode(await self.service.log_settings()))
+        return _json(encode(await self.service.perform(LogSettingsRequest())))
 
     async def update_log_settings(self, request: Request) -> Response:
         update = decode_log_update(await request.body())
-        return _json(encode(await self.service.update_log_settings(update)))
+        return _json(encode(await self.service.perform(LogUpdateRequest(update))))
 
     # Triton's shared-memory extension: ``region`` absent = every region.
     async def shared_memory_status(self, request: Request) -> Response:
-        regions = await self.service.shared_memory_status(request.path_params.get("region"))
-        return _json(encode(regions))
+        operation = SystemSharedMemoryStatusRequest(request.path_params.get("region"))
+        return _json(encode(await self.service.perform(operation)))
 
     async def register_shared_memory(self, request: Request) -> Response:
         region = decode_register_request(request.path_params["region"], await request.body())
-        await self.service.register_shared_memory(region)
+        await self.service.perform(SystemSharedMemoryRegisterRequest(region))
         return _json(b"{}")
 
     async def unregister_shared_memory(self, request: Request) -> Response:
-        await self.service.unregister_shared_memory(request.path_params.get("region"))
+        operation = SystemSharedMemoryUnregisterRequest(request.path_params.get("region"))
+        await self.service.perform(operation)
         return _json(b"{}")
 
     async def cuda_memory_status(self, request: Request) -> Response:
-        regions = await self.service.cuda_memory_status(request.path_params.get("region"))
-        return _json(encode(regions))
+        operation = CudaSharedMemoryStatusRequest(request.path_params.get("region"))
+        return _json(encode(await self.service.perform(operation)))
 
     async def register_cuda_memory(self, request: Request) -> Response:
-        await self.service.register_cuda_memory(request.path_params["region"])
+        operation = CudaSharedMemoryRegisterRequest(request.path_params["region"])
+        await self.service.perform(operation)
         return _json(b"{}")
 
     async def unregister_cuda_memory(self, request: Request) -> Response:
-        await self.service.unregister_cuda_memory(request.path_params.get("region"))
+        operation = CudaSharedMemoryUnregisterRequest(request.path_params.get("region"))
+        await self.service.perform(operation)
         return _json(b"{}")
 
 

@@ -37,7 +37,7 @@ from reposerve.http.generate import EVENT_STREAM, before, send_json, wait_for_di
 from reposerve.http.infer import Disconnected, InferEndpoint
 from reposerve.openai.embeddings import embed
 from reposerve.openai.generation import Generation, Settings, check_kind, choice_seed, merged
-from reposerve.operations import OpenAIModel
+from reposerve.operations import OpenAIModel, OpenAIModelsRequest
 from reposerve.protocol.openai import (
     ChatRequest,
     CompletionRequest,
@@ -144,7 +144,7 @@ class OpenAIEndpoint(InferEndpoint):
             )
 
     async def _model(self, name: str, route: str, kinds: tuple[str, ...]) -> OpenAIModel:
-        (model,) = await self._service.openai_models(name)
+        (model,) = await self._service.perform(OpenAIModelsRequest(name))
         check_kind(model, route, kinds)
         return model
 
@@ -152,7 +152,7 @@ class OpenAIEndpoint(InferEndpoint):
 
     async def _models(self, name: bytes, watching: asyncio.Future, send: Send) -> None:
         """GET /v1/models (``name`` empty) or /v1/models/{name}."""
-        models = await self._service.openai_models(None)  # none loaded for being asked
+        models = await self._service.perform(OpenAIModelsRequest())  # none loaded for being asked
         if name:
             wanted = name.decode()
             found = [model for model in models if model.name == wanted]

@@ -1,6 +1,6 @@
 """A front's link to the server, both ends in one process over a real socket pair and real
 memfd slots: ``RemoteService`` (the front's side) against ``FrontPeer`` (the server's),
-which serves a stand-in for the service's inference."""
+which serves a stand-in for the service's inference and other operations."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from reposerve.fronts.core import FrontPeer
 from reposerve.fronts.frames import Cancel, Failed, Infer, SlotOpened, ToFront
 from reposerve.fronts.remote import RemoteService
 from reposerve.instance.arena import Slot
+from reposerve.operations import IndexEntry, IndexRequest, LoadRequest, Operation
 from reposerve.tensor import Tensor
 
 pytestmark = pytest.mark.integration
@@ -35,11 +36,23 @@ class _Released:
 
 class _Service:
     """Inference that answers the body's bytes reversed (or waits for good on b"hang"),
-    and streams that answer ``count`` times."""
+    streams that answer ``count`` times, and an index of the models ``loaded``."""
 
     def __init__(self) -> None:
         self.released = _Released()
         self.started = asyncio.Event()
+        self.loaded: list[str] = []
+
+    async def perform(self, operation: Operation[Any]) -> object:
+        match operation:
+            case IndexRequest():
+                return [IndexEntry(name, "1", "READY") for name in self.loaded]
+            case LoadRequest(name="missing"):
+                raise ReposerveError("failed to load 'missing'", ErrorKind.INVALID_ARGUMENT)
+            case LoadRequest(name=name):
+                self.loaded.append(name)
+                return None
+        raise AssertionError(f"not performed here: {operation!r}")
 
     def _answer(self, raw: bytes, final: bool = True) -> Answer:
         tensor = Tensor("UINT8", (len(raw),), memoryview(raw[::-1]))
@@ -118,6 +131,24 @@ def test_an_error_is_the_servers_own_and_costs_no_slot():
             ErrorKind.INTERNAL,
         )
         assert remote._free == [0] and not remote._calls
+        await _closed(remote, peer)
+
+    asyncio.run(scenario())
+
+
+def test_an_operation_crosses_as_its_value_and_its_result_comes_back_typed():
+    async def scenario() -> None:
+        remote, peer, service = await _linked()
+        assert await remote.perform(LoadRequest("m", files={"1/model.py": b"\xff"})) is None
+        assert await remote.perform(IndexRequest(ready=True)) == [IndexEntry("m", "1", "READY")]
+        with pytest.raises(ReposerveError) as raised:
+            await remote.perform(LoadRequest("missing"))
+        assert (raised.value.message, raised.value.kind) == (
+            "failed to load 'missing'",
+            ErrorKind.INVALID_ARGUMENT,
+        )
+        assert service.loaded == ["m"]
+        assert not remote._calls and not remote._slots  # an operation takes no slot
         await _closed(remote, peer)
 
     asyncio.run(scenario())

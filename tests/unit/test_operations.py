@@ -1,29 +1,53 @@
 """The service's typed operations in each protocol: a result encoded as V2 JSON (the HTTP
 front) and built as protobuf (the gRPC front) say the same thing, the JSON is the document
-Triton's clients read, a request decodes to the same Struct from either front, and every
-Struct crosses a process boundary as msgpack unchanged."""
+Triton's clients read, a request decodes to the same Struct from either front, every
+Struct crosses a process boundary as msgpack unchanged, and the service performs every
+operation there is."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+import typing
+from typing import Any
 
 import msgspec
 import pytest
 from google.protobuf import json_format
 
 from reposerve.config import parse_model_config
-from reposerve.errors import ProtocolError
+from reposerve.errors import ProtocolError, ReposerveError
 from reposerve.grpc import schema
-from reposerve.grpc.operations import Operations
+from reposerve.grpc.operations import CALLS
+from reposerve.grpc.server import UNARY
+from reposerve.logs import LogUpdate
 from reposerve.operations import (
+    AnyOperation,
+    CudaSharedMemoryRegisterRequest,
+    CudaSharedMemoryStatusRequest,
+    CudaSharedMemoryUnregisterRequest,
     IndexEntry,
     IndexRequest,
     LoadRequest,
     LogSettings,
+    LogSettingsRequest,
+    LogUpdateRequest,
+    ModelConfigRequest,
+    ModelMetadataRequest,
+    ModelReadyRequest,
     ModelStatistics,
+    ModelStatisticsRequest,
+    OpenAIModelsRequest,
+    Operation,
+    ServerMetadataRequest,
+    ServerReadyRequest,
+    SystemRegion,
+    SystemSharedMemoryRegisterRequest,
+    SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryUnregisterRequest,
     UnloadRequest,
+    result_type,
 )
 from reposerve.protocol import documents
 from reposerve.protocol.repository import (
@@ -31,6 +55,8 @@ from reposerve.protocol.repository import (
     decode_load_request,
     decode_unload_request,
 )
+from reposerve.repository import Repository
+from reposerve.service import InferenceService
 from reposerve.statistics import BatchStats, Duration, InferenceStats, MemoryUsage, ModelStats
 from tests.toy_models import EVERY_SETTING
 
@@ -45,44 +71,23 @@ def _message(kind: str, **fields: object) -> object:
 
 
 class _Service:
-    """The service as the gRPC calls see it: each operation answers ``result`` and
-    records what it was given."""
+    """The service as the gRPC calls see it: each operation answers ``result`` and is
+    recorded."""
 
     def __init__(self, result: object = None) -> None:
         self.result = result
-        self.calls: list[object] = []
+        self.calls: list[Operation[Any]] = []
 
-    def _answer(self, *arguments: object) -> object:
-        self.calls.append(arguments)
+    async def perform(self, operation: Operation[Any]) -> object:
+        self.calls.append(operation)
         return self.result
-
-    async def server_metadata(self) -> object:
-        return self._answer()
-
-    async def model_metadata(self, name: str, version: str | None) -> object:
-        return self._answer(name, version)
-
-    async def model_config(self, name: str, version: str | None) -> object:
-        return self._answer(name, version)
-
-    async def model_statistics(self, name: str | None, version: str | None) -> object:
-        return self._answer(name, version)
-
-    async def repository_index(self, request: IndexRequest) -> object:
-        return self._answer(request)
-
-    async def load_model(self, request: LoadRequest) -> None:
-        self._answer(request)
-
-    async def unload_model(self, request: UnloadRequest) -> None:
-        self._answer(request)
 
 
 def _call(method: str, service: _Service, request: object = None) -> object:
     """``method`` of the gRPC front's operations, as a client's call reaches it."""
     if request is None:
         request = _message(f"{method}Request")
-    return asyncio.run(getattr(Operations(service), method)(request))
+    return asyncio.run(CALLS[method](service, request))
 
 
 def _from_json(document: bytes, message: object) -> object:
@@ -120,7 +125,7 @@ def test_statistics_read_the_same_over_http_and_grpc():
     document = documents.encode(result)
     service = _Service(result)
     built = _call("ModelStatistics", service, _message("ModelStatisticsRequest", name="m"))
-    assert service.calls == [("m", None)]
+    assert service.calls == [ModelStatisticsRequest("m", None)]
     assert built == _from_json(document, _message("ModelStatisticsResponse"))
     first = built.model_stats[0]
     assert first.inference_count == 2**40
@@ -184,7 +189,7 @@ def test_index_reads_the_same_over_http_and_grpc():
     service = _Service(entries)
     built = _call("RepositoryIndex", service, _message("RepositoryIndexRequest", ready=True))
     assert built == _from_json(b'{"models": %s}' % document, _message("RepositoryIndexResponse"))
-    assert service.calls == [(decode_index_request(b'{"ready":true}'),)]
+    assert service.calls == [decode_index_request(b'{"ready":true}')]
     assert decode_index_request(b"") == IndexRequest(ready=False)
 
 
@@ -204,7 +209,7 @@ def test_grpc_load_files_arrive_as_the_bytes_sent():
         **{"file:1/model.onnx": ("bytes_param", BINARY)},
     )
     _call("RepositoryModelLoad", service, request)
-    [(load,)] = service.calls
+    [load] = service.calls
     assert load == LoadRequest("m", '{"max_batch_size": 2}', {"1/model.onnx": BINARY})
     # The same load over HTTP, its file base64 in JSON, is the same request.
     body = {
@@ -234,7 +239,7 @@ def test_grpc_and_http_unload_agree():
     request = _on_the_wire("RepositoryModelUnloadRequest", unload_dependents=("bool_param", True))
     _call("RepositoryModelUnload", service, request)
     body = b'{"parameters": {"unload_dependents": true}}'
-    assert service.calls == [(UnloadRequest("m", True),)] == [(decode_unload_request("m", body),)]
+    assert service.calls == [UnloadRequest("m", True)] == [decode_unload_request("m", body)]
     wrong = _on_the_wire("RepositoryModelUnloadRequest", unload_dependents=("string_param", "yes"))
     message = "unload 'm': parameter unload_dependents must be a bool"
     with pytest.raises(ProtocolError, match=message):
@@ -262,3 +267,66 @@ def test_structs_cross_processes_as_msgpack(value):
     """What a front in another process will receive is what the service made."""
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(value), type=type(value))
     assert decoded == value
+
+
+# One of each operation, every field away from its default.
+EVERY_OPERATION = [
+    ServerReadyRequest(),
+    ServerMetadataRequest(),
+    ModelReadyRequest("m", "1"),
+    ModelMetadataRequest("m", "1"),
+    ModelConfigRequest("m", "1"),
+    ModelStatisticsRequest("m", "1"),
+    IndexRequest(ready=True),
+    LoadRequest("m", "{}", {"1/model.onnx": BINARY}),
+    UnloadRequest("m", unload_dependents=True),
+    OpenAIModelsRequest("m"),
+    LogSettingsRequest(),
+    LogUpdateRequest(LogUpdate(log_info=False, log_verbose_level=1)),
+    SystemSharedMemoryStatusRequest("r"),
+    SystemSharedMemoryRegisterRequest(SystemRegion("r", "/r", 8, 64)),
+    SystemSharedMemoryUnregisterRequest("r"),
+    CudaSharedMemoryStatusRequest("r"),
+    CudaSharedMemoryRegisterRequest("r"),
+    CudaSharedMemoryUnregisterRequest("r"),
+]
+
+
+def test_every_operation_is_in_the_union_a_front_sends():
+    """An operation left out of ``AnyOperation`` would encode in a front worker and fail
+    to decode in the core."""
+    kinds = set(Operation.__subclasses__())
+    assert set(typing.get_args(AnyOperation)) == kinds == {type(o) for o in EVERY_OPERATION}
+    assert result_type(IndexRequest) == list[IndexEntry]
+    assert result_type(LoadRequest) is type(None)
+    assert result_type(LogUpdateRequest) is LogSettings
+
+
+@pytest.mark.parametrize("operation", EVERY_OPERATION, ids=lambda value: type(value).__name__)
+def test_operations_cross_processes_as_msgpack(operation):
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(operation), type=AnyOperation)
+    assert decoded == operation and type(decoded) is type(operation)
+
+
+@pytest.mark.parametrize("operation", EVERY_OPERATION, ids=lambda value: type(value).__name__)
+def test_the_service_performs_every_operation(operation, tmp_path):
+    """Each has its case: a result of its type (as a front in another process decodes
+    it), or the service's own refusal on an empty repository; never "not an operation"."""
+
+    async def perform() -> object:
+        service = InferenceService(Repository([tmp_path], 1.0, 1.0))
+        return await service.perform(operation)
+
+    try:
+        result = asyncio.run(perform())
+    except ReposerveError:
+        return
+    kind = result_type(type(operation))
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(result), type=kind) == result
+
+
+def test_every_unary_grpc_method_has_its_call():
+    """The gRPC front registers ``UNARY[method]`` for each of Triton's unary methods: one
+    missing would fail its start, one extra would never be called."""
+    assert set(UNARY) == {method for method, *_ in schema.METHODS}
+    assert CALLS.items() <= UNARY.items()
