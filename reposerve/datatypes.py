@@ -80,6 +80,38 @@ def _int64(values: list[int]) -> np.ndarray:
 RUN_PROBE = 32
 
 
+# Fewer elements than this with no run among them are read as plain offsets: for the few
+# elements of a typical request, building numpy tables costs far more than the walk.
+FEW_ELEMENTS = 1024
+
+
+class ByteOffsets:
+    """Where ``count`` BYTES elements lie, as the walk found them, one offset each: the
+    few elements of a typical request (no run of equal lengths among them)."""
+
+    __slots__ = ("count", "end", "offsets")
+
+    def __init__(self, count: int, end: int, offsets: list[int]) -> None:
+        self.count = count
+        self.end = end  # where element ``count`` would start
+        self.offsets = offsets
+
+    def offset(self, index: int) -> int:
+        """Where element ``index`` is framed (``count``: the end of the data)."""
+        return self.offsets[index] if index < self.count else self.end
+
+    def elements(self, raw: bytes | memoryview) -> np.ndarray:
+        """The elements as a flat object array of ``bytes``."""
+        view = memoryview(raw)
+        starts = self.offsets
+        array = np.empty(self.count, dtype=object)
+        array[:] = [
+            bytes(view[start + BYTES_LENGTH_SIZE : stop])
+            for start, stop in zip(starts, [*starts[1:], self.end], strict=False)
+        ]
+        return array
+
+
 class ByteRuns:
     """Where ``count`` BYTES elements lie in their wire bytes, as runs of consecutive
     elements of one length: run ``r`` holds ``counts[r]`` elements of ``lengths[r]``
@@ -145,7 +177,7 @@ class ByteRuns:
         return run, np.arange(len(run), dtype=np.int64) - before
 
 
-def byte_runs(raw: bytes | memoryview, count: int) -> ByteRuns:
+def byte_runs(raw: bytes | memoryview, count: int) -> ByteOffsets | ByteRuns:
     """The framing of ``count`` BYTES elements in ``raw``, checked.
 
     Raises ValueError when ``raw`` does not hold exactly ``count`` well-framed elements,
@@ -154,8 +186,7 @@ def byte_runs(raw: bytes | memoryview, count: int) -> ByteRuns:
     length fields where the next elements would be (in windows that double, so a run
     costs about its own size); irregular stretches are walked in Python.
     """
-    data = np.frombuffer(raw, np.uint8)
-    end = len(data)
+    end = raw.nbytes if isinstance(raw, memoryview) else len(raw)
     unpack = _LENGTH.unpack_from
     singles: list[int] = []
     runs: list[int] = []
@@ -164,7 +195,7 @@ def byte_runs(raw: bytes | memoryview, count: int) -> ByteRuns:
     while done < count:
         if position + BYTES_LENGTH_SIZE > end:
             raise ValueError(f"holds fewer than {count} elements ({done} found)")
-        (length,) = unpack(data, position)
+        (length,) = unpack(raw, position)
         step = BYTES_LENGTH_SIZE + length
         if position + step > end:
             raise ValueError(f"element {done} claims {length} bytes, past the end of the data")
@@ -175,13 +206,16 @@ def byte_runs(raw: bytes | memoryview, count: int) -> ByteRuns:
             position += step
             done += 1
             continue
-        run = _run_length(data, position, length, min(count - done, (end - position) // step))
+        most = min(count - done, (end - position) // step)
+        run = _run_length(np.frombuffer(raw, np.uint8), position, length, most)
         runs += (position, length, run)
         position += run * step
         done += run
         same = 0
     if position != end:
         raise ValueError(f"has {end - position} bytes left over after {count} elements")
+    if not runs and count < FEW_ELEMENTS:
+        return ByteOffsets(count, end, singles)
     return ByteRuns(count, end, singles, runs)
 
 
@@ -202,7 +236,9 @@ def _run_length(data: np.ndarray, position: int, length: int, most: int) -> int:
 
 def pack_bytes(items: Iterable[bytes]) -> bytes:
     """Frame BYTES elements in the wire format (C iterators, a chunk at a time)."""
-    items = items if isinstance(items, Sequence) else list(items)
+    items = items if isinstance(items, list | tuple) else list(items)
+    if len(items) <= C_LOOP_CHUNK:
+        return _pack_chunk(items)
     return b"".join(map(_pack_chunk, chunks(items)))
 
 
