@@ -34,10 +34,12 @@ Serving = dict[str, list[ModelVersion]]  # name -> its READY versions
 
 
 class Loading(msgspec.Struct, frozen=True):
-    """A load under way, and the room made for it."""
+    """A load under way, and the room made for it, held until the load is measured.
+    ``beside``: a reload, whose old version serves (and holds its memory) meanwhile."""
 
     name: str
     needed: Footprint
+    beside: bool = False
 
 
 class BudgetKeeper:
@@ -72,18 +74,22 @@ class BudgetKeeper:
             if serving:
                 await self._measure({name: serving})
             return fresh
-        # Each stays in use until it is measured: no decision meanwhile evicts it.
+        # Each stays in use until it is measured: no decision meanwhile evicts it, and
+        # its room stays made for it (a model serving but not yet measured holds memory
+        # no footprint says).
         with residency.in_use([name]):
             async with self._room(name):
                 started = time.monotonic()
                 fresh = await load_now()
-            serving = [v for v in fresh if v.state is ModelState.READY]
-            if serving:
-                async with self._budget:
-                    footprint = (await self._measure({name: serving})).get(name, Footprint())
-                    residency.loaded(name, footprint, time.monotonic() - started)
-                    if residency.budgeted:
-                        await self._trim(name)
+                serving = [v for v in fresh if v.state is ModelState.READY]
+                if serving:
+                    async with self._budget:
+                        measured = await self._measure({name: serving})
+                        residency.loaded(
+                            name, measured.get(name, Footprint()), time.monotonic() - started
+                        )
+                        if residency.budgeted:
+                            await self._trim(name)
             return fresh
 
     @contextlib.asynccontextmanager
@@ -96,7 +102,8 @@ class BudgetKeeper:
             yield
             return
         async with self._budget:
-            loading = Loading(name, await self._make_room(name))
+            beside = name in self._serving()
+            loading = Loading(name, await self._make_room(name), beside)
         self._loads.append(loading)
         try:
             yield
@@ -192,13 +199,15 @@ class BudgetKeeper:
 
     def _residents(self, exclude: str) -> list[Resident]:
         """The resident models, and the loads under way (by the room made for them, which
-        no one may take) but another of ``exclude``. A load whose model already serves
-        (its version READY, the load not yet returned) counts once, as a resident."""
-        serving = self._serving()
+        no one may take) but another of ``exclude``. A model whose first load is under way
+        counts by that room alone until it is measured, though it may serve already; a
+        reload's old version counts as well, by its footprint."""
+        first_loads = {load.name for load in self._loads if not load.beside}
+        serving = {name: v for name, v in self._serving().items() if name not in first_loads}
         loads = [
             Resident(load.name, load.needed, 0.0, busy=False, pinned=False, protected="loading")
             for load in self._loads
-            if load.name != exclude and load.name not in serving
+            if load.name != exclude
         ]
         return residents_of(serving, self.residency, exclude) + loads
 

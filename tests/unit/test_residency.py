@@ -158,11 +158,19 @@ def test_an_ensembles_unit_holds_only_the_steps_that_are_resident():
     assert pair.name == "pair" and pair.held == Footprint(67 * MIB)
 
 
-def test_a_load_whose_model_already_serves_counts_once():
-    """A load returns a moment after its version is READY: meanwhile the model counts as
-    a resident, not a second time by the room made for its load."""
-    serving = {"w1": [_version()]}
+def test_a_load_counts_by_its_room_until_measured_and_a_reload_beside_its_old_version():
+    """A first load's model may serve before the load is measured: it counts once, by the
+    room made for it (its footprint is not known yet). A reload's new version loads
+    while the old one serves: both count."""
+    serving = {"w1": [_version()], "w3": [_version()]}
     keeper = BudgetKeeper(_book(), (), lambda: serving, unload=None)
-    keeper._loads += [Loading("w1", Footprint(67 * MIB)), Loading("w3", Footprint(67 * MIB))]
+    keeper._loads += [
+        Loading("w1", Footprint(70 * MIB)),
+        Loading("w3", Footprint(70 * MIB), beside=True),
+    ]
     held = {(r.name, r.protected): r.held for r in keeper._residents(exclude="w2")}
-    assert held == {("w1", None): Footprint(67 * MIB), ("w3", "loading"): Footprint(67 * MIB)}
+    assert held == {
+        ("w1", "loading"): Footprint(70 * MIB),
+        ("w3", None): Footprint(),  # never measured in this book
+        ("w3", "loading"): Footprint(70 * MIB),
+    }
