@@ -349,7 +349,20 @@ class SequenceBatcher:
         finally:
             if not sent:
                 self._unsent -= 1
+                if request.sequence_start and not sequence.ran:
+                    self._start_withdrawn(sequence)
             self._finished(sequence, request)
+
+    def _start_withdrawn(self, sequence: _Sequence) -> None:
+        """A START left before it ran (its caller went, or it failed first): requests of
+        the sequence behind it would reach the model without one, so they fail instead."""
+        if sequence.waiting > 1 and sequence.gone is None:
+            self._release(
+                sequence,
+                f"inference request for sequence {sequence.key} to model '{self._name}' must "
+                "specify the START flag on the first request of the sequence (the request "
+                "that started it left before it ran)",
+            )
 
     async def _pass_through(self, inner: LeaseStream, outer: LeaseStream) -> None:
         try:

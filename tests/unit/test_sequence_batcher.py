@@ -130,6 +130,27 @@ def test_a_start_whose_caller_left_as_it_was_given_a_slot_gives_it_back():
     run(test)
 
 
+def test_requests_behind_a_start_withdrawn_before_it_ran_never_run_without_one():
+    async def test() -> None:
+        batcher, instance, clock = _batcher()
+        await _hold_the_slot(batcher, instance)
+        start = batcher.submit(_request(2, start=True))
+        behind = batcher.submit(_request(2))  # received for the same sequence
+        await turn()
+        start.cancel()  # its client leaves while it waits for a slot
+        with pytest.raises(SchedulerError, match="the request that started it left before"):
+            await asyncio.wait_for(behind, 1)
+        assert batcher.pending == 0
+        clock.advance(1_000_000_000)  # sequence 1 idles out: the slot is free
+        await turn()
+        assert len(instance.batches) == 1  # nothing of sequence 2 reached the model
+        with pytest.raises(SchedulerError, match="must specify the START flag"):
+            batcher.submit(_request(2))
+        await asyncio.wait_for(batcher.drain(), 1)
+
+    run(test)
+
+
 def test_a_timeout_ends_a_sequence_still_waiting_for_a_slot():
     async def test() -> None:
         batcher, instance, clock = _batcher()
