@@ -33,6 +33,7 @@ log = logging.getLogger("reposerve.repository")
 # How many times a request for an on-demand model follows it through evictions that
 # overtake it before it fails with the reason (each a load of its own).
 _EVICTIONS_OUTLIVED = 3
+_FAILURE_RECHECK_S = 1.0
 
 Files = tuple[tuple[Fingerprint, ...], ...]  # a model's and its steps' folders, as fingerprinted
 
@@ -45,6 +46,7 @@ class _Model:
         # The files (its folder's and its steps') a load from them failed with: on-demand
         # requests answer with that failure, not a new load, until they change.
         self.failed_with: Files | None = None
+        self.failure_checked = 0.0  # when its files were last compared with failed_with
         self.lock = asyncio.Lock()
         # Folders written from load requests' files, until no version runs from them.
         self.overrides: list[OverrideFolder] = []
@@ -209,7 +211,7 @@ class Repository:
         if (
             model is not None
             and model.failed_with is not None
-            and model.failed_with == await asyncio.to_thread(self._files, name)
+            and await self._unchanged_since_failure(model, name)
         ):
             return  # failed from these very files: get() says why, at once
         load = self._on_demand.get(name)
@@ -219,6 +221,16 @@ class Repository:
             load.add_done_callback(_retrieved)
         with contextlib.suppress(ConfigError):  # its index entry and get() say why
             await asyncio.shield(load)  # a request that leaves does not stop the others
+
+    async def _unchanged_since_failure(self, model: _Model, name: str) -> bool:
+        """Whether ``name``'s files are still those its load failed with: looked at, at
+        most once a second, so a flood of requests to a broken model walks its folders
+        no more often (a change is seen within the second)."""
+        now = time.monotonic()
+        if now - model.failure_checked < _FAILURE_RECHECK_S:
+            return True
+        model.failure_checked = now
+        return model.failed_with == await asyncio.to_thread(self._files, name)
 
     async def _load(
         self,
