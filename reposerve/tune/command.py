@@ -30,6 +30,7 @@ from reposerve.tune.space import Machine
 
 DEFAULT_TIME_BUDGET_S = 600.0
 DEFAULT_TOLERANCE = 1e-2
+AB_MARGIN = 0.05  # of the time budget, kept free after the A/B's estimated rounds
 # Ctrl-C, a SIGTERM, a closed terminal (SIGHUP): each stops the run the same way.
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -207,8 +208,11 @@ def _run(
 
         # Each A/B round loads both sides and measures each at up to two concurrencies.
         def search_deadline() -> float:
-            each_round = 4 * (point + sweep.warmup_seconds) + 2 * runner.load_seconds
-            return deadline - AB_ROUNDS * each_round
+            each_point = point + sweep.warmup_seconds + runner.point_overrun
+            each_round = 4 * each_point + 2 * runner.load_seconds
+            # What the estimate misses on a loaded machine (a slower load, a late answer)
+            # comes out of a margin, not past the budget.
+            return deadline - AB_ROUNDS * each_round - AB_MARGIN * args.time_budget
 
         search = Search(
             progress.timed(runner.evaluate), runner.configure, time.monotonic,

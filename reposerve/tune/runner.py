@@ -108,6 +108,8 @@ class Runner:
         self._reference: dict[str, np.ndarray] | None = None
         self._best = (0.0, 1)  # the best score measured so far, and its concurrency
         self.load_seconds = 0.0  # the longest load so far
+        # The longest a point took past its window (connecting, the last answers drained)
+        self.point_overrun = 0.0
 
     def busy_ns(self) -> dict[str, int]:
         """Each model's time spent executing batches so far, per instance (statistics)."""
@@ -253,6 +255,7 @@ class Runner:
         return points
 
     def _point(self, concurrency: int, warmup: float) -> Point:
+        started = time.monotonic()
         run = asyncio.run(
             closed_loop(
                 "tune",
@@ -264,6 +267,8 @@ class Runner:
                 warmup,
             )
         )
+        window = self.sweep.point_seconds + warmup
+        self.point_overrun = max(self.point_overrun, time.monotonic() - started - window)
         # Little's law: each of the clients always has one request out, so they are answered
         # at concurrency / mean latency. Counting answers in the window instead moves in steps
         # of a whole batch per window, 20% or more for a slow model's few big batches.
