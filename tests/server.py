@@ -65,7 +65,7 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 180.0) -> None:
         """Until the server says it is ready: over HTTP, or over gRPC where HTTP is off."""
         http_off = any(
             flag == "--allow-http" and value == "false"

@@ -90,7 +90,7 @@ def worker_pids(server: Server) -> list[int]:
     ]
 
 
-def wait_for(predicate, timeout: float = 20.0) -> bool:
+def wait_for(predicate, timeout: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
