@@ -223,7 +223,11 @@ def _run(
         if best is not baseline:
             progress.note(f"A/B: current against {best.label}, {AB_ROUNDS} rounds")
             try:
-                ab = ab_test(baseline, best, runner.measure, args.p99_ms)
+                ab_deadline = deadline - AB_MARGIN / 2 * args.time_budget  # room to wrap up
+                ab = ab_test(
+                    baseline, best, runner.measure, args.p99_ms,
+                    time_left=lambda: ab_deadline - time.monotonic(),
+                )  # fmt: skip
             except (TuneError, OSError) as exc:  # the search's results still get reported
                 reason = exc.message if isinstance(exc, TuneError) else str(exc)
                 ab = ABResult([], 0.0, False, f"the A/B could not run ({reason}): nothing changes")

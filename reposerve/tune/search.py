@@ -142,10 +142,9 @@ class Search:
         return trial
 
     def _expected(self) -> float:
-        """What the next trial should cost: the median of those so far."""
-        if not self.trials:
-            return self._first_estimate
-        return statistics.median(t.seconds for t in self.trials)
+        """What the next trial may cost: the longest so far (a trial whose sweep reaches
+        one more concurrency costs a point more than the median, and the budget is firm)."""
+        return max((t.seconds for t in self.trials), default=self._first_estimate)
 
     def _label(self, settings: Settings) -> str:
         """What ``settings`` changes from the baseline, model by model."""
@@ -188,31 +187,43 @@ def ab_test(
     measure: Callable[[Settings, int], Point],
     p99_budget_ms: float | None,
     rounds: int = AB_ROUNDS,
+    time_left: Callable[[], float] = lambda: math.inf,
 ) -> ABResult:
     """Current and tuned measured in turn, ``rounds`` times, each at both concurrencies
     their sweeps found best (more clients alone can raise throughput), each side's round
     counting its best point within the budget; the tuned one wins when its median ratio
-    pays and it kept the budget in most rounds."""
+    pays and it kept the budget in most rounds.
+
+    The first round always runs (the search kept time for all of them); a later one only
+    when ``time_left()`` still holds the longest round so far, so a run slowed down
+    after the search ends with fewer rounds, said in the verdict, not past its budget."""
     levels = sorted({current.concurrency or 1, tuned.concurrency or 1})
-    pairs = [
-        ABRound(_best_point(current, levels, measure, p99_budget_ms),
-                _best_point(tuned, levels, measure, p99_budget_ms))
-        for _ in range(rounds)
-    ]  # fmt: skip
+    pairs: list[ABRound] = []
+    longest = 0.0
+    while len(pairs) < rounds and (not pairs or time_left() >= longest):
+        before = time_left()
+        pairs.append(
+            ABRound(_best_point(current, levels, measure, p99_budget_ms),
+                    _best_point(tuned, levels, measure, p99_budget_ms))
+        )  # fmt: skip
+        longest = max(longest, before - time_left())
+    ran = len(pairs)
+    cut = "" if ran == rounds else f" ({ran} of {rounds} rounds fitted the time budget)"
     ratio = statistics.median(_ratio(pair, p99_budget_ms) for pair in pairs)
     kept = sum(_within(pair.tuned, p99_budget_ms) for pair in pairs)
-    if kept * 2 <= rounds:
-        verdict = f"the tuned configuration broke the p99 budget or failed in {rounds - kept} of "
-        verdict += f"{rounds} rounds: the current configuration is best"
+    if kept * 2 <= ran:
+        verdict = f"the tuned configuration broke the p99 budget or failed in {ran - kept} of "
+        verdict += f"{ran} rounds: the current configuration is best{cut}"
         return ABResult(pairs, ratio, False, verdict)
     if ratio < PAYS:
         verdict = f"the tuned configuration answered {ratio:.2f}x the current one's requests/s, "
-        verdict += "within noise: the current configuration is best"
+        verdict += f"within noise: the current configuration is best{cut}"
         return ABResult(pairs, ratio, False, verdict)
     if math.isinf(ratio):
-        verdict = "the current configuration broke the p99 budget, the tuned one kept it"
+        verdict = f"the current configuration broke the p99 budget, the tuned one kept it{cut}"
         return ABResult(pairs, ratio, True, verdict)
-    return ABResult(pairs, ratio, True, f"the tuned configuration answers {ratio:.2f}x requests/s")
+    verdict = f"the tuned configuration answers {ratio:.2f}x requests/s{cut}"
+    return ABResult(pairs, ratio, True, verdict)
 
 
 def _best_point(

@@ -35,7 +35,11 @@ class _Clock:
 
 
 def _setup(
-    deadline: float = 1e9, fail: set[int] = frozenset(), seconds: float = 10.0, first: float = 0.0
+    deadline: float = 1e9,
+    fail: set[int] = frozenset(),
+    seconds: float = 10.0,
+    first: float = 0.0,
+    costs: tuple[float, ...] = (),
 ):
     knobs, _ = knobs_for(SHIPPED, "python", Machine(cores=2, gpus=0))
     clock = _Clock()
@@ -49,7 +53,7 @@ def _setup(
         return {"m": config}
 
     def evaluate(settings: Settings, label: str) -> Trial:
-        clock.now += seconds
+        clock.now += costs[len(tried)] if costs else seconds
         tried.append(settings)
         batch = settings["m"]["max_batch_size"]
         if batch in fail:
@@ -84,6 +88,15 @@ def test_keeps_the_time_budget_and_says_what_it_left_out():
     assert best.settings["m"]["max_batch_size"] == 8
     assert any("time budget" in line for line in search.left_out)
     assert any(line.startswith("instances") for line in search.left_out)
+
+
+def test_a_costly_trial_seen_once_is_expected_again():
+    # The median (1 s after trials of 1, 9 and 1 s) let a fourth 9 s trial run past the deadline.
+    costs = (1, 9, 1, 9, 1, 9, 1, 9)
+    search, baseline, plan, tried = _setup(deadline=19.0, costs=costs)
+    search.run(baseline, plan)
+    assert len(tried) == 3
+    assert sum(costs[: len(tried)]) <= 19.0
 
 
 def test_a_failing_candidate_is_skipped_with_its_reason():
@@ -190,3 +203,21 @@ def test_ab_prefers_a_tuned_config_that_keeps_the_budget_the_current_one_breaks(
     assert "current configuration broke the p99 budget" in result.verdict
     nothing = ab_test(current, tuned, lambda s, c: Point(c, 0.0, 1, 1), p99_budget_ms=None)
     assert not nothing.tuned_wins  # nothing answered on either side: no winner
+
+
+def test_ab_runs_the_rounds_that_fit_the_time_left():
+    current = Trial(label="current", settings={"m": {"b": 1}}, concurrency=2)
+    tuned = Trial(label="tuned", settings={"m": {"b": 8}}, concurrency=2)
+    clock = _Clock()
+
+    def measure(settings: Settings, concurrency: int) -> Point:
+        clock.now += 2.0  # a round measures each side once: 4 s
+        return Point(concurrency, 200.0 if settings["m"]["b"] == 8 else 100.0, 5, 10)
+
+    result = ab_test(current, tuned, measure, None, time_left=lambda: 10.0 - clock.now)
+    assert len(result.rounds) == 2  # a third would have ended at 12 s
+    assert clock.now <= 10.0
+    assert result.tuned_wins and "2 of 3 rounds fitted the time budget" in result.verdict
+    clock.now = 0.0
+    late = ab_test(current, tuned, measure, None, time_left=lambda: -1.0 - clock.now)
+    assert len(late.rounds) == 1  # the search kept time for it: the first always runs
