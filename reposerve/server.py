@@ -107,7 +107,7 @@ class Server:
         settings = self.settings
         if settings.metrics_port is not None:
             self._metrics = MetricsServer(
-                self.service,
+                self.service.repository,
                 settings.http_host,
                 settings.metrics_port,
                 settings.metrics,

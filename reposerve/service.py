@@ -14,29 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, cast
-
-import msgspec
 
 from reposerve.answers import Answer, make_answer, selected_outputs
 from reposerve.config import ModelConfig
-from reposerve.config.onnx_options import file_options
-from reposerve.config.triton_json import parse_triton_config
 from reposerve.errors import (
     ConfigError,
     ErrorKind,
     ProtocolError,
-    ReposerveError,
     RepositoryError,
     SchedulerError,
 )
-from reposerve.instance.messages import CallFailure, CallResult, ModelControl
 from reposerve.logs import LogControl
-from reposerve.metrics import CustomFamily, MetricsOptions, VersionMetrics, render
 from reposerve.operations import (
     CudaSharedMemoryRegisterRequest,
     CudaSharedMemoryStatusRequest,
@@ -65,14 +57,12 @@ from reposerve.operations import (
 )
 from reposerve.protocol import documents
 from reposerve.protocol.generate import decode_generate
-from reposerve.protocol.repository import decode_load_request, decode_unload_request
 from reposerve.protocol.request import InferRequest, decode_parts, decode_request
 from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository import openai_catalog as catalog
-from reposerve.repository.scan import ConfigOverride, check_model_name
+from reposerve.repository.control import RepositoryControl, model_request
 from reposerve.shared_memory import MAX_REGIONS, Claims, SharedMemory
-from reposerve.utilization import Usage
 
 log = logging.getLogger("reposerve")
 
@@ -96,17 +86,19 @@ class InferenceService:
         client_shm_max_regions: int = MAX_REGIONS,
     ) -> None:
         self.repository = repository
+        # Loads and unloads on request (the control API), for fronts and models alike.
+        self.control = RepositoryControl(repository, model_control_mode, allow_file_override)
         # --allow-client-shm, --client-shm-max-regions
         self.shared_memory = SharedMemory(allow_client_shm, max_regions=client_shm_max_regions)
         self.server_name = server_name  # what GET /v2 names the server (--server-name)
-        # Whether a load may bring its own model files (code the instances will run).
-        self.allow_file_override = allow_file_override
         self._logs = logs  # None: logging is not ours to change (an embedding process)
         self.model_control_mode = model_control_mode
         self._strict = strict_readiness
         self._started = False
         self._stopping = False
-        repository.model_control = self._model_control
+        # A model's own loads and unloads (pb_utils.load_model) are operations like a
+        # front's: run by ``perform``, under the same rules.
+        repository.model_control = lambda control: model_request(control, self.perform)
 
     # -- start-up and shutdown ---------------------------------------------------------
 
@@ -182,12 +174,9 @@ class InferenceService:
                 await self.repository.keeper.refresh()
                 return self.repository.index(ready_only=ready)
             case LoadRequest():
-                await self._load(operation)
-            case UnloadRequest(name=name, unload_dependents=dependents):
-                # Triton's unload; with ``unload_dependents`` the ensembles that call the
-                # model go too (otherwise they stop serving, saying why).
-                self._check_control()
-                await self.repository.unload(name, dependents=dependents)
+                await self.control.load(operation)
+            case UnloadRequest():
+                await self.control.unload(operation)
             case OpenAIModelsRequest(name=name):
                 return await self._openai_models(name)
             case LogSettingsRequest():
@@ -273,47 +262,6 @@ class InferenceService:
             versions = self.repository.versions(name)
         await self.repository.keeper.refresh()
         return ModelStatistics([v.statistics_now() for v in versions])
-
-    def metrics(
-        self,
-        options: MetricsOptions,
-        usage: Usage | None = None,
-        server: Iterable[CustomFamily] = (),
-    ) -> bytes:
-        """The Prometheus exposition; ``usage`` is the last CPU/GPU sample, if any;
-        ``server``: the server's own families beside the models' (its fronts')."""
-        return render(
-            (
-                VersionMetrics(
-                    v.statistics.snapshot(),
-                    v.scheduler.pending,
-                    v.ready,
-                    v.restarts,
-                    v.statistics.failures,
-                    v.statistics.latencies,
-                )
-                for v in self.repository.loaded()
-            ),
-            options,
-            usage,
-            itertools.chain(
-                server,
-                self._residency_families(),
-                (
-                    family
-                    for version in self.repository.loaded()
-                    for instance in version.instances
-                    for family in instance.custom_metrics.families()
-                ),
-            ),
-        )
-
-    def _residency_families(self) -> list[CustomFamily]:
-        """Loads, evictions and resident bytes, where models come and go on their own."""
-        repository = self.repository
-        if self.model_control_mode != "on-demand" and not repository.residency.budgeted:
-            return []
-        return repository.residency.families(repository.keeper.resident_bytes())
 
     # -- inference -----------------------------------------------------------------------
 
@@ -502,75 +450,6 @@ class InferenceService:
             with contextlib.suppress(ConfigError):
                 configs[name] = self.repository.describe(name)[1]
         return configs
-
-    # -- repository control --------------------------------------------------------------
-
-    async def _load(self, request: LoadRequest) -> None:
-        """Triton's load, with its overrides: ``config`` (Triton's JSON config, used instead
-        of the folder's) and ``files`` (the model folder's, only with
-        --allow-model-file-override)."""
-        self._check_control()
-        name = request.name
-        check_model_name(name)  # before its config can name it otherwise
-        if request.files and not self.allow_file_override:
-            raise ProtocolError(
-                f"load '{name}': file: parameters would write model code onto this server, "
-                "which it refuses. Hint: start it with --allow-model-file-override true to "
-                "accept them",
-                kind=ErrorKind.FORBIDDEN,
-            )
-        override = None
-        if request.config is not None:
-            label = f"failed to load '{name}': parameters.config"  # Triton's words first
-            # Off the loop too: a config of many MB takes its time to check.
-            config = await asyncio.to_thread(parse_triton_config, request.config, label, name)
-            paths = file_options(config.parameters)
-            if paths and not self.allow_file_override:  # they make the server write there
-                raise ProtocolError(
-                    f"{label}: {', '.join(paths)} would make this server write where a load "
-                    "request says, which it refuses. Hint: start it with "
-                    "--allow-model-file-override true to accept them",
-                    kind=ErrorKind.FORBIDDEN,
-                )
-            override = ConfigOverride(config, label)
-        attempted = await self.repository.load(name, override, request.files)
-        failed = [v for v in attempted if v.state is not ModelState.READY]
-        if failed:
-            kept = {
-                v.version for v in self.repository.versions(name) if v.state is ModelState.READY
-            }
-            reasons = "; ".join(
-                f"version {v.version}: {v.reason}"
-                + (" (the previous one keeps serving)" if v.version in kept else "")
-                for v in failed
-            )
-            raise RepositoryError(
-                f"failed to load '{name}': {reasons}", kind=ErrorKind.INVALID_ARGUMENT
-            )
-
-    async def _model_control(self, control: ModelControl) -> CallResult | CallFailure:
-        """A model's own request to load, unload or ask after a model (Triton's
-        ``pb_utils.load_model`` and friends): the control API's, with its rules. Its body
-        is the HTTP control endpoint's."""
-        try:
-            if control.action == "load":
-                # Off the loop: a load may carry whole model files, base64 in JSON.
-                load = await asyncio.to_thread(decode_load_request, control.model, control.body)
-                await self.perform(load)
-            elif control.action == "unload":
-                await self.perform(decode_unload_request(control.model, control.body))
-        except ReposerveError as exc:
-            return CallFailure(control.call_id, exc.message, exc.kind)
-        ready = await self._model_ready(control.model, control.version or None)
-        return CallResult(control.call_id, 0, [], msgspec.json.encode({"ready": ready}).decode())
-
-    def _check_control(self) -> None:
-        if self.model_control_mode not in ("explicit", "on-demand"):
-            raise RepositoryError(
-                "explicit model load / unload is not allowed with "
-                f"--model-control-mode {self.model_control_mode}",
-                kind=ErrorKind.INVALID_ARGUMENT,
-            )
 
 
 async def _decode_parts(

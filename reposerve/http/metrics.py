@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 
 from reposerve.http.errors import error_body
 from reposerve.metrics import CONTENT_TYPE, CustomFamily, MetricsOptions
-from reposerve.service import InferenceService
+from reposerve.repository import Repository
+from reposerve.repository.exposition import exposition
 from reposerve.utilization import UsageSampler
 
 log = logging.getLogger("reposerve.http")
@@ -27,14 +28,14 @@ _READ_TIMEOUT_S = 10.0
 class MetricsServer:
     def __init__(
         self,
-        service: InferenceService,
+        repository: Repository,
         host: str,
         port: int,
         options: MetricsOptions,
         server: Callable[[], Iterable[CustomFamily]] = tuple,
     ) -> None:
         """``server``: the server's own metric families now (its fronts')."""
-        self._service = service
+        self._repository = repository
         self._server_families = server
         self._host = options.address or host
         self._port = port
@@ -69,7 +70,8 @@ class MetricsServer:
         path = rest.split(b" ", 1)[0].split(b"?", 1)[0]
         if method == b"GET" and path == b"/metrics":
             usage = self._sampler.latest if self._sampler is not None else None
-            body = self._service.metrics(self._options, usage, self._server_families())
+            families = self._server_families()
+            body = exposition(self._repository, self._options, usage, families)
             status, media = b"200 OK", CONTENT_TYPE.encode()
         else:
             asked = f"{method.decode(errors='replace')} {path.decode(errors='replace')}"

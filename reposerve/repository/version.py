@@ -57,7 +57,7 @@ log = logging.getLogger("reposerve.repository")
 
 
 Control = Callable[[ModelControl], Awaitable[CallResult | CallFailure]]
-"""Serves a model's request to control the repository (``InferenceService``'s)."""
+"""Serves a model's request to control the repository (``control.model_request``)."""
 
 
 class ModelState(enum.Enum):
