@@ -12,6 +12,7 @@ import numpy as np
 
 from reposerve.config import parse_model_config
 from reposerve.instance.outcomes import (
+    STARTED,
     BatchFailure,
     BatchOutcome,
     FailureCause,
@@ -64,7 +65,7 @@ class StandInInstance:
     def __init__(self, capacity: int = 1, staging: int = 0) -> None:
         self.capacity = capacity
         self.staging = staging
-        self.running: list[tuple[np.ndarray, Callable, Callable | None]] = []
+        self.running: list[tuple[np.ndarray, Callable]] = []
         self.batches: list[np.ndarray] = []
         self.freed: list[int] = []  # the slots given back, by the order their batches ended
 
@@ -77,35 +78,35 @@ class StandInInstance:
     def has_capacity(self, staged: bool = False) -> bool:
         return len(self.running) < self.capacity + (self.staging if staged else 0)
 
-    def run(self, inputs, on_done, on_start=None, requests=(), on_response=None) -> int:
+    def run(self, inputs, on_event, requests=(), call_depth=0) -> int:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
-        self.running.append((batch, on_done, on_start))
+        self.running.append((batch, on_event))
         self.batches.append(batch)
-        if len(self.running) <= self.capacity and on_start:  # else staged: starts later
-            on_start()
+        if len(self.running) <= self.capacity:  # else staged: starts later
+            on_event(STARTED)
         return len(self.batches)
 
     def finish(self, index: int = 0) -> None:
-        batch, on_done, _ = self._take(index)
+        batch, on_event = self._take(index)
         slot = SlotHold(partial(self.freed.append, len(self.freed)))
         try:
-            on_done(
+            on_event(
                 BatchOutcome(
                     {"Y": Tensor("FP32", batch.shape, memoryview(batch.tobytes()))}, 0, slot
                 )
             )
         finally:
-            slot.release()  # as an instance does once on_done returns
+            slot.release()  # as an instance does once its outcome is received
 
     def fail(self, message: str, cause: FailureCause = FailureCause.MODEL) -> None:
-        _, on_done, _ = self._take(0)
-        on_done(BatchFailure(message, cause))
+        _, on_event = self._take(0)
+        on_event(BatchFailure(message, cause))
 
-    def _take(self, index: int) -> tuple[np.ndarray, Callable, Callable | None]:
+    def _take(self, index: int) -> tuple[np.ndarray, Callable]:
         taken = self.running.pop(index)
-        if len(self.running) >= self.capacity and (on_start := self.running[self.capacity - 1][2]):
-            on_start()  # the first staged batch moves up
+        if len(self.running) >= self.capacity:
+            self.running[self.capacity - 1][1](STARTED)  # the first staged batch moves up
         return taken
 
 
@@ -178,7 +179,7 @@ class DecoupledStandIn:
     per_request = False
 
     def __init__(self) -> None:
-        self.batches: list[tuple[np.ndarray, Callable, Callable]] = []
+        self.batches: list[tuple[np.ndarray, Callable]] = []
         self.cancelled: list[int] = []
         self.resumed = 0
 
@@ -189,27 +190,26 @@ class DecoupledStandIn:
     def has_capacity(self, staged: bool = False) -> bool:
         return not self.batches
 
-    def run(self, inputs, on_done, on_start=None, requests=(), on_response=None) -> int:
+    def run(self, inputs, on_event, requests=(), call_depth=0) -> int:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
-        assert on_response is not None
-        self.batches.append((batch, on_done, on_response))
+        self.batches.append((batch, on_event))
         return 7 + len(self.batches)
 
     def respond(self, step: float, **response) -> None:
         """Send a response (``resumed`` counts it once the scheduler lets the instance go
         on)."""
-        batch, _, on_response = self.batches[0]
+        batch, on_event = self.batches[0]
         values = batch + step
         outputs = {"Y": Tensor("FP32", values.shape, memoryview(values.tobytes()))}
-        on_response(StreamedResponse(outputs, **response), self._resume)
+        on_event(StreamedResponse(outputs, resume=self._resume, **response))
 
     def _resume(self) -> None:
         self.resumed += 1
 
     def end(self, outcome: BatchOutcome | BatchFailure | None = None) -> None:
-        _, on_done, _ = self.batches.pop(0)
-        on_done(outcome or BatchOutcome({}, 0, SlotHold(lambda: None)))
+        _, on_event = self.batches.pop(0)
+        on_event(outcome or BatchOutcome({}, 0, SlotHold(lambda: None)))
 
     def cancel(self, batch_id: int) -> None:
         self.cancelled.append(batch_id)

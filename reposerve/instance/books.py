@@ -3,8 +3,8 @@ run next, which decoupled ones wait for their clients, and how many more it take
 
 Pure logic, no asyncio and no socket: ``InstanceProcess`` tells the books what happened
 (a batch sent or answered, a model call waited on or taken, a stream paused, resumed or
-cancelled) and the loop time it happened at; the books start whatever may begin then
-(``on_start``) and, once the process is gone, fail what it held (``on_done``). Its
+cancelled) and the loop time it happened at; the books tell each batch's owner what
+begins then (``STARTED``) and, once the process is gone, fail what it held. Its
 execution timeout reads the same books (``watchdog``).
 """
 
@@ -14,31 +14,22 @@ from collections.abc import Iterator
 
 import msgspec
 
-from reposerve.instance.outcomes import (
-    BatchFailure,
-    FailureCause,
-    OnDone,
-    OnResponse,
-    OnStart,
-    SlotHold,
-)
+from reposerve.instance.outcomes import STARTED, BatchFailure, FailureCause, OnEvent, SlotHold
 
 NESTED_LIMIT = 64  # batches an instance runs while its models wait on calls, at most
 
 
 class Batch(msgspec.Struct):
-    """A batch handed to the process: its slot, its owner's callbacks, and since when it
+    """A batch handed to the process: its slot, where its events go, and since when it
     runs (loop time; a staged batch starts when the one before it is answered). ``hold``
     gives the slot back once the batch has ended and no reader holds its outputs (those
     of its outcome, or a response not resumed yet)."""
 
     slot: int
     hold: SlotHold
-    on_done: OnDone
-    on_start: OnStart | None
+    on_event: OnEvent
     since: float
     started: bool
-    on_response: OnResponse | None = None
     # A decoupled batch waiting for its clients to take a response: the execution
     # timeout does not run meanwhile (a slow reader is not a hung model).
     paused: bool = False
@@ -78,9 +69,7 @@ class Books:
         self,
         slot: int,
         hold: SlotHold,
-        on_done: OnDone,
-        on_start: OnStart | None,
-        on_response: OnResponse | None,
+        on_event: OnEvent,
         now: float,
     ) -> int:
         """A batch sent at ``now``: it begins at once when the process runs fewer than it
@@ -88,9 +77,9 @@ class Books:
         batch_id = self._next_id
         self._next_id += 1
         starts_now = len(self._batches) < self.limit()
-        self._batches[batch_id] = Batch(slot, hold, on_done, on_start, now, starts_now, on_response)
-        if starts_now and on_start is not None:
-            on_start()
+        self._batches[batch_id] = Batch(slot, hold, on_event, now, starts_now)
+        if starts_now:
+            on_event(STARTED)
         return batch_id
 
     def answered(self, batch_id: int, now: float, next_starts: bool = True) -> Batch | None:
@@ -141,9 +130,9 @@ class Books:
         failed, self._batches = self._batches, {}
         for batch in failed.values():
             if batch.started or cause is FailureCause.STOPPED:
-                batch.on_done(BatchFailure(reason, cause))
+                batch.on_event(BatchFailure(reason, cause))
             else:
-                batch.on_done(BatchFailure(reason, FailureCause.NOT_STARTED))
+                batch.on_event(BatchFailure(reason, FailureCause.NOT_STARTED))
 
     def _start_next(self, now: float) -> None:
         """The oldest batch sent but not begun begins now (the process runs frames in the
@@ -152,6 +141,5 @@ class Books:
             if not batch.started:
                 batch.started = True
                 batch.since = now
-                if batch.on_start is not None:
-                    batch.on_start()
+                batch.on_event(STARTED)
                 return

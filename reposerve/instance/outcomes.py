@@ -1,6 +1,7 @@
-"""What goes into an instance's batch and what comes out: its tensors, its outcome (the
-outputs, or a failure and its cause), a decoupled batch's responses, the callbacks that
-receive them, and the hold that keeps a batch's slot while its outputs are read."""
+"""What goes into an instance's batch and what comes out: its tensors, the events its
+owner receives as values (started, a decoupled batch's responses, its outcome: the
+outputs, or a failure and its cause), and the hold that keeps a batch's slot while its
+outputs are read."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class SlotHold:
 
 
 class BatchOutcome(msgspec.Struct):
-    """A finished batch: outputs are views on the slot, valid during ``on_done`` and, for
+    """A finished batch: outputs are views on the slot, valid while it is received and, for
     whoever takes a share of ``slot``, until that share is released: the batch's (cut
     into its requests by the scheduler), or each request's own (``answers``, by its index
     in the batch, from a backend that answers per request). ``failed`` names requests
@@ -98,13 +99,21 @@ class BatchFailure(msgspec.Struct, frozen=True):
         return self.cause in (FailureCause.MODEL, FailureCause.INVALID_INPUT)
 
 
-OnDone = Callable[[BatchOutcome | BatchFailure], None]
-OnStart = Callable[[], None]
+class BatchStarted(msgspec.Struct, frozen=True):
+    """The batch began to run: as it was sent, or once the batch ahead of it on its
+    process ended (it waited staged until then)."""
+
+
+STARTED = BatchStarted()
+
+
+def _resumed() -> None:
+    """What a response made here resumes: nothing (no instance waits for it)."""
 
 
 class StreamedResponse(msgspec.Struct):
     """One response of a decoupled batch: outputs are views on the slot, valid until the
-    instance goes on (``resume`` is called).
+    instance goes on, which it does once ``resume`` is called.
     ``request``: the one request it answers (its rows), -1 for all; ``final``: that
     request's last; ``failure``: that request failed."""
 
@@ -113,11 +122,28 @@ class StreamedResponse(msgspec.Struct):
     final: bool = False
     failure: RequestFailure | None = None
     parameters: dict[str, Any] = {}
+    resume: Callable[[], None] = _resumed
 
 
-OnResponse = Callable[[StreamedResponse, Callable[[], None]], None]
-"""A decoupled batch's response and ``resume``: the instance writes the next one once
-``resume`` is called."""
+BatchEvent = BatchStarted | StreamedResponse | BatchOutcome | BatchFailure
+"""What an instance tells the owner of a batch, in order: that it started, a decoupled
+model's responses, then its outcome (outputs or a failure), the last."""
+
+OnEvent = Callable[[BatchEvent], None]
+
+
+def outcome_to(receive: Callable[[BatchOutcome | BatchFailure], object]) -> OnEvent:
+    """An ``on_event`` for an owner that wants a batch's outcome alone (a warmup): its
+    start is not told, a decoupled model's responses are read and dropped."""
+
+    def on_event(event: BatchEvent) -> None:
+        match event:
+            case StreamedResponse():
+                event.resume()
+            case BatchOutcome() | BatchFailure():
+                receive(event)
+
+    return on_event
 
 
 def views(view: memoryview, refs: list[TensorRef]) -> dict[str, Tensor]:

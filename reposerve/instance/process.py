@@ -61,9 +61,7 @@ from reposerve.instance.outcomes import (
     BatchOutcome,
     BatchTensor,
     FailureCause,
-    OnDone,
-    OnResponse,
-    OnStart,
+    OnEvent,
     PartUnreadable,
     RequestOutputs,
     SlotHold,
@@ -198,18 +196,15 @@ class InstanceProcess:
     def run(
         self,
         inputs: Sequence[BatchTensor],
-        on_done: OnDone,
-        on_start: OnStart | None = None,
+        on_event: OnEvent,
         requests: Sequence[RequestSlice] = (),
-        on_response: OnResponse | None = None,
         call_depth: int = 0,
     ) -> int:
-        """Assemble a batch into a free slot and send it; ``on_done`` gets the outcome.
-        ``on_start`` is called when it begins to run: now, or once the batch ahead of it
-        is answered when it was staged. ``requests``: the client requests it holds, in
-        order (none: one request holding the whole batch). A decoupled model's responses
-        go to ``on_response`` (none: read and dropped, as for warmup) before the outcome.
-        Returns the batch's id (what ``cancel`` takes)."""
+        """Assemble a batch into a free slot and send it; ``on_event`` receives what
+        becomes of it: ``STARTED`` when it begins to run (now, or once the batch ahead of
+        it is answered when it was staged), a decoupled model's responses, then its
+        outcome. ``requests``: the client requests it holds, in order (none: one request
+        holding the whole batch). Returns the batch's id (what ``cancel`` takes)."""
         if self._transport is None or self.state is not InstanceState.READY:
             raise OSError(f"{self.spec.label} is {self.state.value}")
         slot_index = self._slots.take()
@@ -239,9 +234,7 @@ class InstanceProcess:
                     view[position:end] = part
                 position = end
         hold = SlotHold(partial(self._slots.give_back, slot_index))
-        batch_id = self._books.add(
-            slot_index, hold, on_done, on_start, on_response, self._loop.time()
-        )
+        batch_id = self._books.add(slot_index, hold, on_event, self._loop.time())
         self._transport.write(
             encode_frame(
                 Execute(
@@ -292,7 +285,7 @@ class InstanceProcess:
         limit = self.spec.execute_timeout_s
         log.error("%s: execute ran past %g s; killing the instance", self.spec.label, limit)
         self.batch_fault = True
-        running.on_done(
+        running.on_event(
             BatchFailure(
                 f"execute did not finish within {limit:g} s (execution.timeout_seconds); "
                 "the instance was killed and is being replaced",
@@ -371,7 +364,7 @@ class InstanceProcess:
                         FailureCause.INSTANCE,
                     )
                 try:
-                    running.on_done(outcome)
+                    running.on_event(outcome)
                 finally:
                     running.hold.release()
             case Response():
@@ -407,7 +400,7 @@ class InstanceProcess:
                         self.state = InstanceState.STOPPING
                 running.hold.release()
                 cause = FailureCause.INVALID_INPUT if message.invalid_input else FailureCause.MODEL
-                running.on_done(BatchFailure(message.message, cause, message.verbatim))
+                running.on_event(BatchFailure(message.message, cause, message.verbatim))
             case Ready():
                 self._books.max_inflight = message.max_inflight
                 self._books.staging = message.staging
@@ -466,17 +459,16 @@ class InstanceProcess:
                 self._watchdog.arm()
 
         running.paused = True
-        response = StreamedResponse(
-            outputs,
-            message.request,
-            message.final,
-            message.failure,
-            response_parameters(message.parameters),
+        running.on_event(
+            StreamedResponse(
+                outputs,
+                message.request,
+                message.final,
+                message.failure,
+                response_parameters(message.parameters),
+                resume,
+            )
         )
-        if running.on_response is None:
-            resume()
-        else:
-            running.on_response(response, resume)
 
     def _on_closed(self) -> None:
         was = self.state

@@ -19,7 +19,13 @@ import numpy as np
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
 from reposerve.errors import InstanceError
-from reposerve.instance.outcomes import BatchFailure, BatchOutcome, BatchTensor, FailureCause
+from reposerve.instance.outcomes import (
+    BatchFailure,
+    BatchOutcome,
+    BatchTensor,
+    FailureCause,
+    outcome_to,
+)
 from reposerve.instance.process import InstanceProcess
 from reposerve.statistics import ModelStatistics
 
@@ -62,7 +68,7 @@ async def warm(
     for index, batch in enumerate(batches):
         done: asyncio.Future[BatchOutcome | BatchFailure] = loop.create_future()
         started = time.monotonic_ns()
-        instance.run(batch, lambda outcome, done=done: done.set_result(_keep(outcome)))
+        instance.run(batch, outcome_to(lambda outcome, done=done: done.set_result(_keep(outcome))))
         outcome = await done
         if isinstance(outcome, BatchFailure):
             raise InstanceError(

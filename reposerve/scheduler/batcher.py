@@ -1,11 +1,15 @@
-"""The scheduler of one model version: queue, dynamic batcher, timeouts, instance choice.
+"""The scheduler of one model version: dispatch from its queue, timeouts, instance choice.
 
-Requests wait in one queue per priority level. Whenever an instance is free the head of
-the queue is offered to ``plan_batch``; a batch is assembled straight into the chosen
-instance's shared memory and comes back as one outcome, which is cut into per-request
-views: each request's caller gets them as a lease on the slot (``reposerve.scheduler.
-lease``), a decoupled model's as a stream of leases. Dispatch runs on the next
-event-loop turn after a change, so requests arriving together leave together.
+Requests wait in the queue (``reposerve.scheduler.queue``, one deque per priority level).
+Whenever an instance is free (``reposerve.scheduler.instances`` picks which), the head of
+the queue is offered to ``plan_batch``; a batch
+is assembled straight into the chosen instance's shared memory, and what becomes of it
+comes back as values the scheduler receives in one place (``_receive``): started, a
+decoupled model's responses, its outcome. An outcome is cut into per-request shares
+(``reposerve.scheduler.cutting``) that each caller gets as a lease on the slot
+(``reposerve.scheduler.lease``), a decoupled model's as a stream of leases. Dispatch
+runs on the next event-loop turn after a change, so requests arriving together leave
+together.
 
 Every accepted request ends in exactly one outcome, and a fault costs only the requests
 it belongs to: when execute raises for a batch of several requests, the batch is run
@@ -16,16 +20,18 @@ only they fail; a version going away fails what it still holds with the reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from reposerve.backends.base import RequestFailure
 from reposerve.config import ModelConfig
 from reposerve.errors import InstanceError, InvalidInput, ReposerveError, SchedulerError
 from reposerve.instance.outcomes import (
+    BatchEvent,
     BatchFailure,
     BatchOutcome,
+    BatchStarted,
     BatchTensor,
     FailureCause,
     PartUnreadable,
@@ -34,22 +40,22 @@ from reposerve.instance.outcomes import (
 )
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
+from reposerve.scheduler.cutting import response_shares, shares
+from reposerve.scheduler.instances import Instances
 from reposerve.scheduler.lease import Lease, LeaseStream, take
 from reposerve.scheduler.ordering import Delivery
 from reposerve.scheduler.padding import PaddedBatch, Padding
 from reposerve.scheduler.policy import BatchRules, Take, plan_batch, split_for_isolation
+from reposerve.scheduler.queue import RequestQueue
 from reposerve.scheduler.work import (
     Batch,
     Executor,
     Queued,
     batch_inputs,
-    gather,
     request_error,
-    request_outputs,
     request_slice,
 )
 from reposerve.statistics import FailureReason, ModelStatistics
-from reposerve.tensor import Tensor
 
 
 class Scheduler:
@@ -65,19 +71,15 @@ class Scheduler:
         self._config = config
         self._rules = BatchRules.from_config(config)
         self._padding = Padding.from_config(config)  # requests of different lengths batch
-        self._instances = list(instances)
+        self._instances = Instances(instances)
         self._statistics = statistics
         self._clock: Clock = clock or LoopClock()
         batching = config.dynamic_batching
-        self._levels = max(batching.priority_levels, 1) if batching else 1
-        self._default_level = (batching.default_priority_level or self._levels) if batching else 1
-        self._max_queue = batching.max_queue_size if batching else 0
+        self._batched = config.max_batch_size > 0
         self._default_timeout_us = batching.default_timeout_microseconds if batching else 0
         self._delivery = Delivery(bool(batching and batching.preserve_ordering))
         self._isolate = config.execution.isolate_failures
-        self._queues: list[deque[Queued]] = [deque() for _ in range(self._levels)]
-        self._queued = 0
-        self._queued_items = 0  # their batch sizes summed: whether a full batch could form
+        self._queue = RequestQueue(batching)
         # Run before the queue: parts of failed batches (rerun=True, to isolate a fault)
         # and batches handed back unstarted by an instance that died.
         self._reruns: deque[tuple[list[Queued], bool]] = deque()
@@ -85,7 +87,6 @@ class Scheduler:
         self._staged = 0  # requests handed to an instance that has not started them
         self._dispatch_scheduled = False
         self._delay_timer: Timer | None = None
-        self._rotation = 0
         self._closed = False
         self._aborted: ReposerveError | None = None
         self._idle = asyncio.Event()
@@ -100,12 +101,12 @@ class Scheduler:
     @property
     def pending(self) -> int:
         """Requests accepted and not running on an instance now."""
-        return self._queued + self._staged + sum(len(items) for items, _ in self._reruns)
+        return len(self._queue) + self._staged + sum(len(items) for items, _ in self._reruns)
 
     @property
     def busy(self) -> bool:
         """Whether it holds requests: queued, staged or running."""
-        return bool(self._queued or self._in_flight or self._reruns)
+        return bool(self._queue.count or self._in_flight or self._reruns)
 
     @property
     def serving(self) -> bool:
@@ -151,10 +152,10 @@ class Scheduler:
             raise SchedulerError(
                 f"{self._label} has no running instance (it is being restarted); retry shortly"
             )
-        if self._max_queue and self._queued >= self._max_queue:
+        if self._queue.full:
             self._statistics.record_failure(1, 0, FailureReason.REJECTED)
             raise SchedulerError(
-                f"{self._label}: queue full ({self._queued} requests waiting, "
+                f"{self._label}: queue full ({self._queue.count} requests waiting, "
                 "dynamic_batching.max_queue_size); retry later"
             )
         if self._padding is None:
@@ -167,12 +168,9 @@ class Scheduler:
         timeout_us = request.timeout_us or self._default_timeout_us
         if timeout_us:
             item.timer = self._clock.call_later(timeout_us * 1000, partial(self._expire, item))
-        level = (request.priority or self._default_level) - 1
-        self._queues[level].append(item)
-        self._queued += 1
-        self._queued_items += request.batch_size
+        self._queue.append(item)
         self._idle.clear()
-        if self._queued == 1 and not self._in_flight:
+        if self._queue.count == 1 and not self._in_flight:
             self._dispatch()  # an idle scheduler has nothing to gather: no need to wait a turn
         else:
             self._wake()
@@ -188,10 +186,8 @@ class Scheduler:
         ones. Batches running stay with their instances, which the owner stops."""
         self._closed = True
         self._aborted = error
-        for queue in self._queues:
-            while queue:
-                self._fail(queue.popleft(), error, FailureReason.OTHER)
-        self._queued = self._queued_items = 0
+        for item in self._queue.clear():
+            self._fail(item, error, FailureReason.OTHER)
         while self._reruns:
             for item in self._reruns.popleft()[0]:
                 self._fail(item, error, FailureReason.OTHER)
@@ -202,15 +198,14 @@ class Scheduler:
         self._wake()
 
     def add_instance(self, instance: Executor) -> None:
-        self._instances.append(instance)
+        self._instances.add(instance)
         self._expecting = False
         self._wake()
 
     def remove_instance(self, instance: Executor) -> None:
         """Stop using an instance (its process exited). Queued requests wait for the
         others, or for its replacement; the owner aborts if none is coming."""
-        if instance in self._instances:
-            self._instances.remove(instance)
+        self._instances.remove(instance)
         self._wake()
 
     # -- dispatch ----------------------------------------------------------------------
@@ -226,7 +221,7 @@ class Scheduler:
             self._delay_timer.cancel()
             self._delay_timer = None
         while self._reruns:  # formed already, they cannot grow: staging them is fine
-            instance = self._free_instance(staged=False) or self._free_instance(staged=True)
+            instance = self._instances.free(staged=False) or self._instances.free(staged=True)
             if instance is None:
                 return
             items, rerun = self._reruns.popleft()
@@ -239,17 +234,20 @@ class Scheduler:
                 self._launch(instance, waiting, rerun)
             else:
                 self._check_idle()
-        while self._queued:
-            instance = self._free_instance(staged=False)
+        queue = self._queue
+        while queue.count:
+            instance = self._instances.free(staged=False)
             staged = instance is None
             if staged:
                 # Cheap test first: this runs on every arrival while instances are busy.
-                if self._queued_items < self._rules.full_size:
+                if queue.items < self._rules.full_size:
                     return
-                instance = self._free_instance(staged=True)
+                instance = self._instances.free(staged=True)
                 if instance is None:
                     return
-            head, blocked = self._head()
+            for item in queue.given_up():
+                self._gone(item)
+            head, blocked = queue.head(self._rules.max_batch_size, self._padding)
             if not head:  # what was queued had been given up by its callers
                 self._check_idle()
                 return
@@ -273,37 +271,12 @@ class Scheduler:
                 return
             self._launch(instance, self._take(chosen), rerun=False)
 
-    def _free_instance(self, staged: bool) -> Executor | None:
-        """The least busy instance that takes a batch now (or, ``staged``, next)."""
-        best: Executor | None = None
-        count = len(self._instances)
-        for step in range(count):
-            instance = self._instances[(self._rotation + step) % count]
-            if instance.has_capacity(staged) and (
-                best is None or instance.in_flight < best.in_flight
-            ):
-                best = instance
-        if best is not None:
-            self._rotation = (self._rotation + 1) % count
-        return best
-
-    def _head(self) -> tuple[list[Queued], bool]:
-        """The oldest requests that may share a batch, and whether another shape follows."""
-        for queue in self._queues:
-            while queue and queue[0].future.done():
-                self._discard(queue.popleft())
-        return gather(self._queues, self._rules.max_batch_size, self._padding)
-
     def _take(self, chosen: list[Queued]) -> list[Queued]:
         """Take ``chosen`` (queued, not done) out of the queue: the oldest, or (padding)
         requests of one key from wherever they are in it. Requests given up on between
-        them go once they reach the front (``_head``)."""
+        them go once they reach the front (``RequestQueue.given_up``)."""
         for item in chosen:
-            for queue in self._queues:
-                with contextlib.suppress(ValueError):
-                    queue.remove(item)
-                    break
-            self._dequeued(item)
+            self._queue.take(item)
             if item.timer is not None:
                 item.timer.cancel()
             # Ordering is of the one answer of each request; streams end as they end.
@@ -320,19 +293,12 @@ class Scheduler:
         for item in items:
             item.batch = batch
         slices = [request_slice(request) for request in requests] if instance.per_request else ()
-        # Streamed requests are a decoupled model's (the service sends no other kind).
-        on_response = partial(self._responded, batch) if items[0].stream is not None else None
         # Only batches that calls made carry a depth (its models' calls go one deeper).
         depth = max(item.call_depth for item in items)
         deeper = {"call_depth": depth} if depth else {}
         try:
             batch.handle = instance.run(
-                self._inputs(requests, rerun),
-                partial(self._complete, batch),
-                partial(self._started, batch),
-                slices,
-                on_response,
-                **deeper,
+                self._inputs(requests, rerun), partial(self._receive, batch), slices, **deeper
             )
         except PartUnreadable as exc:  # a client cut its shared memory short: its request
             self._in_flight -= 1  # fails alone, the rest go as a batch of their own
@@ -347,13 +313,24 @@ class Scheduler:
                 self._check_idle()
             return
         except (OSError, ValueError, MemoryError) as exc:  # ValueError, MemoryError: padding
-            self._complete(
+            self._receive(
                 batch,
                 BatchFailure(
                     f"could not hand the batch to an instance: {exc}", FailureCause.INSTANCE
                 ),
             )
         batch.launched_ns = self._clock.now()
+
+    def _receive(self, batch: Batch, event: BatchEvent) -> None:
+        """What its instance tells of ``batch``: every change to a running batch comes
+        through here, in the order it happened."""
+        match event:
+            case BatchStarted():
+                self._started(batch)
+            case StreamedResponse():
+                self._responded(batch, event)
+            case BatchOutcome() | BatchFailure():
+                self._complete(batch, event)
 
     def _inputs(self, requests: list[InferRequest], rerun: bool) -> list[BatchTensor]:
         if self._padding is None:
@@ -370,24 +347,17 @@ class Scheduler:
             batch.waiting = False
             self._staged -= len(batch.items)
 
-    def _responded(
-        self, batch: Batch, response: StreamedResponse, resume: Callable[[], None]
-    ) -> None:
+    def _responded(self, batch: Batch, response: StreamedResponse) -> None:
         """One response of a decoupled batch: each request's part (or the one request's,
         when it names one) goes to its stream as a lease. The instance goes on
         (``resume``) once every one of them is released."""
         batch.responded = True
-        if response.request < 0:
-            parts = list(zip(batch.items, self._pieces(batch, response.outputs), strict=True))
-        else:
-            item = batch.items[response.request]
-            outputs = response.outputs
-            if self._padding is not None:
-                outputs = self._padding.cut(item.request, outputs)
-            parts = [(item, outputs)]
-        hold = SlotHold(partial(self._resumed, resume))  # its first share: this loop's
+        requests = [item.request for item in batch.items]
+        parts = response_shares(requests, response, self._batched, self._padding)
+        hold = SlotHold(partial(self._resumed, response.resume))  # its first share: ours
         try:
-            for item, outputs in parts:
+            for index, outputs in parts:
+                item = batch.items[index]
                 stream = item.stream
                 if stream is None or item.future.done():
                     continue
@@ -405,7 +375,7 @@ class Scheduler:
     def _resumed(self, resume: Callable[[], None]) -> None:
         """A response's leases are all released: its instance goes on."""
         resume()
-        if self._queued or self._reruns:  # a batch that ended meanwhile freed its slot
+        if self._queue.count or self._reruns:  # a batch that ended meanwhile freed its slot
             self._wake()
 
     def _tell_cancelled(self, item: Queued, future: asyncio.Future) -> None:
@@ -427,11 +397,6 @@ class Scheduler:
         if batch.instance is not None and all(item.future.done() for item in batch.items):
             batch.instance.cancel(batch.handle)
 
-    def _pieces(self, batch: Batch, outputs: dict[str, Tensor]) -> list[dict[str, Tensor]]:
-        """Each request's part of the batch's outputs, in batch order."""
-        requests = [item.request for item in batch.items]
-        return request_outputs(outputs, requests, self._config.max_batch_size > 0, self._padding)
-
     def _complete(self, batch: Batch, outcome: BatchOutcome | BatchFailure) -> None:
         self._in_flight -= 1
         self._started(batch)
@@ -443,7 +408,7 @@ class Scheduler:
             if item.batch is batch:
                 item.batch = None
         self._check_idle()
-        if not (self._queued or self._reruns):
+        if not (self._queue.count or self._reruns):
             return
         if isinstance(outcome, BatchFailure):
             self._wake()  # once its instance's fate (a restart, a removal) is known
@@ -455,19 +420,18 @@ class Scheduler:
     def _succeeded(self, batch: Batch, outcome: BatchOutcome) -> None:
         now = self._clock.now()
         items = batch.items
-        sizes = [item.request.batch_size for item in items]
-        pieces = self._pieces(batch, outcome.outputs)
-        # Requests the model failed on their own (a Triton model's error response): the
-        # rest of the batch succeeded, so no isolation re-run is needed.
-        failed = {failure.index: failure for failure in outcome.failed}
-        unserved = set(failed)
+        requests = [item.request for item in items]
+        unserved = set()
         # The leases' share in the slot: the scheduler's until every lease is handed out.
         hold = SlotHold(partial(self._released, outcome.slot.share()))
         try:
-            for index, item in enumerate(items):
-                failure = failed.get(index)
-                if failure is not None:
-                    self._fail(item, request_error(failure), FailureReason.BACKEND)
+            for index, share in enumerate(shares(requests, outcome, self._batched, self._padding)):
+                item = items[index]
+                if isinstance(share, RequestFailure):
+                    # Failed by the model on its own (a Triton model's error response):
+                    # the rest of the batch succeeded, so no isolation re-run is needed.
+                    unserved.add(index)
+                    self._fail(item, request_error(share), FailureReason.BACKEND)
                     continue
                 if item.stream is not None:  # its responses have gone out as they came
                     future = item.future
@@ -479,15 +443,7 @@ class Scheduler:
                     elif future.exception() is not None:  # failed (and recorded) on its own
                         unserved.add(index)
                     continue
-                answer = outcome.answers.get(index)
-                if answer is not None:  # the request's own outputs, as the model gave them
-                    outputs = answer.outputs
-                    if self._padding is not None:
-                        outputs = self._padding.cut(item.request, outputs)
-                    lease = Lease(outputs, answer.parameters, hold.share())
-                else:
-                    lease = Lease(pieces[index], {}, hold.share())
-                self._settle(item, lease, None)
+                self._settle(item, Lease(share.outputs, share.parameters, hold.share()), None)
         finally:
             hold.release()
         finished = self._clock.now()
@@ -496,7 +452,7 @@ class Scheduler:
         queue_ns = [batch.started_ns - item.enqueued_ns for item in served]
         input_ns = batch.launched_ns - batch.started_ns
         self._statistics.record_batch(
-            items=sum(sizes),
+            items=sum(request.batch_size for request in requests),
             requests=len(served),
             input_ns=input_ns,
             infer_ns=outcome.compute_ns,
@@ -512,7 +468,7 @@ class Scheduler:
         """Every lease of a batch is released: its slot goes back to its instance, which
         may take a batch again."""
         slot.release()
-        if self._queued or self._reruns:
+        if self._queue.count or self._reruns:
             self._wake()
 
     def _failed(self, batch: Batch, failure: BatchFailure) -> None:
@@ -546,22 +502,15 @@ class Scheduler:
     # -- endings -----------------------------------------------------------------------
 
     def _expire(self, item: Queued) -> None:
-        for queue in self._queues:
-            try:
-                queue.remove(item)
-            except ValueError:
-                continue
-            self._dequeued(item)
-            waited_us = (self._clock.now() - item.enqueued_ns) // 1000
-            self._fail(
-                item,
-                SchedulerError(
-                    f"{self._label}: request timed out in the queue after {waited_us} us"
-                ),
-                FailureReason.REJECTED,
-            )
-            self._check_idle()
+        if not self._queue.take(item):
             return
+        waited_us = (self._clock.now() - item.enqueued_ns) // 1000
+        self._fail(
+            item,
+            SchedulerError(f"{self._label}: request timed out in the queue after {waited_us} us"),
+            FailureReason.REJECTED,
+        )
+        self._check_idle()
 
     def _fail(
         self,
@@ -585,9 +534,8 @@ class Scheduler:
         """Hand ``item`` its outcome, in dispatch order under preserve_ordering."""
         self._delivery.settle(item.sequence, item.future, lease, error)
 
-    def _discard(self, item: Queued) -> None:
-        """Drop a request whose caller gave up before it was scheduled."""
-        self._dequeued(item)
+    def _gone(self, item: Queued) -> None:
+        """A request whose caller gave up before it was scheduled, out of the queue."""
         if item.timer is not None:
             item.timer.cancel()
         self._record_cancel(item)
@@ -597,10 +545,6 @@ class Scheduler:
         waited = self._clock.now() - item.enqueued_ns
         self._statistics.record_failure(1, waited, FailureReason.CANCELED)
 
-    def _dequeued(self, item: Queued) -> None:
-        self._queued -= 1
-        self._queued_items -= item.request.batch_size
-
     def _check_idle(self) -> None:
-        if not self._queued and not self._in_flight and not self._reruns:
+        if not self._queue.count and not self._in_flight and not self._reruns:
             self._idle.set()

@@ -12,11 +12,9 @@ let go as soon as none waits. Batches form from the ready requests of a lane's s
 at most one of each.
 
 Before a request runs, the batcher adds what the model reads of its sequence: the
-control inputs (START, END, READY, CORRID) and, with implicit state, the state the
-sequence's previous request returned (or the initial state). The state is copied out of
-the answer, so no slot is held between requests. A sequence with no request for
-``max_sequence_idle_microseconds`` is released with its state; its later requests are
-refused until one starts it again.
+control inputs and its implicit state (``reposerve.scheduler.sequence_inputs``). A
+sequence with no request for ``max_sequence_idle_microseconds`` is released with its
+state; its later requests are refused until one starts it again.
 """
 
 from __future__ import annotations
@@ -33,11 +31,8 @@ import msgspec
 import numpy as np
 
 from reposerve.config import DynamicBatching, ModelConfig
-from reposerve.config.confined import inside_model_folder
-from reposerve.config.schema import ControlInput, SequenceState
-from reposerve.datatypes import NUMPY_DTYPES, element_count, pack_bytes
+from reposerve.datatypes import NUMPY_DTYPES
 from reposerve.errors import (
-    ConfigError,
     ErrorKind,
     InstanceError,
     ReposerveError,
@@ -47,6 +42,7 @@ from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.clock import Clock, LoopClock, Timer
 from reposerve.scheduler.lease import Lease, LeaseStream, take
+from reposerve.scheduler.sequence_inputs import SequenceInputs
 from reposerve.scheduler.work import Executor
 from reposerve.statistics import FailureReason, ModelStatistics
 from reposerve.tensor import Tensor
@@ -110,9 +106,7 @@ class SequenceBatcher:
         capacity = sequence.max_candidate_sequences if sequence.strategy == "oldest" else None
         self._capacity = capacity or max(config.max_batch_size, 1)
         self._lane_config = _lane_config(config)
-        self._folder = folder
-        self._initial: dict[str, Tensor] = {}  # read by ``load_initial_state``
-        self._state_outputs = [state.output_name for state in sequence.state]
+        self._inputs = SequenceInputs(label, config, folder)
         self._lanes: list[_Lane] = []
         self._sequences: dict[SequenceId | tuple[str, int], _Sequence] = {}
         self._single = itertools.count()  # keys of single-request (iterative) sequences
@@ -136,10 +130,7 @@ class SequenceBatcher:
 
     def load_initial_state(self) -> None:
         """Read each state's initial value (a file's, for some) before requests come."""
-        self._initial = {
-            state.input_name: _initial(state, index, self._folder, self._label)
-            for index, state in enumerate(self._sequence.state)
-        }
+        self._inputs.load_initial_state()
 
     # -- what the version and the service use, as of a Scheduler -----------------------
 
@@ -333,14 +324,14 @@ class SequenceBatcher:
                         ErrorKind.INVALID_ARGUMENT,
                     )
                 lane = await self._slot(sequence)
-                prepared = self._prepared(sequence, request)
+                prepared = self._inputs.prepared(sequence.state, request)
                 sent = sequence.ran = True
                 self._unsent -= 1
                 if stream is not None:
                     await self._pass_through(lane.scheduler.stream(prepared, call_depth), stream)
                     return None
                 lease = await take(lane.scheduler.submit(prepared, call_depth))
-                self._keep_state(sequence, lease)
+                self._inputs.keep_state(sequence.state, lease)
                 return lease
         except BaseException as exc:
             if stream is not None:
@@ -464,7 +455,8 @@ class SequenceBatcher:
         "Sequence Batcher with Direct Scheduling Strategy"): the timeout applies only to
         the requests of sequences not yet given a batch slot; when it passes, the request,
         its sequence and the sequence's requests received are terminated. Once a sequence
-        has its slot, its requests' timeouts no longer count (``_prepared`` drops them).
+        has its slot, its requests' timeouts no longer count (``SequenceInputs.prepared``
+        drops them).
         Triton names the direct strategy; both strategies share this one backlog here."""
         if not request.timeout_us or sequence.lane is not None:
             return None
@@ -487,61 +479,6 @@ class SequenceBatcher:
             self._backlog.pop(waiter, None)
             waiter.set_exception(SchedulerError(why))
 
-    # -- what the model reads and returns of its sequence --------------------------------
-
-    def _prepared(self, sequence: _Sequence, request: InferRequest) -> InferRequest:
-        rows = request.batch_size
-        inputs = dict(request.inputs)
-        for control in self._sequence.control_input:
-            inputs[control.name] = self._control(control, request, rows)
-        for state in self._sequence.state:
-            inputs[state.input_name] = sequence.state.get(state.input_name) or self._rows(
-                self._initial[state.input_name], rows
-            )
-        outputs = request.outputs
-        if outputs is not None and self._state_outputs:
-            outputs = {**outputs, **{name: None for name in self._state_outputs}}
-        # Its sequence has its slot: a timeout no longer counts (``_deadline``), and one
-        # left to the lane's queue could drop a request from the middle of the sequence.
-        return msgspec.structs.replace(request, inputs=inputs, outputs=outputs, timeout_us=0)
-
-    def _control(self, control: ControlInput, request: InferRequest, rows: int) -> Tensor:
-        shape = (rows, 1) if self._batched else (1,)
-        count = element_count(shape)
-        if control.kind == "corrid":  # ``_admit`` made the id the form the control holds
-            value = request.sequence_id
-            if control.datatype == "BYTES":
-                return Tensor("BYTES", shape, pack_bytes([str(value).encode()] * count))
-        else:
-            flag = {
-                "start": request.sequence_start,
-                "end": request.sequence_end,
-                "ready": True,
-            }[control.kind]
-            value = (control.false_true or [0, 1])[int(flag)]
-        data = np.full(shape, value, dtype=NUMPY_DTYPES[control.datatype])
-        return Tensor(control.datatype, shape, data.tobytes())
-
-    def _rows(self, state: Tensor, rows: int) -> Tensor:
-        """The initial state, with the request's batch dimension when the model has one."""
-        if not self._batched:
-            return state
-        shape = (rows, *state.shape)
-        return Tensor(state.datatype, shape, bytes(state.raw) * rows)
-
-    def _keep_state(self, sequence: _Sequence, lease: Lease) -> None:
-        """Copy the state the model returned, for the sequence's next request."""
-        for state in self._sequence.state:
-            tensor = lease.outputs.get(state.output_name)
-            if tensor is None:
-                lease.release()
-                raise InstanceError(
-                    f"{self._label}: the model returned no state output '{state.output_name}'"
-                )
-            sequence.state[state.input_name] = Tensor(
-                tensor.datatype, tensor.shape, bytes(tensor.raw)
-            )
-
 
 def _lane_config(config: ModelConfig) -> ModelConfig:
     """The config of one lane's batcher: the strategy's batching, and no re-run of a
@@ -556,40 +493,6 @@ def _lane_config(config: ModelConfig) -> ModelConfig:
         )
     execution = msgspec.structs.replace(config.execution, isolate_failures=False)
     return msgspec.structs.replace(config, dynamic_batching=batching, execution=execution)
-
-
-def _initial(state: SequenceState, index: int, folder: Path | None, label: str) -> Tensor:
-    """A state's value on a sequence's first request: its initial_state (zeros, or the
-    file's values), else zeros with 1 for each variable dimension, as in Triton."""
-    initial = state.initial_state
-    shape = tuple(initial.shape if initial is not None else (max(dim, 1) for dim in state.shape))
-    dtype = NUMPY_DTYPES[state.datatype]
-    count = element_count(shape)
-    if state.datatype == "BYTES":
-        return Tensor("BYTES", shape, pack_bytes([b""] * count))
-    if initial is None or initial.data_file is None:
-        return Tensor(state.datatype, shape, bytes(count * dtype.itemsize))
-    key = f"{label}: sequence_batching.state[{index}].initial_state.data_file"
-    if folder is None:
-        raise ConfigError(f"{key}: '{initial.data_file}' needs the model's folder")
-    # Triton reads <model>/initial_state/<data_file>; it stays inside the model folder as
-    # a label file does (a symlink out is refused), so nothing outside is read or sized.
-    name = f"initial_state/{initial.data_file}"
-    path = inside_model_folder(folder, name, key)
-    needed = count * dtype.itemsize
-    try:
-        size = path.stat().st_size
-        data = path.read_bytes() if size == needed else b""  # read only what it must hold
-    except FileNotFoundError:
-        raise ConfigError(f'{key}: "{name}" does not exist in the model folder') from None
-    except OSError as exc:
-        raise ConfigError(f'{key}: cannot read "{name}": {exc.strerror}') from None
-    if len(data) != needed:
-        raise ConfigError(
-            f'{key}: "{name}" holds {size} bytes; initial state {list(shape)} of '
-            f"{state.datatype} needs {needed}"
-        )
-    return Tensor(state.datatype, shape, data)
 
 
 def _as_told(key: SequenceId, datatype: str, model: str) -> SequenceId:

@@ -12,7 +12,7 @@ import msgspec
 
 from reposerve.backends.base import RequestFailure, RequestSlice
 from reposerve.errors import ErrorKind, InstanceError, InvalidInput, ReposerveError
-from reposerve.instance.outcomes import BatchTensor, OnDone, OnResponse, OnStart
+from reposerve.instance.outcomes import BatchTensor, OnEvent
 from reposerve.protocol.request import InferRequest
 from reposerve.scheduler.clock import Timer
 from reposerve.scheduler.lease import LeaseStream
@@ -38,14 +38,13 @@ class Executor(Protocol):
     def run(
         self,
         inputs: Sequence[BatchTensor],
-        on_done: OnDone,
-        on_start: OnStart | None = None,
+        on_event: OnEvent,
         requests: Sequence[RequestSlice] = (),
-        on_response: OnResponse | None = None,
         call_depth: int = 0,
     ) -> int:
-        """Start a batch; returns its id for ``cancel``. ``call_depth``: how deep in
-        model calls its requests are (the deepest's)."""
+        """Start a batch, whose events (``BatchEvent``) go to ``on_event``; returns its
+        id for ``cancel``. ``call_depth``: how deep in model calls its requests are (the
+        deepest's)."""
         ...
 
     def cancel(self, batch_id: int) -> None:

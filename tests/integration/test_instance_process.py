@@ -21,6 +21,7 @@ from reposerve.instance.outcomes import (
     BatchTensor,
     FailureCause,
     SlotHold,
+    outcome_to,
 )
 from reposerve.instance.process import InstanceProcess, InstanceState
 from reposerve.instance.spec import InstanceSpec
@@ -58,9 +59,9 @@ def test_a_process_that_dies_fails_its_batch_and_sends_back_the_staged_one(pytho
     spec = python_model(CRASH, vector_config())
 
     def run(instance: InstanceProcess, outcomes: dict) -> None:
-        instance.run(_item(666), partial(outcomes.__setitem__, "dies"))
+        instance.run(_item(666), outcome_to(partial(outcomes.__setitem__, "dies")))
         assert instance.has_capacity(staged=True) and not instance.has_capacity()
-        instance.run(_item(1), partial(outcomes.__setitem__, "staged"))
+        instance.run(_item(1), outcome_to(partial(outcomes.__setitem__, "staged")))
 
     outcomes, instance = asyncio.run(_ended(spec, run))
     how = "exited with code 3"
@@ -85,10 +86,10 @@ def test_a_batch_past_the_timeout_is_failed_and_its_process_killed(python_model)
         def answered(outcome: BatchOutcome | BatchFailure) -> None:
             outcomes["fine"] = outcome
             # Then one that hangs, and one staged behind it.
-            instance.run(_item(13), partial(outcomes.__setitem__, "hangs"))
-            instance.run(_item(2), partial(outcomes.__setitem__, "staged"))
+            instance.run(_item(13), outcome_to(partial(outcomes.__setitem__, "hangs")))
+            instance.run(_item(2), outcome_to(partial(outcomes.__setitem__, "staged")))
 
-        instance.run(_item(1), answered)
+        instance.run(_item(1), outcome_to(answered))
 
     outcomes, instance = asyncio.run(_ended(spec, run))
     fine = outcomes["fine"]
@@ -115,10 +116,10 @@ def test_a_result_whose_outputs_cannot_be_read_fails_its_batch_and_frees_its_slo
         await instance.start(TIMEOUT_S)
         answered: asyncio.Queue = asyncio.Queue()
         try:
-            batch_id = instance.run(_item(1), answered.put_nowait)
+            batch_id = instance.run(_item(1), outcome_to(answered.put_nowait))
             instance._on_message(Result(batch_id, 1 << 40, [], 0))  # before its real one
             outcomes = [await asyncio.wait_for(answered.get(), TIMEOUT_S)]
-            instance.run(_item(2), answered.put_nowait)  # the slot is free again
+            instance.run(_item(2), outcome_to(answered.put_nowait))  # the slot is free again
             outcomes.append(await asyncio.wait_for(answered.get(), TIMEOUT_S))
         finally:
             await instance.stop(5)
@@ -150,7 +151,7 @@ def test_a_batch_whose_outputs_are_still_read_leaves_the_next_batches_new_slots(
         try:
             for first in (10, 20, 30):
                 assert instance.has_capacity()
-                instance.run(_item(first), keep)
+                instance.run(_item(first), outcome_to(keep))
                 await asyncio.wait_for(answered.get(), TIMEOUT_S)
             seen = [np.frombuffer(output.raw, np.float32)[:2].tolist() for _, output in held]
         finally:

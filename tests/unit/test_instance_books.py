@@ -4,10 +4,19 @@ process is gone. Time is plain numbers (loop seconds), no process, no loop."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from reposerve.instance.books import NESTED_LIMIT, Books
-from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause, SlotHold
+from reposerve.instance.outcomes import (
+    BatchEvent,
+    BatchFailure,
+    BatchOutcome,
+    BatchStarted,
+    FailureCause,
+    SlotHold,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -21,13 +30,14 @@ class Owner:
 
     def send(self, books: Books, name: str, now: float = 0.0) -> int:
         return books.add(
-            slot=0,
-            hold=SlotHold(lambda: None),
-            on_done=lambda outcome: self.done.__setitem__(name, outcome),
-            on_start=lambda: self.started.append(name),
-            on_response=None,
-            now=now,
+            slot=0, hold=SlotHold(lambda: None), on_event=partial(self.receive, name), now=now
         )
+
+    def receive(self, name: str, event: BatchEvent) -> None:
+        if isinstance(event, BatchStarted):
+            self.started.append(name)
+        else:
+            self.done[name] = event
 
 
 def test_a_sync_instance_runs_one_batch_and_stages_the_next():

@@ -52,7 +52,7 @@ class FakeLoop:
 
 
 def _send(books: Books, now: float) -> int:
-    return books.add(0, SlotHold(lambda: None), lambda outcome: None, None, None, now)
+    return books.add(0, SlotHold(lambda: None), lambda event: None, now)
 
 
 def test_nothing_running_is_never_overdue():

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from reposerve.errors import InstanceError, InvalidInput, SchedulerError
-from reposerve.instance.outcomes import BatchFailure, BatchOutcome, FailureCause, SlotHold
+from reposerve.instance.outcomes import (
+    STARTED,
+    BatchFailure,
+    BatchOutcome,
+    FailureCause,
+    SlotHold,
+)
 from reposerve.scheduler.batcher import Scheduler
 from reposerve.scheduler.policy import split_for_isolation
 from reposerve.statistics import ModelStatistics
@@ -38,23 +44,22 @@ class JudgingInstance:
     def has_capacity(self, staged: bool = False) -> bool:
         return self.running == 0
 
-    def run(self, inputs, on_done, on_start=None, requests=(), on_response=None) -> int:
+    def run(self, inputs, on_event, requests=(), call_depth=0) -> int:
         (tensor,) = inputs
         batch = np.frombuffer(b"".join(tensor.parts), np.float32).reshape(tensor.shape)
         self.batches.append(batch[:, 0].tolist())
         self.running += 1
-        if on_start:
-            on_start()
-        asyncio.get_running_loop().call_soon(self._finish, batch, on_done)
+        on_event(STARTED)
+        asyncio.get_running_loop().call_soon(self._finish, batch, on_event)
         return len(self.batches)
 
-    def _finish(self, batch: np.ndarray, on_done) -> None:
+    def _finish(self, batch: np.ndarray, on_event) -> None:
         self.running -= 1
         if (batch < 0).any():
-            on_done(BatchFailure("ValueError: negative input", self.cause))
+            on_event(BatchFailure("ValueError: negative input", self.cause))
         else:
             raw = memoryview(batch.tobytes())
-            on_done(
+            on_event(
                 BatchOutcome({"Y": Tensor("FP32", batch.shape, raw)}, 0, SlotHold(lambda: None))
             )
 

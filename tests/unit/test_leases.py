@@ -211,10 +211,10 @@ def test_small_responses_are_copied_ahead_until_the_stream_holds_four():
 def test_a_large_response_is_not_copied_its_instance_waits_until_it_is_released():
     async def body():
         instance, stream = await _streaming()
-        _, _, on_response = instance.batches[0]
+        _, on_event = instance.batches[0]
         large = np.zeros((1, COPY_AHEAD_BYTES // 4 + 1), np.float32)
         outputs = {"Y": Tensor("FP32", large.shape, memoryview(large.tobytes()))}
-        on_response(StreamedResponse(outputs), instance._resume)
+        on_event(StreamedResponse(outputs, resume=instance._resume))
         assert instance.resumed == 0
         with await anext(stream) as lease:
             assert lease.held and lease.nbytes == large.nbytes
@@ -278,10 +278,10 @@ def test_an_error_encoding_a_response_releases_it_and_answers_the_error():
         scope["path_params"] = {"model": "m"}
         serving = asyncio.ensure_future(endpoint(scope, receive, send))
         await turn()
-        _, on_done, _ = instance._take(0)
+        _, on_event = instance._take(0)
         nan = np.full((1, 2), np.nan, np.float32)
         slot = SlotHold(lambda: instance.freed.append(0))
-        on_done(BatchOutcome({"Y": Tensor("FP32", nan.shape, memoryview(nan.tobytes()))}, 0, slot))
+        on_event(BatchOutcome({"Y": Tensor("FP32", nan.shape, memoryview(nan.tobytes()))}, 0, slot))
         slot.release()
         await serving
         assert sent[0]["status"] == 400 and b"holds NaN" in sent[1]["body"]

@@ -115,7 +115,7 @@ def test_each_request_of_a_decoupled_batch_gets_its_rows_of_every_response_in_or
         scheduler, instance = _decoupled()
         streams = _stream_two(scheduler)
         await turn()
-        (batch,) = [batch for batch, _, _ in instance.batches]
+        (batch,) = [batch for batch, _ in instance.batches]
         assert batch.tolist() == [[0, 0], [1, 1]]  # batched together
         received: list[list] = [[], []]
         for step in range(3):
@@ -405,6 +405,6 @@ def test_a_rerun_to_isolate_a_fault_leaves_out_requests_whose_clients_left():
         streams[0].cancel()  # the other client stays: the batch goes on
         instance.end(BatchFailure("boom", FailureCause.MODEL))  # before any response
         await turn()
-        assert [batch.tolist() for batch, _, _ in instance.batches] == [[[1, 1]]]
+        assert [batch.tolist() for batch, _ in instance.batches] == [[[1, 1]]]
 
     run(body)
