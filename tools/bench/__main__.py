@@ -16,6 +16,7 @@ import uvloop
 
 from reposerve.tune.client import ServerClient, requests_for
 from reposerve.tune.load import RunResult, closed_loop, open_loop
+from tools.bench import wrk
 from tools.bench.compare import compare
 from tools.bench.fronts import fronts, grpc_servers
 from tools.bench.many_models import many_models
@@ -81,6 +82,12 @@ def main() -> int:
         default="HEAD",
         help="compare: the git revision this checkout is measured against (default HEAD)",
     )
+    parser.add_argument(
+        "--client",
+        choices=["python", "wrk"],
+        default="python",
+        help="compare: the load generator (wrk leaves more of a small machine to the servers)",
+    )
     load = parser.add_argument_group("load: drive a running server")
     load.add_argument("--url", default="127.0.0.1:8000", help="HOST:PORT of the server")
     load.add_argument("--model", help="the model to call (its metadata shapes the requests)")
@@ -88,7 +95,7 @@ def main() -> int:
         "--concurrency",
         type=lambda text: [int(part) for part in text.split(",")],
         default=[1, 8, 32],
-        help="closed loop: a sweep of client counts (default 1,8,32)",
+        help="closed loop (load, compare): a sweep of client counts (default 1,8,32)",
     )
     load.add_argument("--rate", type=float, help="open loop: requests per second instead")
     load.add_argument("--binary", action="store_true", help="binary tensors instead of JSON")
@@ -96,7 +103,10 @@ def main() -> int:
     load.add_argument("--shape", type=_shape, action="append", help="NAME:D1,D2 for -1 dims")
     args = parser.parse_args()
     if args.scenario == "compare":
-        reports = [uvloop.run(compare(args.base, args.duration))]
+        if args.client == "wrk" and not wrk.available():
+            parser.error("--client wrk: wrk is not on PATH (Debian/Ubuntu: apt install wrk)")
+        concurrencies = tuple(args.concurrency)
+        reports = [uvloop.run(compare(args.base, args.duration, concurrencies, client=args.client))]
         print(reports[0].text())
     elif args.scenario == "load":
         if not args.model:

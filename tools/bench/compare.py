@@ -21,6 +21,7 @@ from pathlib import Path
 from reposerve.tune.load import RunResult, closed_loop
 from tools.bench import scenarios, servers
 from tools.bench.scenarios import ECHO, HOST, Report
+from tools.bench.wrk import wrk_loop
 
 PORT_FLAGS = ("--grpc-port", "--metrics-port")
 
@@ -54,9 +55,15 @@ def _launch(label: str, tree: Path, repository: Path) -> servers.Launched:
 
 
 async def compare(
-    base: str, duration: float, concurrencies: tuple[int, ...] = (1, 32), rounds: int = 4
+    base: str,
+    duration: float,
+    concurrencies: tuple[int, ...] = (1, 8, 32),
+    rounds: int = 4,
+    client: str = "python",
 ) -> Report:
-    """``base`` (a git revision) and this checkout, interleaved with the bare echo."""
+    """``base`` (a git revision) and this checkout, interleaved with the bare echo;
+    ``client``: the load generator, the Python closed loop or wrk (``tools.bench.wrk``)."""
+    loop = wrk_loop if client == "wrk" else closed_loop
     payloads = scenarios._json_payloads("plus_one", 16)
     sides = (f"reposerve {base}", "reposerve this checkout")
     runs: dict[tuple[str, int], list[RunResult]] = {}
@@ -82,12 +89,10 @@ async def compare(
             try:
                 for _ in range(rounds):
                     for concurrency in concurrencies:
-                        bare = await closed_loop(
-                            ECHO, HOST, echo.port, payloads, concurrency, duration
-                        )
+                        bare = await loop(ECHO, HOST, echo.port, payloads, concurrency, duration)
                         runs.setdefault((ECHO, concurrency), []).append(bare)
                         for server in launched:
-                            result = await closed_loop(
+                            result = await loop(
                                 server.label, HOST, server.port, payloads, concurrency, duration
                             )
                             runs.setdefault((server.label, concurrency), []).append(result)
@@ -113,4 +118,4 @@ async def compare(
             medians[1] / medians[0]
         )
     results = [scenarios.median_run(found) for found in runs.values()]
-    return Report(f"compare with {base}", results, facts)
+    return Report(f"compare with {base} ({client} client)", results, facts)

@@ -78,7 +78,9 @@ class Launched:
 
     def stop(self) -> None:
         stop_process(self.process, grace_s=30)
-        if self._log is not subprocess.PIPE:
+        if self._log is subprocess.PIPE:
+            self.process.stderr.close()
+        else:
             self._log.close()
 
 
