@@ -102,3 +102,10 @@ class TuneError(ReposerveError):
     cannot load, inputs it cannot read; the message says what to fix."""
 
     kind = ErrorKind.INVALID_ARGUMENT
+
+
+class EmbeddedError(ReposerveError):
+    """An embedded server (``reposerve.Server``) used as it cannot be: an option it
+    cannot start with, a call before its start or after its stop, a start that failed."""
+
+    kind = ErrorKind.INVALID_ARGUMENT

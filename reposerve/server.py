@@ -58,9 +58,11 @@ class Server:
         settings: Settings,
         logs: LogControl | None = None,
         http_socket: socket.socket | None = None,
+        embedded: bool = False,
     ) -> None:
         """``http_socket``: the HTTP port's listening socket, when front processes share
-        it (--http-workers above 1)."""
+        it (--http-workers above 1); ``embedded``: the process is someone else's (the
+        in-process API, ``reposerve.embedded``), whose collector is left as it is."""
         self.settings = settings
         self.signals = (signal.SIGINT, signal.SIGTERM)
         repository = Repository(
@@ -96,6 +98,8 @@ class Server:
         self._loading: asyncio.Task | None = None
         self._shutdown: asyncio.Task | None = None
         self._graceless = asyncio.Event()  # a second signal: no more waiting
+        self._embedded = embedded
+        self.loaded = asyncio.Event()  # the start-up loading is over (failed or not)
         self._metrics: MetricsServer | None = None
         self._grpc: GrpcFront | None = None
         self.fronts = FrontWorkers(self.service, settings, http_socket)
@@ -202,10 +206,37 @@ class Server:
     async def _start(self) -> None:
         """Load the models, then (in poll mode) keep them in step with the disk."""
         settings = self.settings
-        service = self.service
         polling = settings.model_control_mode == "poll"
-        roots = service.repository.roots
+        roots = self.service.repository.roots
         baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
+        try:
+            going_on = await self._load()
+        finally:
+            self.loaded.set()
+        if not going_on:
+            return
+        # Everything allocated so far lives as long as the server: keep the collector off
+        # it, which removes its pauses from request latency.
+        if not self._embedded:
+            gc.collect()
+            gc.freeze()
+        log.info(
+            "ready: serving %s on %s",
+            ", ".join(map(str, settings.model_repositories)),
+            " and ".join(front_addresses(settings)) or "this process alone (no fronts)",
+        )
+        if front_addresses(settings):
+            log.info("%s", fronts_line(settings))
+        if polling:
+            await RepositoryWatcher(self.service.repository, settings.repository_poll_secs).run(
+                baseline
+            )
+
+    async def _load(self) -> bool:
+        """The start-up loading; False when a model failed and --exit-on-error ends the
+        server."""
+        settings = self.settings
+        service = self.service
         failed = await service.start(settings.load_models)
         residency = service.repository.residency
         log.info(
@@ -227,19 +258,8 @@ class Server:
             self.exit_code = 1
             self.begin_shutdown()
             self.stop_serving()
-            return
-        # Everything allocated so far lives as long as the server: keep the collector off
-        # it, which removes its pauses from request latency.
-        gc.collect()
-        gc.freeze()
-        log.info(
-            "ready: serving %s on %s",
-            ", ".join(map(str, settings.model_repositories)),
-            " and ".join(front_addresses(settings)),
-        )
-        log.info("%s", fronts_line(settings))
-        if polling:
-            await RepositoryWatcher(service.repository, settings.repository_poll_secs).run(baseline)
+            return False
+        return True
 
 
 def front_addresses(settings: Settings) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Collection
 from typing import Any
 
 import msgspec
@@ -25,11 +26,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(**{**fields, **_rules(flags, fields, defaults)})
 
 
-def refusal(settings: Settings) -> str | None:
+def refusal(
+    settings: Settings, skip: Collection[Callable[[Settings], str | None]] = ()
+) -> str | None:
     """Why the server must not start with these settings (the first flag's check that
-    fails, in the table's order), or None."""
+    fails, in the table's order), or None. ``skip``: checks that do not apply (an
+    embedded server needs no front to serve inference on)."""
     for option in OPTIONS:
-        if option.check is not None and (problem := option.check(settings)) is not None:
+        check = option.check
+        if check is not None and check not in skip and (problem := check(settings)) is not None:
             return problem
     return None
 

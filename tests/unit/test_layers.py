@@ -1,12 +1,12 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert, tune) -> server -> options -> fronts -> http -> openai -> grpc -> front_service
--> service -> shared_memory -> repository -> pipelines -> scheduler -> instance -> backends
-(the server object starts the fronts: HTTP, gRPC and metrics), and every layer may use the
-leaves (protocol, operations, config, errors, datatypes, tensor, statistics, settings,
-metrics, quantiles, utilization, access, arguments, files). Inside a layer, modules import one
-another without circles, deferred imports included: a circle only works while its import order
-does.
+cli (convert, tune) -> embedded -> server -> options -> fronts -> http -> openai -> grpc
+-> front_service -> service -> shared_memory -> repository -> pipelines -> scheduler
+-> instance -> backends (the server object starts the fronts: HTTP, gRPC and metrics),
+and every layer may use the leaves (protocol, operations, config, errors, datatypes,
+tensor, statistics, settings, metrics, quantiles, utilization, access, arguments, files).
+Inside a layer, modules import one another without circles, deferred imports included: a
+circle only works while its import order does.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ ORDER = [
     "cli",
     "convert",
     "tune",
+    "embedded",
     "server",
     "options",
     "fronts",
@@ -75,7 +76,9 @@ LEAF_RULES = {
     "arguments": set(),
     "files": set(),
     "access": {"errors", "settings"},  # who may call which API, for every front
-    "__init__": {"errors"},  # the package exports InvalidInput for model authors
+    # the package exports InvalidInput for model authors, and (deferred, on first use)
+    # the embedded server
+    "__init__": {"errors", "embedded"},
     # the service's typed arguments and results, which a front in any process can import
     # (a chat model's template among them)
     "operations": {"logs", "statistics", "config"},
@@ -148,10 +151,16 @@ def _module_name(path: Path) -> str:
 
 def _runtime_imports(tree: ast.Module, modules: set[str]) -> set[str]:
     """The package's modules ``tree`` imports when it runs: at the top or inside functions,
-    not under ``if TYPE_CHECKING:`` (annotations only, never executed). ``from a import b``
+    not under ``if TYPE_CHECKING:`` (annotations only, never executed), nor in a module's
+    own ``__getattr__`` (PEP 562: it runs when an attribute the module lacks is read, once
+    the module is whole, so it closes no circle while modules import). ``from a import b``
     names the module ``a.b`` when there is one, else ``a``."""
     found: set[str] = set()
-    pending: list[ast.AST] = [tree]
+    pending: list[ast.AST] = [
+        node
+        for node in tree.body
+        if not (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
+    ]
     while pending:
         node = pending.pop()
         if isinstance(node, ast.If) and ast.unparse(node.test) in (
@@ -207,3 +216,10 @@ def test_no_module_imports_itself_through_others():
 def test_the_circle_finder_finds_circles():
     assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_a_modules_own_getattr_imports_on_use_not_on_import():
+    tree = ast.parse(
+        "import a\ndef __getattr__(name):\n    from b import c\ndef later():\n    import d\n"
+    )
+    assert _runtime_imports(tree, {"a", "b", "b.c", "d"}) == {"a", "d"}

@@ -1,0 +1,79 @@
+"""numpy arrays in, numpy arrays out: an embedded call's inputs as the V2 request's
+header and raw tensors (the form gRPC carries, checked as every request is), and its
+answers as arrays of their own, copied out before the batch's memory is let go."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from reposerve.answers import Answer
+from reposerve.datatypes import NUMPY_DTYPES, to_numpy, to_wire
+from reposerve.errors import EmbeddedError
+
+# A dtype's V2 datatype; BF16 has no numpy dtype of its own (its bits ride in uint16).
+_DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name not in ("BF16", "BYTES")}
+Inputs = Mapping[str, Any]  # name -> numpy array (or what np.asarray makes one of)
+
+
+class InferResult(msgspec.Struct, frozen=True):
+    """One response: its outputs as arrays (BYTES as arrays of bytes objects), its
+    parameters, the model version that answered, and whether it is the request's last."""
+
+    model_name: str
+    model_version: str
+    outputs: dict[str, np.ndarray]
+    parameters: dict[str, Any]
+    id: str | None = None
+    final: bool = True
+
+
+def datatype_of(name: str, array: np.ndarray) -> str:
+    """The V2 datatype of an input array (little-endian, as the wire is): its dtype's,
+    BYTES for bytes, str or objects."""
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    datatype = _DATATYPES.get(array.dtype)
+    if datatype is None:
+        raise EmbeddedError(f"input '{name}': numpy dtype {array.dtype} has no V2 datatype")
+    return datatype
+
+
+def request_parts(
+    inputs: Inputs,
+    outputs: Sequence[str] | None,
+    parameters: Mapping[str, Any] | None,
+    request_id: str | None,
+) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+    """The V2 header (inputs without data) and each input's raw bytes, in order."""
+    described: list[dict[str, Any]] = []
+    raws: list[bytes | memoryview] = []
+    for name, value in inputs.items():
+        array = np.asarray(value)
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        datatype = datatype_of(name, array)
+        described.append({"name": name, "datatype": datatype, "shape": list(array.shape)})
+        raws.append(to_wire(datatype, array))
+    header: dict[str, Any] = {"inputs": described}
+    if outputs is not None:
+        header["outputs"] = [{"name": name} for name in outputs]
+    if parameters:
+        header["parameters"] = dict(parameters)
+    if request_id is not None:
+        header["id"] = request_id
+    return header, raws
+
+
+def result_of(name: str, answer: Answer) -> InferResult:
+    """``answer`` as arrays of its own (the caller releases the answer)."""
+    outputs = {}
+    for output, tensor in answer.tensors:
+        array = to_numpy(tensor.datatype, tensor.shape, tensor.raw)
+        outputs[output] = array if tensor.datatype == "BYTES" else array.copy()
+    return InferResult(
+        name, answer.version, outputs, dict(answer.parameters), answer.request_id, answer.final
+    )
