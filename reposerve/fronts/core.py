@@ -255,7 +255,7 @@ def _answered(
     refs = []
     for name, tensor, binary in answer.outputs:
         nbytes = len(tensor.raw)
-        buffer[offset : offset + nbytes] = tensor.raw
+        buffer[offset : offset + nbytes] = tensor.memory()
         refs.append(OutputRef(name, tensor.datatype, tensor.shape, offset, nbytes, binary))
         offset = align(offset + nbytes)
     message = Answered(

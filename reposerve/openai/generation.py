@@ -126,11 +126,11 @@ def read_piece(model: OpenAIModel, answer: Answer) -> Piece:
     data, input_tokens, output_tokens, finish = b"", None, None, None
     for name, tensor in answer.tensors:
         if name == model.output and tensor.datatype == "BYTES":
-            data = b"".join(unpack_bytes(tensor.raw, element_count(tensor.shape)))
+            data = b"".join(unpack_bytes(tensor.memory(), element_count(tensor.shape)))
         elif name in ("num_input_tokens", "num_output_tokens") and tensor.datatype != "BYTES":
             count = int(
                 np.frombuffer(
-                    tensor.raw, NUMPY_DTYPES[tensor.datatype], element_count(tensor.shape)
+                    tensor.memory(), NUMPY_DTYPES[tensor.datatype], element_count(tensor.shape)
                 ).sum()
             )
             if name == "num_input_tokens":

@@ -131,7 +131,7 @@ def _write(slot: Slot, start: int, outputs: dict[str, Tensor]) -> list[TensorRef
     try:
         slot.ensure(offset)
         for ref, tensor in zip(refs, outputs.values(), strict=True):
-            slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.raw
+            slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.memory()
     except (OSError, ValueError) as exc:  # the caller's process went away meanwhile
         raise InstanceError(f"the calling instance is gone ({exc})") from exc
     return refs

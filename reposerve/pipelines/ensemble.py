@@ -323,7 +323,7 @@ class EnsembleScheduler:
             )
             with await model.scheduler.lease(step_request, call_depth=call_depth) as lease:
                 return {
-                    name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
+                    name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.memory()))
                     for name, tensor in lease.outputs.items()
                     if name in step.output_map
                 }

@@ -25,7 +25,7 @@ from reposerve.protocol.shared_memory import (
     TensorRegion,
     tensor_region,
 )
-from reposerve.tensor import FileUnreadable, FileWindow, Tensor
+from reposerve.tensor import FileUnreadable, Tensor
 
 
 class _InputHeader(msgspec.Struct):
@@ -284,18 +284,10 @@ def _shared_input(
     to check that many well-framed elements are there."""
     shape = tuple(item.shape)
     count = element_count(shape)
-    raw: FileWindow | bytes = shared.read(place, where)
-    if item.datatype != "BYTES":
-        needed = count * NUMPY_DTYPES[item.datatype].itemsize
-        if place.byte_size != needed:
-            raise ProtocolError(
-                f"{where}: shared_memory_byte_size {place.byte_size} in region "
-                f"'{place.region}' does not match shape {list(shape)} of {item.datatype}, "
-                f"which takes {needed} bytes"
-            )
-    else:
+    window = shared.read(place, where)
+    if item.datatype == "BYTES":
         try:
-            raw = raw.read()
+            raw = window.read()
             byte_runs(raw, count)
         except FileUnreadable as exc:
             raise ProtocolError(str(exc)) from None
@@ -304,7 +296,15 @@ def _shared_input(
                 f"{where}: the {place.byte_size} bytes in region '{place.region}' are not "
                 f"serialized BYTES of shape {list(shape)}: the data {exc}"
             ) from None
-    return Tensor(item.datatype, shape, raw)
+        return Tensor(item.datatype, shape, raw)
+    needed = count * NUMPY_DTYPES[item.datatype].itemsize
+    if place.byte_size != needed:
+        raise ProtocolError(
+            f"{where}: shared_memory_byte_size {place.byte_size} in region "
+            f"'{place.region}' does not match shape {list(shape)} of {item.datatype}, "
+            f"which takes {needed} bytes"
+        )
+    return Tensor(item.datatype, shape, window)
 
 
 def _check_binary(datatype: str, raw: memoryview, count: int, shape: tuple, where: str) -> None:

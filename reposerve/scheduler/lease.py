@@ -63,7 +63,7 @@ class Lease:
         """This lease with its outputs copied out of the slot, which it releases: for a
         response held back for a while (ordered delivery), so the slot is not."""
         owned = {
-            name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
+            name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.memory()))
             for name, tensor in self.outputs.items()
         }
         self.release()
