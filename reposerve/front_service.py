@@ -6,10 +6,9 @@ operation is one typed value (``reposerve.operations``) given to ``perform``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, Protocol, TypeVar
 
-from reposerve.answers import Answer
+from reposerve.answers import Answer, Answers
 from reposerve.operations import Operation
 
 R = TypeVar("R")
@@ -26,10 +25,8 @@ class FrontService(Protocol):
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
     ) -> Answer: ...
 
-    async def generate(
-        self, name: str, version: str | None, body: bytes
-    ) -> AsyncIterator[Answer]: ...
+    async def generate(self, name: str, version: str | None, body: bytes) -> Answers: ...
 
     async def stream_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
-    ) -> AsyncIterator[Answer]: ...
+    ) -> Answers: ...

@@ -17,12 +17,12 @@ import contextlib
 import itertools
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar, cast
 
 import msgspec
 
-from reposerve.answers import Answer, make_answer, selected_outputs
+from reposerve.answers import Answer, Answers, make_answer, selected_outputs
 from reposerve.config import ModelConfig
 from reposerve.config.onnx_options import file_options
 from reposerve.config.triton_json import parse_triton_config
@@ -366,7 +366,7 @@ class InferenceService:
         finally:
             residency.end(name)
 
-    async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
+    async def generate(self, name: str, version: str | None, body: bytes) -> Answers:
         """Triton's generate extension (``reposerve.protocol.generate``): the request is
         decoded now (its errors raise here); the answers come as they are made."""
         in_use = self._in_use(name)
@@ -380,7 +380,7 @@ class InferenceService:
 
     async def stream_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
-    ) -> AsyncIterator[Answer]:
+    ) -> Answers:
         """``infer_parts`` for a streaming call: any model; a decoupled model's answers
         come as they are made, and end after its last."""
         in_use = self._in_use(name)
@@ -400,7 +400,7 @@ class InferenceService:
         request: InferRequest,
         claims: Claims,
         in_use: Callable[[], None],
-    ) -> AsyncIterator[Answer]:
+    ) -> Answers:
         """``_responses``, whose claims and use end even if it is never iterated."""
         answers = self._responses(model, request, claims, in_use)
         weakref.finalize(answers, in_use)
@@ -428,7 +428,7 @@ class InferenceService:
         request: InferRequest,
         claims: Claims,
         in_use: Callable[[], None],
-    ) -> AsyncIterator[Answer]:
+    ) -> AsyncGenerator[Answer, None]:
         """The answers to ``request``: one, or a decoupled model's as they come. Closing
         this iterator early (the client left) cancels the generation in the instance and
         releases what it had not handed out; its end lets go of ``claims`` and ends its

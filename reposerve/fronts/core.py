@@ -17,12 +17,12 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
 
-from reposerve.answers import Answer
+from reposerve.answers import Answer, Answers
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.framing import FrameReader, Outgoing, encode
 from reposerve.fronts.frames import (
@@ -176,7 +176,7 @@ class FrontPeer(asyncio.Protocol):
     async def _stream(self, frame: InferParts | Generate) -> None:
         slot = self._slot(frame.slot, frame.slot_size)
         view = memoryview(slot.buffer)
-        answers: AsyncIterator[Answer]
+        answers: Answers
         if isinstance(frame, Generate):
             body = bytes(view[: frame.nbytes])  # its decoder searches the bytes
             answers = await self._service.generate(frame.model, frame.version, body)

@@ -15,12 +15,12 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
 
-from reposerve.answers import Answer
+from reposerve.answers import Answer, Answers
 from reposerve.errors import (
     ConfigError,
     ErrorKind,
@@ -339,7 +339,7 @@ class RemoteService(asyncio.Protocol):
         assert isinstance(frame, Answered)
         return self.answer(call, frame, slot, streamed=False)
 
-    async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
+    async def generate(self, name: str, version: str | None, body: bytes) -> Answers:
         call, slot = self._open(len(body))
         assert slot is not None
         slot.buffer[: len(body)] = body
@@ -349,7 +349,7 @@ class RemoteService(asyncio.Protocol):
 
     async def stream_parts(
         self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
-    ) -> AsyncIterator[Answer]:
+    ) -> Answers:
         call, slot = self._parts(name, version, header, raws, stream=True)
         await self._first(call)
         return _Answers(self, call, slot)
