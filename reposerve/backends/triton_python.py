@@ -39,7 +39,7 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from functools import partial
 
 import msgspec
@@ -190,7 +190,7 @@ class TritonPythonBackend:
 
     async def _stream(
         self, inputs: Arrays, requests: Sequence[RequestSlice], flagged: Callable[[int], bool]
-    ) -> AsyncIterator[RequestResponse]:
+    ) -> AsyncGenerator[RequestResponse, None]:
         """A decoupled execute's responses as they are sent: a sync execute runs on a thread
         of its own, an async one on the instance's loop (``_ThreadSent``, ``_LoopSent``)."""
         sent: _ThreadSent | _LoopSent = _LoopSent() if self.is_async else _ThreadSent()

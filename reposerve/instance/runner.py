@@ -14,14 +14,14 @@ import contextlib
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from reposerve.backends import Backend
 from reposerve.backends.base import DeviceOutput, RequestFailure, RequestResponse, RequestSlice
-from reposerve.backends.drive import as_async
+from reposerve.backends.drive import Stream, as_async
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput, ModelError
@@ -175,7 +175,7 @@ class BatchRunner:
         self,
         message: Execute,
         slot: Slot,
-        responses: AsyncIterator,
+        responses: Stream[Any],
         started_ns: int,
         channel: Channel,
         resumed: Resumed,
