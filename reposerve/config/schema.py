@@ -7,7 +7,7 @@ live in ``reposerve.config.load``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -22,7 +22,10 @@ Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BF16", "BYTES",
 ]  # fmt: skip
-Backend = Literal[NAMES]  # one per entry of reposerve.config.backends
+if TYPE_CHECKING:  # the names are known when the entries are: msgspec checks them
+    Backend = str
+else:
+    Backend = Literal[NAMES]  # one per entry of reposerve.config.backends
 
 
 # Subclasses repeat ``frozen=True``: msgspec inherits it, but a type checker reads each
