@@ -160,10 +160,9 @@ class _TextFormatter(logging.Formatter):
 class _IsoFormatter(_TextFormatter):
     """Triton's ISO8601 format: UTC time with a Z."""
 
-    converter = time.gmtime
-
     def __init__(self) -> None:
         super().__init__(_TEXT, datefmt="%Y-%m-%dT%H:%M:%SZ")
+        self.converter = time.gmtime
 
 
 def _formatter(style: LogFormat) -> logging.Formatter:

@@ -49,7 +49,9 @@ def _is_tables(value: Any) -> bool:
 def _section_defaults(key: str) -> dict[str, Any]:
     """The defaults of a section's fields (one entry's, for an array of tables), so they
     are left out too."""
-    info = next(f for f in msgspec.inspect.type_info(ModelConfig).fields if f.name == key).type
+    config_info = msgspec.inspect.type_info(ModelConfig)
+    assert isinstance(config_info, msgspec.inspect.StructType)  # ModelConfig is a Struct
+    info = next(f for f in config_info.fields if f.name == key).type
     while not isinstance(info, msgspec.inspect.StructType):
         if isinstance(info, msgspec.inspect.ListType):
             info = info.item_type

@@ -8,7 +8,7 @@ in the body, so a lying shape or length costs nothing.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -322,11 +322,11 @@ def _check_binary(datatype: str, raw: memoryview, count: int, shape: tuple, wher
         )
 
 
-def _holds_lists(values: list) -> bool:
+def _holds_lists(values: Sequence[Any]) -> bool:
     return any(map(isinstance, values, itertools.repeat(list)))
 
 
-def _holds_values(values: list) -> bool:
+def _holds_values(values: Sequence[Any]) -> bool:
     return not all(map(isinstance, values, itertools.repeat(list)))
 
 
