@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import logging
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 import msgspec
@@ -66,7 +66,7 @@ from reposerve.operations import (
 from reposerve.protocol import documents
 from reposerve.protocol.generate import decode_generate
 from reposerve.protocol.repository import decode_load_request, decode_unload_request
-from reposerve.protocol.request import InferRequest, decode_parts, decode_request
+from reposerve.protocol.request import Body, InferRequest, Raw, decode_parts, decode_request
 from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository import openai_catalog as catalog
@@ -318,7 +318,7 @@ class InferenceService:
     # -- inference -----------------------------------------------------------------------
 
     async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
+        self, name: str, version: str | None, body: Body, header_length: int | None
     ) -> Answer:
         """Run one V2 request (its JSON, or its header and binary tensors); the front
         encodes the answer and releases it."""
@@ -335,7 +335,7 @@ class InferenceService:
         return await self._answer_once(name, version, decode)
 
     async def infer_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
     ) -> Answer:
         """Run one request whose tensor data travels apart from its header (gRPC; see
         ``decode_parts``)."""
@@ -366,7 +366,7 @@ class InferenceService:
         finally:
             residency.end(name)
 
-    async def generate(self, name: str, version: str | None, body: bytes) -> Answers:
+    async def generate(self, name: str, version: str | None, body: bytes | bytearray) -> Answers:
         """Triton's generate extension (``reposerve.protocol.generate``): the request is
         decoded now (its errors raise here); the answers come as they are made."""
         in_use = self._in_use(name)
@@ -379,7 +379,7 @@ class InferenceService:
         return self._answers(model, request, self.shared_memory.claims(), in_use)
 
     async def stream_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
     ) -> Answers:
         """``infer_parts`` for a streaming call: any model; a decoupled model's answers
         come as they are made, and end after its last."""
@@ -574,7 +574,7 @@ class InferenceService:
 
 
 async def _decode_parts(
-    header: dict[str, Any], raws: list[bytes], model: ModelVersion, name: str, claims: Claims
+    header: dict[str, Any], raws: Sequence[Raw], model: ModelVersion, name: str, claims: Claims
 ) -> InferRequest:
     """``decode_parts``, off the event loop when it reads BYTES from a region."""
     if may_read_bytes(header):

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -54,6 +54,7 @@ from reposerve.fronts.frames import (
 )
 from reposerve.instance.arena import Slot, align, grown_size
 from reposerve.operations import Operation, result_type
+from reposerve.protocol.request import Body, Raw
 from reposerve.scheduler.stream import Stream
 from reposerve.tensor import Tensor
 
@@ -319,7 +320,7 @@ class RemoteService(asyncio.Protocol):
     # -- inference -----------------------------------------------------------------------
 
     async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
+        self, name: str, version: str | None, body: Body, header_length: int | None
     ) -> Answer:
         call, slot = self._open(len(body))
         assert slot is not None
@@ -332,14 +333,14 @@ class RemoteService(asyncio.Protocol):
         return self.answer(call, frame, slot, streamed=False)
 
     async def infer_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
     ) -> Answer:
         call, slot = self._parts(name, version, header, raws, stream=False)
         frame = await self._first(call)
         assert isinstance(frame, Answered)
         return self.answer(call, frame, slot, streamed=False)
 
-    async def generate(self, name: str, version: str | None, body: bytes) -> Answers:
+    async def generate(self, name: str, version: str | None, body: bytes | bytearray) -> Answers:
         call, slot = self._open(len(body))
         assert slot is not None
         slot.buffer[: len(body)] = body
@@ -348,7 +349,7 @@ class RemoteService(asyncio.Protocol):
         return _Answers(self, call, slot)
 
     async def stream_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
     ) -> Answers:
         call, slot = self._parts(name, version, header, raws, stream=True)
         await self._first(call)
@@ -359,7 +360,7 @@ class RemoteService(asyncio.Protocol):
         name: str,
         version: str | None,
         header: dict[str, Any],
-        raws: list[bytes],
+        raws: Sequence[Raw],
         stream: bool,
     ) -> tuple[_Call, Slot]:
         spans = []

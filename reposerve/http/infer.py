@@ -97,7 +97,9 @@ class InferEndpoint:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
-    async def read(self, scope: Scope, receive: Receive) -> tuple[bytes, int | None, bytes | None]:
+    async def read(
+        self, scope: Scope, receive: Receive
+    ) -> tuple[bytes | bytearray, int | None, bytes | None]:
         """The request's body (checked against the access policy, size limit and body
         timeout, inflated), its Inference-Header-Content-Length and Accept-Encoding."""
         if self._checked:

@@ -89,8 +89,15 @@ class InferRequest(msgspec.Struct):
     sequence_end: bool = False
 
 
+Body = bytes | bytearray | memoryview
+"""A request's bytes as a front holds them: as received, inflated, or in a front worker's
+slot."""
+Raw = bytes | memoryview
+"""A tensor's bytes sent apart from its request's header (``decode_parts``)."""
+
+
 def decode_request(
-    body: bytes,
+    body: Body,
     header_length: int | None,
     config: ModelConfig,
     model: str,
@@ -136,7 +143,7 @@ def decode_request(
 
 def decode_parts(
     header: dict[str, Any],
-    raws: list[bytes],
+    raws: Sequence[Raw],
     config: ModelConfig,
     model: str,
     shared: SharedTensors = UNAVAILABLE,
