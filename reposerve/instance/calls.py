@@ -68,7 +68,7 @@ class CallChannel(Protocol):
         has gone."""
         ...
 
-    def when_answered(self, call_id: int, callback: Callable[[], None]) -> None:
+    def when_answered(self, call_id: int, callback: Callable[[], object]) -> None:
         """Call ``callback`` (from any thread) once that call has an answer waiting."""
         ...
 

@@ -32,7 +32,7 @@ from reposerve.config import ModelConfig, complete_config
 from reposerve.config.parameters import server_parameters
 from reposerve.errors import ReposerveError
 from reposerve.instance.calls import Caller
-from reposerve.instance.channel import Channel
+from reposerve.instance.channel import Channel, Nested
 from reposerve.instance.messages import (
     AddSlot,
     CallFailure,
@@ -67,7 +67,7 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
     async def resumed(batch_id: int) -> bool:
         return channel.wait_resume(batch_id)  # blocks this thread: nothing else runs here
 
-    def serve(message: ToInstance) -> None:
+    def serve(message: Nested) -> None:
         if isinstance(message, Execute):
             _answer(channel, run_now(runner.run(message, channel, resumed)))
         elif isinstance(message, DropSlot):
