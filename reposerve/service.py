@@ -439,7 +439,7 @@ class InferenceService:
                 lease = await model.scheduler.lease(request)
                 yield make_answer(model, request, selected, lease, True, claims)  # answered once
                 return
-            stream = model.scheduler.stream(request)
+            stream = model.instance_scheduler.stream(request)
             try:
                 async for lease in stream:
                     yield make_answer(model, request, selected, lease, lease.final, claims)

@@ -30,11 +30,16 @@ class StepScheduler(Protocol):
 
 
 class StepModel(Protocol):
-    """What an ensemble needs of a loaded step model (a ModelVersion)."""
+    """What an ensemble needs of a loaded step model (a ModelVersion); read only."""
 
-    name: str
-    config: ModelConfig
-    scheduler: StepScheduler
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def scheduler(self) -> StepScheduler: ...
 
     @property
     def label(self) -> str: ...
