@@ -66,7 +66,7 @@ __all__ = [
     "result_type",
 ]
 
-R = TypeVar("R")
+R = TypeVar("R", covariant=True)  # an operation of a narrower result is one of a wider
 
 # -- the results -------------------------------------------------------------------------
 
