@@ -53,7 +53,7 @@ from reposerve.fronts.frames import (
     ToFront,
 )
 from reposerve.instance.arena import Slot, align, grown_size
-from reposerve.operations import Operation, result_type
+from reposerve.operations import AnyOperation, Operation, result_type
 from reposerve.protocol.request import Body, Raw
 from reposerve.scheduler.stream import Stream
 from reposerve.tensor import Tensor
@@ -231,13 +231,21 @@ class RemoteService(asyncio.Protocol):
 
     # -- calls and slots -----------------------------------------------------------------
 
-    def _open(self, needed: int | None) -> tuple[_Call, Slot | None]:
-        """A new call, with a slot of at least ``needed`` bytes unless None."""
+    def _open(self) -> _Call:
+        """A new call that holds no slot (an operation)."""
         self._next_call += 1
-        index = None if needed is None else self._take_slot(needed)
+        call = _Call(self._next_call, None, self._finish)
+        self._calls[call.id] = call
+        return call
+
+    def _open_slot(self, needed: int) -> tuple[_Call, int, Slot]:
+        """A new call with a slot of at least ``needed`` bytes: the call, the slot's index
+        and the slot."""
+        self._next_call += 1
+        index = self._take_slot(needed)
         call = _Call(self._next_call, index, self._finish)
         self._calls[call.id] = call
-        return call, None if index is None else self._slots[index]
+        return call, index, self._slots[index]
 
     def _begin(self, call: _Call, message: FromFront) -> None:
         """Send the frame that opens ``call``; a link that is gone ends the call here."""
@@ -322,12 +330,9 @@ class RemoteService(asyncio.Protocol):
     async def infer(
         self, name: str, version: str | None, body: Body, header_length: int | None
     ) -> Answer:
-        call, slot = self._open(len(body))
-        assert slot is not None
+        call, index, slot = self._open_slot(len(body))
         slot.buffer[: len(body)] = body
-        self._begin(
-            call, Infer(call.id, name, version, call.slot, slot.size, len(body), header_length)
-        )
+        self._begin(call, Infer(call.id, name, version, index, slot.size, len(body), header_length))
         frame = await self._first(call)
         assert isinstance(frame, Answered)
         return self.answer(call, frame, slot, streamed=False)
@@ -341,10 +346,9 @@ class RemoteService(asyncio.Protocol):
         return self.answer(call, frame, slot, streamed=False)
 
     async def generate(self, name: str, version: str | None, body: bytes | bytearray) -> Answers:
-        call, slot = self._open(len(body))
-        assert slot is not None
+        call, index, slot = self._open_slot(len(body))
         slot.buffer[: len(body)] = body
-        self._begin(call, Generate(call.id, name, version, call.slot, slot.size, len(body)))
+        self._begin(call, Generate(call.id, name, version, index, slot.size, len(body)))
         await self._first(call)  # Started: the request was decoded and taken
         return _Answers(self, call, slot)
 
@@ -368,20 +372,21 @@ class RemoteService(asyncio.Protocol):
         for raw in raws:
             spans.append((offset, len(raw)))
             offset = align(offset + len(raw))
-        call, slot = self._open(offset)
-        assert slot is not None
+        call, index, slot = self._open_slot(offset)
         buffer = slot.buffer
         for (start, nbytes), raw in zip(spans, raws, strict=True):
             buffer[start : start + nbytes] = raw
         encoded = _header_encoder.encode(header)
-        frame = InferParts(call.id, name, version, encoded, call.slot, slot.size, spans, stream)
+        frame = InferParts(call.id, name, version, encoded, index, slot.size, spans, stream)
         self._begin(call, frame)
         return call, slot
 
     # -- the other operations ------------------------------------------------------------
 
     async def perform(self, operation: Operation[R]) -> R:
-        call, _ = self._open(None)
+        if not isinstance(operation, AnyOperation):  # the frame could not carry it
+            raise TypeError(f"{type(operation).__name__} is missing from AnyOperation")
+        call = self._open()
         self._begin(call, Operate(call.id, operation))
         frame = await self._first(call)
         call.released()
