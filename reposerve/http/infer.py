@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from reposerve.answers import Answer
 from reposerve.errors import ProtocolError, ReposerveError
@@ -214,7 +214,7 @@ def body_deadline(receive: Receive, timeout: float) -> Receive:
     ``connections``)."""
     whole = False
 
-    async def bounded() -> dict:
+    async def bounded() -> Message:
         nonlocal whole
         if whole:
             return await receive()

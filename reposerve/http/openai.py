@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from reposerve.config.chat_templates import TemplateError, render_chat
 from reposerve.errors import ErrorKind, ReposerveError
@@ -101,7 +101,7 @@ class OpenAIEndpoint(InferEndpoint):
         watching: asyncio.Future | None = None
         started = False
 
-        async def sending(message: dict) -> None:
+        async def sending(message: Message) -> None:
             nonlocal started
             started = True
             await send(message)
@@ -250,7 +250,7 @@ class OpenAIEndpoint(InferEndpoint):
                 settings = Settings(
                     max_tokens=limit or model.max_tokens,
                     stop=request.stops,
-                    stream=request.stream,
+                    stream=bool(request.stream),  # a bool once decoded (None read as False)
                     temperature=request.temperature,
                     top_p=request.top_p,
                     seed=seed,
@@ -317,7 +317,7 @@ class _Reply:
 
 
 async def _collect(choices: Sequence[Generation]) -> list[str]:
-    texts = {choice.index: [] for choice in choices}
+    texts: dict[int, list[str]] = {choice.index: [] for choice in choices}
     async with contextlib.aclosing(merged(choices)) as pieces:
         async for choice, piece in pieces:
             if piece is not None:
