@@ -15,15 +15,13 @@ import logging
 import os
 import sys
 import time
-from typing import Annotated, Literal, TextIO, get_args
+from typing import Annotated, TextIO, get_args
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from reposerve.errors import ProtocolError
-from reposerve.settings import Settings
-
-LogFormat = Literal["default", "ISO8601", "json"]
+from reposerve.settings import LogFormat, Settings
 
 
 def verbose(level: int) -> int:
@@ -184,7 +182,7 @@ def start_logging(settings: Settings) -> LogControl:
             log_warning=settings.log_warning,
             log_error=settings.log_error,
             log_verbose_level=settings.log_verbose,
-            log_format=settings.log_format,  # type: ignore[arg-type]  # checked by the CLI
+            log_format=settings.log_format,
         ),
         sys.stderr,
     )

@@ -20,8 +20,9 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -50,6 +51,8 @@ from reposerve.instance.messages import (
     ToInstance,
 )
 from reposerve.instance.runner import BatchRunner
+
+T = TypeVar("T")
 
 EXIT_POISONED = 70  # the process ended itself after a CUDA error poisoned its context
 _PR_SET_PDEATHSIG = 1
@@ -173,8 +176,8 @@ def _run_async(
     loop.close()
 
 
-async def _awaited(awaitable: object) -> object:
-    return await awaitable  # type: ignore[misc]
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
 
 
 def _answer_readiness(
