@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -226,6 +226,7 @@ class RequestResponse(msgspec.Struct):
     parameters: str = "{}"
 
 
+@runtime_checkable  # isinstance: whether a backend has the hook
 class RequestAwareBackend(Protocol):
     """Optional hook of a backend that needs the request boundaries inside a batch (the
     Triton python-backend shim: one ``InferenceRequest`` per client request). The worker

@@ -215,8 +215,8 @@ class RemoteService(asyncio.Protocol):
             call.arrived(gone, True)
         self._on_leave()
 
-    def _arrived(self, frame: ToFront, last: bool) -> None:
-        call = self._calls.get(frame.call)  # type: ignore[union-attr]  # Leave has none
+    def _arrived(self, frame: Started | Answered | Failed | Ended | Returned, last: bool) -> None:
+        call = self._calls.get(frame.call)
         if call is not None:
             call.arrived(frame, last)
 
