@@ -68,9 +68,12 @@ class FrontPeer(asyncio.Protocol):
 
     # -- the socket ----------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        self._outgoing = Outgoing(transport)  # type: ignore[arg-type]
+    # typeshed types any protocol's transport as a BaseTransport; a stream's is a Transport
+    # (uvicorn's own connection_made says so the same way), and uvloop's is no subclass of
+    # asyncio.Transport for isinstance to find
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._transport = transport
+        self._outgoing = Outgoing(transport)
 
     def data_received(self, data: bytes) -> None:
         try:
