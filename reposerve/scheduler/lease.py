@@ -122,7 +122,7 @@ class LeaseStream(Stream[Lease]):
     def __init__(self) -> None:
         super().__init__()
         self.cancelled = False
-        self.on_cancel: Callable[[], None] | None = None  # the scheduler's, once queued
+        self.on_cancel: Callable[[], object] | None = None  # the scheduler's, once queued
 
     def put(self, lease: Lease) -> None:
         if self._ended:
