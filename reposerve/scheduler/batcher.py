@@ -242,7 +242,7 @@ class Scheduler:
         while self._queued:
             instance = self._free_instance(staged=False)
             staged = instance is None
-            if staged:
+            if instance is None:  # staged
                 # Cheap test first: this runs on every arrival while instances are busy.
                 if self._queued_items < self._rules.full_size:
                     return

@@ -274,7 +274,8 @@ class SequenceBatcher:
             )
         key: SequenceId | tuple[str, int] = request.sequence_id
         if self._corrid is not None and key != 0 and key != "":
-            key = _as_told(key, self._corrid, self._name)  # refused now, not in a slot
+            # refused now, not in a slot
+            key = _as_told(request.sequence_id, self._corrid, self._name)
             request = msgspec.structs.replace(request, sequence_id=key)
         if (key == 0 or key == "") and self._sequence.iterative_sequence:
             key = ("single request", next(self._single))
@@ -509,7 +510,7 @@ class SequenceBatcher:
         shape = (rows, 1) if self._batched else (1,)
         count = element_count(shape)
         if control.kind == "corrid":  # ``_admit`` made the id the form the control holds
-            value = request.sequence_id
+            value: SequenceId | float = request.sequence_id
             if control.datatype == "BYTES":
                 return Tensor("BYTES", shape, pack_bytes([str(value).encode()] * count))
         else:
@@ -527,7 +528,7 @@ class SequenceBatcher:
         if not self._batched:
             return state
         shape = (rows, *state.shape)
-        return Tensor(state.datatype, shape, bytes(state.raw) * rows)
+        return Tensor(state.datatype, shape, bytes(state.memory()) * rows)
 
     def _keep_state(self, sequence: _Sequence, lease: Lease) -> None:
         """Copy the state the model returned, for the sequence's next request."""
@@ -539,7 +540,7 @@ class SequenceBatcher:
                     f"{self._label}: the model returned no state output '{state.output_name}'"
                 )
             sequence.state[state.input_name] = Tensor(
-                tensor.datatype, tensor.shape, bytes(tensor.raw)
+                tensor.datatype, tensor.shape, bytes(tensor.memory())
             )
 
 
