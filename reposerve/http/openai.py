@@ -33,8 +33,8 @@ from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.front_service import FrontService
 from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import STATUS, HttpError
-from reposerve.http.generate import EVENT_STREAM, before, send_json, wait_for_disconnect
-from reposerve.http.infer import Disconnected, InferEndpoint
+from reposerve.http.generate import EVENT_STREAM, before, send_json
+from reposerve.http.infer import Disconnected, InferEndpoint, wait_for_disconnect
 from reposerve.openai.embeddings import embed
 from reposerve.openai.generation import Generation, Settings, check_kind, choice_seed, merged
 from reposerve.operations import OpenAIModel, OpenAIModelsRequest
