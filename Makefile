@@ -31,10 +31,12 @@ serve: $(SERVING)
 
 test: $(STAMP)
 	$(BIN)/ruff check reposerve tests tools
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check reposerve tests tools
+	$(BIN)/mypy
 	$(BIN)/ruff format --check reposerve tests tools
 
 # Benchmarks with their baselines in the same run; results in bench-out/.

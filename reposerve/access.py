@@ -52,10 +52,11 @@ class Policy:
         return api in self._rules or api in CONTROL_APIS
 
     def check_call(
-        self, api: str, header: Callable[[str], str | None], host: str | None, flag: str
+        self, api: str, header: Callable[[str], str | bytes | None], host: str | None, flag: str
     ) -> None:
-        """``header`` looks up a (lower-case) request header or gRPC metadata key, ``host``
-        is the client's address, ``flag`` the option that lifts the restriction."""
+        """``header`` looks up a (lower-case) request header or gRPC metadata key (bytes for
+        a binary one), ``host`` is the client's address, ``flag`` the option that lifts the
+        restriction."""
         rule = self._rules.get(api)
         if rule is not None:
             if header(rule.header) != rule.value:

@@ -5,7 +5,7 @@ a stream of them into messages (``encoded``)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from reposerve.protocol.classification import classify
@@ -26,18 +26,6 @@ def selected_outputs(request: InferRequest, declared: tuple[str, ...]) -> list[t
         (output, request.binary_output if binary is None else binary)
         for output, binary in request.outputs.items()
     ]
-
-
-async def encoded(
-    answers: AsyncIterator[Answer], encode: Callable[[Answer], T]
-) -> AsyncIterator[T]:
-    """Each answer as ``encode`` makes it, released as soon as it is encoded. Closing this
-    closes ``answers`` (which stops a generation the client no longer wants)."""
-    async with contextlib.aclosing(answers):
-        async for answer in answers:
-            with answer:
-                message = encode(answer)
-            yield message
 
 
 class Releasable(Protocol):
@@ -90,6 +78,28 @@ class Answer:
 
     def __exit__(self, *exc_info: object) -> None:
         self._lease.release()
+
+
+class Answers(Protocol):
+    """A stream of answers that its reader may close before its end (the client left), which
+    stops the generation: ``InferenceService``'s async generator, or a front worker's
+    ``reposerve.fronts.remote._Answers``."""
+
+    def __aiter__(self) -> AsyncIterator[Answer]: ...
+
+    def __anext__(self) -> Awaitable[Answer]: ...
+
+    def aclose(self) -> Awaitable[object]: ...
+
+
+async def encoded(answers: Answers, encode: Callable[[Answer], T]) -> AsyncGenerator[T, None]:
+    """Each answer as ``encode`` makes it, released as soon as it is encoded. Closing this
+    closes ``answers`` (which stops a generation the client no longer wants)."""
+    async with contextlib.aclosing(answers):
+        async for answer in answers:
+            with answer:
+                message = encode(answer)
+            yield message
 
 
 class _Both:

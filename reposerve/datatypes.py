@@ -159,7 +159,9 @@ class ByteRuns:
                 array[first : first + count] = b""  # a void dtype has no size 0
                 continue
             step = BYTES_LENGTH_SIZE + length
-            payloads = np.ndarray((count,), f"V{length}", data, start + BYTES_LENGTH_SIZE, (step,))
+            payloads: np.ndarray = np.ndarray(
+                (count,), f"V{length}", data, start + BYTES_LENGTH_SIZE, (step,)
+            )
             array[first : first + count] = payloads.tolist()  # bytes, NULs kept
         run, within = self._members(np.flatnonzero(~long))
         lengths = self.lengths[run]
@@ -226,7 +228,7 @@ def _run_length(data: np.ndarray, position: int, length: int, most: int) -> int:
     run, window = 1, RUN_PROBE
     while run < most:
         window = min(2 * window, most - run)
-        fields = np.ndarray((window,), "<u4", data, position + run * step, (step,))
+        fields: np.ndarray = np.ndarray((window,), "<u4", data, position + run * step, (step,))
         differs = np.flatnonzero(fields != length)
         if len(differs):
             return run + int(differs[0])
@@ -266,7 +268,7 @@ def to_wire(datatype: str, array: np.ndarray) -> bytes | memoryview:
     contiguous = np.ascontiguousarray(array)
     if contiguous.size == 0:
         return b""  # memoryview cannot cast a view with a 0 in its shape
-    return memoryview(contiguous).cast("B")
+    return contiguous.data.cast("B")
 
 
 def _as_bytes(item: object) -> bytes:

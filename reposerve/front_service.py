@@ -6,11 +6,12 @@ operation is one typed value (``reposerve.operations``) given to ``perform``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from reposerve.answers import Answer
+from reposerve.answers import Answer, Answers
 from reposerve.operations import Operation
+from reposerve.protocol.request import Body, Raw
 
 R = TypeVar("R")
 
@@ -19,17 +20,17 @@ class FrontService(Protocol):
     async def perform(self, operation: Operation[R]) -> R: ...
 
     async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
+        self, name: str, version: str | None, body: Body, header_length: int | None
     ) -> Answer: ...
 
     async def infer_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
     ) -> Answer: ...
 
     async def generate(
-        self, name: str, version: str | None, body: bytes
-    ) -> AsyncIterator[Answer]: ...
+        self, name: str, version: str | None, body: bytes | bytearray
+    ) -> Answers: ...
 
     async def stream_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
-    ) -> AsyncIterator[Answer]: ...
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
+    ) -> Answers: ...

@@ -15,15 +15,13 @@ import logging
 import os
 import sys
 import time
-from typing import Annotated, Literal, TextIO, get_args
+from typing import Annotated, TextIO, get_args
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from reposerve.errors import ProtocolError
-from reposerve.settings import Settings
-
-LogFormat = Literal["default", "ISO8601", "json"]
+from reposerve.settings import LogFormat, Settings
 
 
 def verbose(level: int) -> int:
@@ -160,10 +158,9 @@ class _TextFormatter(logging.Formatter):
 class _IsoFormatter(_TextFormatter):
     """Triton's ISO8601 format: UTC time with a Z."""
 
-    converter = time.gmtime
-
     def __init__(self) -> None:
         super().__init__(_TEXT, datefmt="%Y-%m-%dT%H:%M:%SZ")
+        self.converter = time.gmtime
 
 
 def _formatter(style: LogFormat) -> logging.Formatter:
@@ -185,7 +182,7 @@ def start_logging(settings: Settings) -> LogControl:
             log_warning=settings.log_warning,
             log_error=settings.log_error,
             log_verbose_level=settings.log_verbose,
-            log_format=settings.log_format,  # type: ignore[arg-type]  # checked by the CLI
+            log_format=settings.log_format,
         ),
         sys.stderr,
     )

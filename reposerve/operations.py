@@ -66,7 +66,7 @@ __all__ = [
     "result_type",
 ]
 
-R = TypeVar("R")
+R = TypeVar("R", covariant=True)  # an operation of a narrower result is one of a wider
 
 # -- the results -------------------------------------------------------------------------
 
@@ -158,6 +158,8 @@ class OpenAIModel(msgspec.Struct, frozen=True):
 # -- the operations ----------------------------------------------------------------------
 
 
+# Subclasses repeat ``frozen=True``: msgspec inherits it, but a type checker reads each
+# class's own keywords only (PEP 681's dataclass_transform).
 class Operation(msgspec.Struct, Generic[R], frozen=True, tag=True):
     """One of the service's operations, its result an ``R``. Tagged by class name, so that
     ``AnyOperation`` decodes any of them from one frame."""
@@ -170,39 +172,39 @@ def result_type(kind: type[Operation[Any]]) -> Any:
     return typing.get_args(base)[0]
 
 
-class ServerReadyRequest(Operation[bool]):
+class ServerReadyRequest(Operation[bool], frozen=True):
     """Whether the server can serve (``InferenceService.ready``)."""
 
 
-class ServerMetadataRequest(Operation[ServerMetadata]):
+class ServerMetadataRequest(Operation[ServerMetadata], frozen=True):
     pass
 
 
-class ModelReadyRequest(Operation[bool]):
+class ModelReadyRequest(Operation[bool], frozen=True):
     name: str
     version: str | None = None  # None: the version the model serves by default
 
 
-class ModelMetadataRequest(Operation[ModelMetadata]):
+class ModelMetadataRequest(Operation[ModelMetadata], frozen=True):
     name: str
     version: str | None = None
 
 
-class ModelConfigRequest(Operation[ModelConfigDocument]):
+class ModelConfigRequest(Operation[ModelConfigDocument], frozen=True):
     name: str
     version: str | None = None
 
 
-class ModelStatisticsRequest(Operation[ModelStatistics]):
+class ModelStatisticsRequest(Operation[ModelStatistics], frozen=True):
     name: str | None = None  # None: every loaded model
     version: str | None = None  # None: every version of ``name``
 
 
-class IndexRequest(Operation[list[IndexEntry]]):
+class IndexRequest(Operation[list[IndexEntry]], frozen=True):
     ready: bool = False  # only the versions that are ready
 
 
-class LoadRequest(Operation[None]):
+class LoadRequest(Operation[None], frozen=True):
     """Load (or reload) ``name``, optionally from another configuration and model files."""
 
     name: str
@@ -210,49 +212,49 @@ class LoadRequest(Operation[None]):
     files: dict[str, bytes] = {}  # path inside the model folder -> content, as sent
 
 
-class UnloadRequest(Operation[None]):
+class UnloadRequest(Operation[None], frozen=True):
     name: str
     unload_dependents: bool = False  # the ensembles that call the model go too
 
 
-class OpenAIModelsRequest(Operation[list[OpenAIModel]]):
+class OpenAIModelsRequest(Operation[list[OpenAIModel]], frozen=True):
     """The models on the OpenAI-compatible routes; ``name``: that one, ready to serve."""
 
     name: str | None = None
 
 
-class LogSettingsRequest(Operation[LogSettings]):
+class LogSettingsRequest(Operation[LogSettings], frozen=True):
     pass
 
 
-class LogUpdateRequest(Operation[LogSettings]):
+class LogUpdateRequest(Operation[LogSettings], frozen=True):
     update: LogUpdate
 
 
 # Triton's shared-memory extension: a ``name`` of None = every region.
-class SystemSharedMemoryStatusRequest(Operation[list[SystemRegion]]):
+class SystemSharedMemoryStatusRequest(Operation[list[SystemRegion]], frozen=True):
     name: str | None = None
 
 
-class SystemSharedMemoryRegisterRequest(Operation[None]):
+class SystemSharedMemoryRegisterRequest(Operation[None], frozen=True):
     region: SystemRegion
 
 
-class SystemSharedMemoryUnregisterRequest(Operation[None]):
+class SystemSharedMemoryUnregisterRequest(Operation[None], frozen=True):
     """Done once the requests using the region(s) have ended (``reposerve.shared_memory``)."""
 
     name: str | None = None
 
 
-class CudaSharedMemoryStatusRequest(Operation[list[CudaRegion]]):
+class CudaSharedMemoryStatusRequest(Operation[list[CudaRegion]], frozen=True):
     name: str | None = None
 
 
-class CudaSharedMemoryRegisterRequest(Operation[None]):
+class CudaSharedMemoryRegisterRequest(Operation[None], frozen=True):
     name: str
 
 
-class CudaSharedMemoryUnregisterRequest(Operation[None]):
+class CudaSharedMemoryUnregisterRequest(Operation[None], frozen=True):
     name: str | None = None
 
 

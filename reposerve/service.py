@@ -16,10 +16,10 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from reposerve.answers import Answer, make_answer, selected_outputs
+from reposerve.answers import Answer, Answers, make_answer, selected_outputs
 from reposerve.config import ModelConfig
 from reposerve.errors import (
     ConfigError,
@@ -57,7 +57,7 @@ from reposerve.operations import (
 )
 from reposerve.protocol import documents
 from reposerve.protocol.generate import decode_generate
-from reposerve.protocol.request import InferRequest, decode_parts, decode_request
+from reposerve.protocol.request import Body, InferRequest, Raw, decode_parts, decode_request
 from reposerve.protocol.shared_memory import may_read_bytes
 from reposerve.repository import ModelState, ModelVersion, Repository
 from reposerve.repository import openai_catalog as catalog
@@ -266,7 +266,7 @@ class InferenceService:
     # -- inference -----------------------------------------------------------------------
 
     async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
+        self, name: str, version: str | None, body: Body, header_length: int | None
     ) -> Answer:
         """Run one V2 request (its JSON, or its header and binary tensors); the front
         encodes the answer and releases it."""
@@ -283,7 +283,7 @@ class InferenceService:
         return await self._answer_once(name, version, decode)
 
     async def infer_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
     ) -> Answer:
         """Run one request whose tensor data travels apart from its header (gRPC; see
         ``decode_parts``)."""
@@ -314,7 +314,7 @@ class InferenceService:
         finally:
             residency.end(name)
 
-    async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
+    async def generate(self, name: str, version: str | None, body: bytes | bytearray) -> Answers:
         """Triton's generate extension (``reposerve.protocol.generate``): the request is
         decoded now (its errors raise here); the answers come as they are made."""
         in_use = self._in_use(name)
@@ -327,8 +327,8 @@ class InferenceService:
         return self._answers(model, request, self.shared_memory.claims(), in_use)
 
     async def stream_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
-    ) -> AsyncIterator[Answer]:
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
+    ) -> Answers:
         """``infer_parts`` for a streaming call: any model; a decoupled model's answers
         come as they are made, and end after its last."""
         in_use = self._in_use(name)
@@ -348,7 +348,7 @@ class InferenceService:
         request: InferRequest,
         claims: Claims,
         in_use: Callable[[], None],
-    ) -> AsyncIterator[Answer]:
+    ) -> Answers:
         """``_responses``, whose claims and use end even if it is never iterated."""
         answers = self._responses(model, request, claims, in_use)
         weakref.finalize(answers, in_use)
@@ -376,7 +376,7 @@ class InferenceService:
         request: InferRequest,
         claims: Claims,
         in_use: Callable[[], None],
-    ) -> AsyncIterator[Answer]:
+    ) -> AsyncGenerator[Answer, None]:
         """The answers to ``request``: one, or a decoupled model's as they come. Closing
         this iterator early (the client left) cancels the generation in the instance and
         releases what it had not handed out; its end lets go of ``claims`` and ends its
@@ -387,7 +387,7 @@ class InferenceService:
                 lease = await model.scheduler.lease(request)
                 yield make_answer(model, request, selected, lease, True, claims)  # answered once
                 return
-            stream = model.scheduler.stream(request)
+            stream = model.instance_scheduler.stream(request)
             try:
                 async for lease in stream:
                     yield make_answer(model, request, selected, lease, lease.final, claims)
@@ -453,7 +453,7 @@ class InferenceService:
 
 
 async def _decode_parts(
-    header: dict[str, Any], raws: list[bytes], model: ModelVersion, name: str, claims: Claims
+    header: dict[str, Any], raws: Sequence[Raw], model: ModelVersion, name: str, claims: Claims
 ) -> InferRequest:
     """``decode_parts``, off the event loop when it reads BYTES from a region."""
     if may_read_bytes(header):

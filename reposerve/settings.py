@@ -11,6 +11,8 @@ import msgspec
 from reposerve.arguments import Budget
 from reposerve.metrics import MetricsOptions
 
+LogFormat = Literal["default", "ISO8601", "json"]  # --log-format (its "text" is "default")
+
 
 class RestrictedApi(msgspec.Struct, frozen=True):
     """``--http-restricted-api API[,API]:KEY=VALUE``: these APIs need header KEY: VALUE."""
@@ -81,4 +83,4 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_warning: bool = True
     log_error: bool = True
     log_verbose: int = 0
-    log_format: str = "default"  # "default" | "ISO8601" | "json"
+    log_format: LogFormat = "default"

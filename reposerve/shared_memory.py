@@ -333,7 +333,7 @@ class Claims:
                 )
             region = self._held[place.region]
             region.check_file(place, where)
-            region.write(place, tensor.raw)
+            region.write(place, tensor.memory())
             placed.add(name)
             outputs[index] = (name, Tensor(tensor.datatype, tensor.shape, b""), False)
         return frozenset(placed)

@@ -60,6 +60,14 @@ class Tensor(msgspec.Struct, frozen=True):
     shape: tuple[int, ...]
     raw: bytes | memoryview | FileWindow
 
+    def memory(self) -> bytes | memoryview:
+        """``raw`` of a tensor whose bytes are in this process's memory, as every output's
+        are: only an input can lie in a client's file, and that is read into the batch."""
+        raw = self.raw
+        if isinstance(raw, FileWindow):
+            raise TypeError(f"{raw.label}: a tensor in a client's file, where bytes were due")
+        return raw
+
 
 def split_batch(tensor: Tensor, sizes: list[int]) -> list[Tensor]:
     """Views of ``tensor`` cut along axis 0 into consecutive pieces of ``sizes`` items."""
@@ -67,7 +75,7 @@ def split_batch(tensor: Tensor, sizes: list[int]) -> list[Tensor]:
         return [tensor]  # one piece, the whole: nothing to walk (BYTES take a walk to cut)
     per_item = element_count(tensor.shape[1:])
     rest = tensor.shape[1:]
-    raw = tensor.raw
+    raw = tensor.memory()
     pieces: list[Tensor] = []
     if tensor.datatype == "BYTES":
         runs = byte_runs(raw, tensor.shape[0] * per_item)

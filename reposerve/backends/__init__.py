@@ -20,7 +20,7 @@ def create_backend(name: str, context: ModelContext) -> Backend:
     from reposerve.backends.reshape import ReshapedBackend, needs_reshape
 
     if needs_reshape(context.config):
-        return ReshapedBackend(backend, context.config)  # type: ignore[return-value]
+        return ReshapedBackend(backend, context.config)
     return backend
 
 

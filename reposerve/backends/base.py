@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import mmap
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -140,9 +140,10 @@ class DeviceOutput(Protocol):
 
 Arrays = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray | DeviceOutput]
-Responses = Iterator[Any] | AsyncIterator[Any]
-"""What a decoupled backend's execute returns: its responses as it produces them, each
-``Outputs`` for every request of the batch or a ``RequestResponse`` for one of them."""
+Responses = Iterator[Any] | AsyncGenerator[Any, Any]
+"""What a decoupled backend's execute returns: a generator (sync or async) of its responses
+as it produces them, each ``Outputs`` for every request of the batch or a
+``RequestResponse`` for one of them."""
 Signature = tuple[list[TensorConfig], list[TensorConfig]]
 """A model file's (inputs, outputs), full shapes with -1 where dynamic."""
 
@@ -150,7 +151,7 @@ Signature = tuple[list[TensorConfig], list[TensorConfig]]
 class Backend(Protocol):
     """A loaded model. A backend with ``decoupled = True`` returns ``Responses`` (a
     generator: as many responses as it produces for the batch) from ``execute``; those
-    without the attribute return outputs."""
+    without the attribute return outputs, or (a ``RequestAwareBackend``) its ``Answers``."""
 
     is_async: bool
 
@@ -158,7 +159,9 @@ class Backend(Protocol):
         """What the model file says its tensors are, when it says (auto-complete)."""
         ...
 
-    def execute(self, inputs: Arrays) -> Outputs | Awaitable[Outputs]: ...
+    def execute(
+        self, inputs: Arrays
+    ) -> Outputs | Awaitable[Outputs] | Responses | Answers | Awaitable[Answers]: ...
 
     def unload(self) -> None: ...
 
@@ -223,6 +226,7 @@ class RequestResponse(msgspec.Struct):
     parameters: str = "{}"
 
 
+@runtime_checkable  # isinstance: whether a backend has the hook
 class RequestAwareBackend(Protocol):
     """Optional hook of a backend that needs the request boundaries inside a batch (the
     Triton python-backend shim: one ``InferenceRequest`` per client request). The worker

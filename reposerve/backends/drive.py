@@ -9,10 +9,11 @@ fix to how a batch runs or a stream flows is made once, for both kinds of model.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Iterator
+from typing import Any, Protocol, TypeVar, overload
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -49,8 +50,28 @@ class _Stepped:
             close()
 
 
-def as_async(responses: Iterator[T] | AsyncIterator[T]) -> AsyncIterator[T]:
-    """A decoupled model's responses as an async iterator, whichever kind it returned."""
+class Stream(Protocol[T_co]):
+    """A decoupled model's responses as ``as_async`` gives them: an async iterator that its
+    reader closes when it stops early (the model sees that at its ``yield``)."""
+
+    def __aiter__(self) -> AsyncIterator[T_co]: ...
+
+    def __anext__(self) -> Awaitable[T_co]: ...
+
+    def aclose(self) -> Awaitable[object]: ...
+
+
+@overload
+def as_async(responses: Iterator[T] | AsyncGenerator[T, Any]) -> Stream[T]: ...
+
+
+@overload
+def as_async(responses: AsyncIterator[T]) -> AsyncIterator[T]: ...
+
+
+def as_async(responses: Iterator[T] | AsyncIterator[T]) -> Stream[T] | AsyncIterator[T]:
+    """A decoupled model's responses as an async iterator, whichever kind it returned: a
+    generator's (sync or async, as every decoupled backend's) can be closed (``Stream``)."""
     if isinstance(responses, AsyncIterator):
         return responses
     return _Stepped(responses)

@@ -31,6 +31,7 @@ from reposerve.backends.onnx_options import (
 )
 from reposerve.config import TensorConfig
 from reposerve.config.onnx_options import OnnxParameters, onnx_parameters
+from reposerve.config.schema import Datatype
 from reposerve.errors import InvalidInput
 
 log = logging.getLogger("reposerve.backends")
@@ -40,7 +41,7 @@ MODEL_FILE = "model.onnx"
 FP16_FILE = "model.fp16-keep-io-types.onnx"
 
 # onnxruntime's type strings -> V2 datatypes
-DATATYPES = {
+DATATYPES: dict[str, Datatype] = {
     "tensor(bool)": "BOOL",
     "tensor(uint8)": "UINT8",
     "tensor(uint16)": "UINT16",

@@ -118,7 +118,7 @@ class MetricFamily:
         return Metric(self._family, labels or {}, buckets)
 
     def __del__(self) -> None:
-        family = getattr(self, "_family", None)
+        family: _Family | None = getattr(self, "_family", None)
         if family is None:  # __init__ raised
             return
         with _registry.lock:

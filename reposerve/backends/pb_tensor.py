@@ -31,7 +31,9 @@ _TRITON_TYPES: dict[int, type] = {
     12: np.float64,
     13: np.object_,
 }
-_TYPE_NUMBERS = {np.dtype(numpy_type): number for number, numpy_type in _TRITON_TYPES.items()}
+_TYPE_NUMBERS: dict[np.dtype, int] = {
+    np.dtype(numpy_type): number for number, numpy_type in _TRITON_TYPES.items()
+}
 TYPE_BF16 = 14
 
 TRITON_STRING_TO_NUMPY: dict[str, type] = {

@@ -208,7 +208,8 @@ class InferenceRequest:
         )
         if isinstance(model_name, bytes):  # as a BYTES input holds it
             model_name = model_name.decode("utf-8", "replace")
-        _check_type(f"{where}: model_name", model_name, str)
+        if not isinstance(model_name, str):  # _check_type's words, the type narrowed
+            raise TypeError(f"{where}: model_name: incompatible type {type(model_name)}")
         _check_type(f"{where}: request_id", request_id, str)
         _check_type(f"{where}: correlation_id", correlation_id, (int, str))
         _check_type(f"{where}: model_version", model_version, int)
@@ -218,7 +219,7 @@ class InferenceRequest:
             raise TypeError(
                 f"{where}: preferred_memory: incompatible type {type(preferred_memory)}"
             )
-        self._model_name: str = model_name  # type: ignore[assignment]
+        self._model_name = model_name
         self._request_id = request_id
         self._correlation_id = correlation_id
         self._model_version = model_version

@@ -35,6 +35,7 @@ from reposerve.backends.base import (
     Backend,
     BackendError,
     ModelContext,
+    Outputs,
     Responses,
     Signature,
 )
@@ -104,7 +105,7 @@ class PythonBackend:
     def signature(self) -> Signature | None:
         return None  # python models declare their tensors in config.toml
 
-    def execute(self, inputs: Arrays) -> Arrays | Awaitable[Arrays] | Responses:
+    def execute(self, inputs: Arrays) -> Outputs | Awaitable[Outputs] | Responses:
         return self._execute(inputs)
 
     def unload(self) -> None:

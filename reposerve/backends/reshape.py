@@ -23,6 +23,7 @@ from reposerve.backends.base import (
     DeviceOutput,
     Outputs,
     PartialOutputs,
+    RequestAwareBackend,
     RequestResponse,
     RequestSlice,
     Signature,
@@ -47,7 +48,8 @@ class ReshapedBackend:
         self.is_async = backend.is_async
         if hasattr(backend, "decoupled"):
             self.decoupled = backend.decoupled
-        if hasattr(backend, "execute_requests"):
+        if isinstance(backend, RequestAwareBackend):  # it has execute_requests
+            self._requests_backend = backend
             self.execute_requests = self._execute_requests
         for hook in ("register_host_buffer", "synchronize", "completed_config"):
             if hasattr(backend, hook):
@@ -62,7 +64,7 @@ class ReshapedBackend:
     def _execute_requests(
         self, inputs: Arrays, requests: Sequence[RequestSlice], cancelled: Callable[[int], bool]
     ) -> Any:
-        execute = self._backend.execute_requests  # type: ignore[attr-defined]
+        execute = self._requests_backend.execute_requests
         return self._answer(execute(self._model_inputs(inputs), requests, cancelled))
 
     def unload(self) -> None:

@@ -41,6 +41,7 @@ from msgspec import UNSET
 
 from reposerve.backends.base import Arrays, BackendError, ModelContext, Outputs, Signature
 from reposerve.config import TensorConfig
+from reposerve.config.schema import Datatype
 from reposerve.config.torch_options import CompileOptions, torch_options
 from reposerve.datatypes import NUMPY_DTYPES
 from reposerve.errors import ConfigError
@@ -48,7 +49,7 @@ from reposerve.errors import ConfigError
 SCRIPT_FILE = "model.pt"
 EXPORT_FILE = "model.pt2"
 
-DATATYPES: dict[torch.dtype, str] = {
+DATATYPES: dict[torch.dtype, Datatype] = {
     torch.bool: "BOOL",
     torch.uint8: "UINT8",
     torch.int8: "INT8",
@@ -60,7 +61,7 @@ DATATYPES: dict[torch.dtype, str] = {
     torch.float64: "FP64",
     torch.bfloat16: "BF16",
 }
-TORCH_DTYPES = {datatype: dtype for dtype, datatype in DATATYPES.items()}
+TORCH_DTYPES: dict[str, torch.dtype] = {datatype: dtype for dtype, datatype in DATATYPES.items()}
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # Exponent bits: converting a float to one with at least as many only rounds, never
 # overflows, so such outputs are converted on the device without a range check.

@@ -39,7 +39,7 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from functools import partial
 
 import msgspec
@@ -51,6 +51,7 @@ from reposerve.backends.base import (
     Arrays,
     BackendError,
     ModelContext,
+    Outputs,
     RequestFailure,
     RequestResponse,
     RequestSlice,
@@ -190,7 +191,7 @@ class TritonPythonBackend:
 
     async def _stream(
         self, inputs: Arrays, requests: Sequence[RequestSlice], flagged: Callable[[int], bool]
-    ) -> AsyncIterator[RequestResponse]:
+    ) -> AsyncGenerator[RequestResponse, None]:
         """A decoupled execute's responses as they are sent: a sync execute runs on a thread
         of its own, an async one on the instance's loop (``_ThreadSent``, ``_LoopSent``)."""
         sent: _ThreadSent | _LoopSent = _LoopSent() if self.is_async else _ThreadSent()
@@ -224,7 +225,7 @@ class TritonPythonBackend:
         self,
         inputs: Arrays,
         requests: Sequence[RequestSlice],
-        put: Callable[[object], None],
+        put: Callable[[_Sent], None],
         cancelled: Callable[[int], bool],
         decoupled: bool = True,
     ) -> list[pb_utils.InferenceRequest]:
@@ -321,7 +322,7 @@ class TritonPythonBackend:
         error = response.error()
         if error is not None:
             return RequestResponse(index, {}, final, _failure(index, error))
-        arrays = {tensor.name(): tensor._array for tensor in response.output_tensors()}
+        arrays: Outputs = {tensor.name(): tensor._array for tensor in response.output_tensors()}
         undeclared = [name for name in arrays if name not in self._output_names]
         if undeclared:
             problem = (
@@ -349,8 +350,8 @@ class _SentOnce:
         """Whether some request has had its response."""
         return any(response is not None for response in self.responses)
 
-    def put(self, item: object) -> None:
-        index, response, final = item  # type: ignore[misc]
+    def put(self, item: _Sent) -> None:
+        index, response, final = item
         with self._done:
             if response is not None:
                 self.responses[index] = response
@@ -367,9 +368,13 @@ class _SentOnce:
 # Responses a sync decoupled model may send ahead of its client before a send blocks.
 SENT_AHEAD = 4
 
+_Sent = tuple[int, pb_utils.InferenceResponse | None, bool]
+"""What a request's response sender sent: (the request's index, the response or None for
+a flag-only FINAL, whether it is the request's last)."""
+
 
 def _deliver(
-    put: Callable[[object], None],
+    put: Callable[[_Sent], None],
     index: int,
     response: pb_utils.InferenceResponse | None,
     final: bool,
@@ -387,7 +392,7 @@ class _ThreadSent:
     cancelled, sends are dropped."""
 
     def __init__(self) -> None:
-        self._items: deque[object] = deque()
+        self._items: deque[_Sent | Exception] = deque()
         self._changed = threading.Condition()
         self.cancelled = False
 
@@ -396,7 +401,7 @@ class _ThreadSent:
             target=settle, args=(execute,), name="reposerve-decoupled-execute", daemon=True
         ).start()
 
-    def put(self, item: object) -> None:
+    def put(self, item: _Sent | Exception) -> None:
         with self._changed:
             while len(self._items) >= SENT_AHEAD and not self.cancelled:
                 self._changed.wait()
@@ -404,7 +409,7 @@ class _ThreadSent:
                 self._items.append(item)
                 self._changed.notify_all()
 
-    async def get(self) -> object:
+    async def get(self) -> _Sent | Exception:
         with self._changed:
             while not self._items:
                 self._changed.wait()
@@ -425,7 +430,7 @@ class _LoopSent:
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._items: asyncio.Queue[object] = asyncio.Queue()
+        self._items: asyncio.Queue[_Sent | Exception] = asyncio.Queue()
         self._task: asyncio.Future | None = None  # held: the loop keeps only weak ones
         self.cancelled = False
 
@@ -437,11 +442,11 @@ class _LoopSent:
         self._task = asyncio.ensure_future(execute())
         self._task.add_done_callback(ended)
 
-    def put(self, item: object) -> None:
+    def put(self, item: _Sent | Exception) -> None:
         if not self.cancelled:
             self._loop.call_soon_threadsafe(self._items.put_nowait, item)
 
-    async def get(self) -> object:
+    async def get(self) -> _Sent | Exception:
         return await self._items.get()
 
     def cancel(self) -> None:
@@ -464,12 +469,12 @@ class _Answers:
         self.open = len(requests)
         self._finished: set[int] = set()  # the requests whose FINAL flag has been sent
 
-    def counting(self, put: Callable[[object], None]) -> Callable[[object], None]:
+    def counting(self, put: Callable[[_Sent], None]) -> Callable[[_Sent], None]:
         """``put`` for the senders, noting each FINAL flag as it is sent (before it is
         taken), so that an error raised after the last one is known to reach nobody."""
 
-        def send(item: object) -> None:
-            index, _, final = item  # type: ignore[misc]
+        def send(item: _Sent) -> None:
+            index, _, final = item
             if final:
                 self._finished.add(index)
             put(item)
@@ -499,10 +504,10 @@ class _Answers:
                 "send each response through request.get_response_sender().)"
             )
 
-    def take(self, item: object) -> RequestResponse:
+    def take(self, item: _Sent | Exception) -> RequestResponse:
         if isinstance(item, Exception):
             raise item
-        index, response, final = item  # type: ignore[misc]
+        index, response, final = item
         if final:
             self.open -= 1
         if response is None:  # a flag-only FINAL

@@ -23,8 +23,8 @@ def check_ensemble(config: ModelConfig) -> str | None:
         return "step: an ensemble needs at least one step"
     if not config.input or not config.output:
         return "input, output: an ensemble declares the tensors it takes and gives"
-    for index, tensor in enumerate(config.input):
-        if tensor.optional:
+    for index, spec in enumerate(config.input):
+        if spec.optional:
             return f"input[{index}].optional: an ensemble's inputs are all required"
     for key in ("instance_group", "dynamic_batching"):
         if getattr(config, key):
@@ -54,9 +54,9 @@ def check_ensemble(config: ModelConfig) -> str | None:
                     "input nor written by a step"
                 )
             read.add(tensor)
-    for tensor in config.output:
-        if tensor.name not in writers:
-            return f'output: "{tensor.name}" is written by no step'
+    for spec in config.output:
+        if spec.name not in writers:
+            return f'output: "{spec.name}" is written by no step'
     unread = sorted(inputs - read)
     if unread:
         return f'input: "{unread[0]}" is read by no step'

@@ -33,11 +33,13 @@ from reposerve.errors import ConfigError
 Shapes = dict[str, list[Annotated[int, Meta(ge=0)]]]
 
 
+# Subclasses repeat ``frozen=True``: msgspec inherits it, but a type checker reads each
+# class's own keywords only (PEP 681's dataclass_transform).
 class _Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
-class CudaOptions(_Options):
+class CudaOptions(_Options, frozen=True):
     """CUDAExecutionProvider options. Unset ones keep onnxruntime's defaults; the two
     pinned here say what reposerve promises whatever onnxruntime's release defaults."""
 
@@ -59,7 +61,7 @@ class CudaOptions(_Options):
     tunable_op_max_tuning_duration_ms: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
 
 
-class TensorrtOptions(_Options):
+class TensorrtOptions(_Options, frozen=True):
     """TensorrtExecutionProvider options. Engines and the timing cache are kept on disk by
     default (a restart loads engines instead of spending minutes building them again);
     their folder defaults to one per model version content, see ``gpu_providers``."""
@@ -95,14 +97,14 @@ class TensorrtOptions(_Options):
     trt_profile_max_shapes: Shapes | UnsetType = UNSET
 
 
-class OnnxRuntimeTable(_Options):
+class OnnxRuntimeTable(_Options, frozen=True):
     """``[parameters.onnxruntime]``: one table per execution provider."""
 
     cuda: dict[str, Any] = {}
     tensorrt: dict[str, Any] | UnsetType = UNSET
 
 
-class OnnxParameters(_Options):
+class OnnxParameters(_Options, frozen=True):
     """What the onnxruntime backend reads from ``[parameters]``, validated."""
 
     cuda: CudaOptions = CudaOptions()

@@ -123,7 +123,7 @@ def _check_value(value: float, datatype: str) -> str | None:
         limits = np.iinfo(NUMPY_DTYPES[datatype])
         fits = float(value).is_integer() and limits.min <= value <= limits.max
     else:  # a finite value past the type's range would turn into inf
-        fits = not math.isfinite(value) or abs(value) <= np.finfo(NUMPY_DTYPES[datatype]).max
+        fits = not math.isfinite(value) or bool(abs(value) <= np.finfo(NUMPY_DTYPES[datatype]).max)
     if fits:
         return None
     return f"is {datatype}: its pad value {value!r} is not one of its values"

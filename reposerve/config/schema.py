@@ -7,7 +7,7 @@ live in ``reposerve.config.load``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -22,14 +22,19 @@ Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BF16", "BYTES",
 ]  # fmt: skip
-Backend = Literal[NAMES]  # one per entry of reposerve.config.backends
+if TYPE_CHECKING:  # the names are known when the entries are: msgspec checks them
+    Backend = str
+else:
+    Backend = Literal[NAMES]  # one per entry of reposerve.config.backends
 
 
+# Subclasses repeat ``frozen=True``: msgspec inherits it, but a type checker reads each
+# class's own keywords only (PEP 681's dataclass_transform).
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
-class TensorConfig(_Section):
+class TensorConfig(_Section, frozen=True):
     name: Annotated[str, Meta(min_length=1)]
     datatype: Datatype
     shape: list[Dim]
@@ -42,7 +47,7 @@ class TensorConfig(_Section):
     label_filename: str | None = None
 
 
-class VersionPolicy(_Section):
+class VersionPolicy(_Section, frozen=True):
     """Exactly one of the three Triton policies; an empty table means ``latest = 1``."""
 
     latest: Positive | None = None
@@ -50,7 +55,7 @@ class VersionPolicy(_Section):
     specific: Annotated[list[Positive], Meta(min_length=1)] | None = None
 
 
-class InstanceGroup(_Section):
+class InstanceGroup(_Section, frozen=True):
     # "model": Triton's KIND_MODEL, the model picks its device itself; reposerve runs the
     # instance as a CPU one that still sees every GPU (no CUDA_VISIBLE_DEVICES of its own).
     kind: Literal["cpu", "gpu", "auto", "model"] = "cpu"
@@ -60,7 +65,7 @@ class InstanceGroup(_Section):
     cpus: Annotated[list[NonNegative], Meta(min_length=1)] | None = None
 
 
-class DynamicBatching(_Section):
+class DynamicBatching(_Section, frozen=True):
     preferred_batch_size: list[Positive] = []
     max_queue_delay_microseconds: NonNegative = 0
     max_queue_size: NonNegative = 0
@@ -77,7 +82,7 @@ class DynamicBatching(_Section):
     unpad: dict[str, str] = {}  # output -> the padded input whose length it is cut back to
 
 
-class ControlInput(_Section):
+class ControlInput(_Section, frozen=True):
     """An input the sequence batcher fills for the model (Triton's ``control_input``):
     whether the request starts or ends its sequence, whether it holds a request at all,
     or the sequence's correlation id."""
@@ -90,7 +95,7 @@ class ControlInput(_Section):
     false_true: Annotated[list[bool | int | float], Meta(min_length=2, max_length=2)] | None = None
 
 
-class InitialState(_Section):
+class InitialState(_Section, frozen=True):
     """What a sequence's state holds on its first request: zeros, or a file of the model
     folder's ``initial_state/`` (raw values, row-major)."""
 
@@ -99,7 +104,7 @@ class InitialState(_Section):
     data_file: str | None = None
 
 
-class SequenceState(_Section):
+class SequenceState(_Section, frozen=True):
     """Implicit state: the model's ``output_name`` of one request of a sequence is fed back
     as its ``input_name`` on the next; the server keeps it in between."""
 
@@ -110,7 +115,7 @@ class SequenceState(_Section):
     initial_state: InitialState | None = None
 
 
-class SequenceBatching(_Section):
+class SequenceBatching(_Section, frozen=True):
     """Stateful models (Triton's ``sequence_batching``): the requests of one sequence (one
     correlation id) run in order, one at a time, on one instance."""
 
@@ -128,11 +133,11 @@ class SequenceBatching(_Section):
     iterative_sequence: bool = False
 
 
-class Optimization(_Section):
+class Optimization(_Section, frozen=True):
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
 
 
-class Execution(_Section):
+class Execution(_Section, frozen=True):
     """How one ``execute`` may behave before reposerve steps in."""
 
     # A limit on one execute; past it the instance is killed and replaced and the batch's
@@ -144,13 +149,13 @@ class Execution(_Section):
     isolate_failures: bool = True
 
 
-class Lifecycle(_Section):
+class Lifecycle(_Section, frozen=True):
     """How the server may treat the model under memory budgets."""
 
     pinned: bool = False  # never evicted to make room for another model
 
 
-class OpenAI(_Section):
+class OpenAI(_Section, frozen=True):
     """The model on the OpenAI-compatible routes (config/openai.py has the rules)."""
 
     kind: Literal["chat", "completion", "embedding"]
@@ -161,12 +166,12 @@ class OpenAI(_Section):
     max_tokens: Positive = 256  # for a request that sets none
 
 
-class Warmup(_Section):
+class Warmup(_Section, frozen=True):
     batch_size: Positive = 1
     inputs: dict[str, Literal["zero", "random"]] = {}
 
 
-class EnsembleStep(_Section):
+class EnsembleStep(_Section, frozen=True):
     """One step of an ensemble (Triton's ``ensemble_scheduling.step``): a model of the
     repository, and which ensemble tensors its inputs read and its outputs write."""
 
@@ -176,7 +181,7 @@ class EnsembleStep(_Section):
     version: Annotated[int, Meta(ge=-1)] = -1  # -1: the newest ready version
 
 
-class ModelConfig(_Section):
+class ModelConfig(_Section, frozen=True):
     name: ModelName | None = None
     backend: Backend | None = None
     # The model file in each version folder, when not the backend's own name (model.onnx,

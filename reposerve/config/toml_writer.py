@@ -46,15 +46,23 @@ def _is_tables(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, dict) for item in value)
 
 
-def _section_defaults(key: str) -> dict[str, Any]:
-    """The defaults of a section's fields (one entry's, for an array of tables), so they
-    are left out too."""
-    info = next(f for f in msgspec.inspect.type_info(ModelConfig).fields if f.name == key).type
+def _struct(info: msgspec.inspect.Type) -> msgspec.inspect.StructType:
+    """The Struct ``info`` is, or holds as a list's items or an Optional's value."""
     while not isinstance(info, msgspec.inspect.StructType):
         if isinstance(info, msgspec.inspect.ListType):
             info = info.item_type
-        else:  # Optional[...]
+        elif isinstance(info, msgspec.inspect.UnionType):  # Optional[...]
             info = next(t for t in info.types if not isinstance(t, msgspec.inspect.NoneType))
+        else:
+            raise TypeError(f"{info} holds no Struct")
+    return info
+
+
+def _section_defaults(key: str) -> dict[str, Any]:
+    """The defaults of a section's fields (one entry's, for an array of tables), so they
+    are left out too."""
+    fields = _struct(msgspec.inspect.type_info(ModelConfig)).fields
+    info = _struct(next(f for f in fields if f.name == key).type)
     defaults = {}
     for field in info.fields:
         if field.default is not msgspec.NODEFAULT:

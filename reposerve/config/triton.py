@@ -152,10 +152,11 @@ def _datatype(value: str, where: str) -> str:
 def _positional_order(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Triton's libtorch backend binds ``NAME__i`` to position i whatever the order in
     the file; reposerve's torch backend binds by config order, so order them by i."""
-    indices = [_POSITIONAL.match(tensor.get("name", "")) for tensor in tensors]
-    if not all(indices):
+    matches = [_POSITIONAL.match(tensor.get("name", "")) for tensor in tensors]
+    if not all(matches):
         return tensors
-    return sorted(tensors, key=lambda tensor: int(_POSITIONAL.match(tensor["name"])[1]))
+    positions = [int(match[1]) for match in matches if match is not None]
+    return [tensors[i] for i in sorted(range(len(tensors)), key=positions.__getitem__)]
 
 
 def _version_policy(table: dict[str, Any], value: dict[str, Any], where: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import uvloop
 
-from reposerve.answers import Answer
+from reposerve.answers import Answers
 from reposerve.embedded.options import Repository, settings_for
 from reposerve.embedded.tensors import InferResult, Inputs, request_parts, result_of
 from reposerve.errors import EmbeddedError
@@ -216,7 +216,7 @@ class Server:
                 yield result
         finally:
             if not self._stopped:
-                self._call(answers.aclose())
+                self._call(_close(answers))
 
     async def stream_async(
         self,
@@ -236,7 +236,7 @@ class Server:
                 yield result
         finally:
             if not self._stopped:
-                await self._await(answers.aclose())
+                await self._await(_close(answers))
 
     async def _infer(
         self, model: str, version: str | None, header: dict[str, Any], raws: list[Any]
@@ -247,7 +247,7 @@ class Server:
 
     async def _answers(
         self, model: str, version: str | None, header: dict[str, Any], raws: list[Any]
-    ) -> AsyncIterator[Answer]:
+    ) -> Answers:
         return await self._running().service.stream_parts(model, version, header, raws)
 
     # -- crossing to the server's loop ----------------------------------------------------
@@ -293,7 +293,7 @@ def _run(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_forever()
 
 
-async def _next(model: str, answers: AsyncIterator[Answer]) -> InferResult | None:
+async def _next(model: str, answers: Answers) -> InferResult | None:
     """The next response of a stream as arrays, or None after its last."""
     try:
         answer = await anext(answers)
@@ -301,3 +301,8 @@ async def _next(model: str, answers: AsyncIterator[Answer]) -> InferResult | Non
         return None
     with answer:
         return result_of(model, answer)
+
+
+async def _close(answers: Answers) -> None:
+    """Stop a stream its caller left (its model sees the request cancelled)."""
+    await answers.aclose()

@@ -72,7 +72,7 @@ def result_of(name: str, answer: Answer) -> InferResult:
     """``answer`` as arrays of its own (the caller releases the answer)."""
     outputs = {}
     for output, tensor in answer.tensors:
-        array = to_numpy(tensor.datatype, tensor.shape, tensor.raw)
+        array = to_numpy(tensor.datatype, tensor.shape, tensor.memory())
         outputs[output] = array if tensor.datatype == "BYTES" else array.copy()
     return InferResult(
         name, answer.version, outputs, dict(answer.parameters), answer.request_id, answer.final

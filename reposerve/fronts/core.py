@@ -17,12 +17,12 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
 
-from reposerve.answers import Answer
+from reposerve.answers import Answer, Answers
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.framing import FrameReader, Outgoing, encode
 from reposerve.fronts.frames import (
@@ -68,9 +68,12 @@ class FrontPeer(asyncio.Protocol):
 
     # -- the socket ----------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        self._outgoing = Outgoing(transport)  # type: ignore[arg-type]
+    # typeshed types any protocol's transport as a BaseTransport; a stream's is a Transport
+    # (uvicorn's own connection_made says so the same way), and uvloop's is no subclass of
+    # asyncio.Transport for isinstance to find
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._transport = transport
+        self._outgoing = Outgoing(transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -176,7 +179,7 @@ class FrontPeer(asyncio.Protocol):
     async def _stream(self, frame: InferParts | Generate) -> None:
         slot = self._slot(frame.slot, frame.slot_size)
         view = memoryview(slot.buffer)
-        answers: AsyncIterator[Answer]
+        answers: Answers
         if isinstance(frame, Generate):
             body = bytes(view[: frame.nbytes])  # its decoder searches the bytes
             answers = await self._service.generate(frame.model, frame.version, body)
@@ -255,7 +258,7 @@ def _answered(
     refs = []
     for name, tensor, binary in answer.outputs:
         nbytes = len(tensor.raw)
-        buffer[offset : offset + nbytes] = tensor.raw
+        buffer[offset : offset + nbytes] = tensor.memory()
         refs.append(OutputRef(name, tensor.datatype, tensor.shape, offset, nbytes, binary))
         offset = align(offset + nbytes)
     message = Answered(

@@ -15,12 +15,12 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 
-from reposerve.answers import Answer
+from reposerve.answers import Answer, Answers
 from reposerve.errors import (
     ConfigError,
     ErrorKind,
@@ -53,7 +53,8 @@ from reposerve.fronts.frames import (
     ToFront,
 )
 from reposerve.instance.arena import Slot, align, grown_size
-from reposerve.operations import Operation, result_type
+from reposerve.operations import AnyOperation, Operation, result_type
+from reposerve.protocol.request import Body, Raw
 from reposerve.scheduler.stream import Stream
 from reposerve.tensor import Tensor
 
@@ -191,9 +192,12 @@ class RemoteService(asyncio.Protocol):
 
     # -- the socket ----------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        self._outgoing = Outgoing(transport)  # type: ignore[arg-type]
+    # typeshed types any protocol's transport as a BaseTransport; a stream's is a Transport
+    # (uvicorn's own connection_made says so the same way), and uvloop's is no subclass of
+    # asyncio.Transport for isinstance to find
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._transport = transport
+        self._outgoing = Outgoing(transport)
 
     def data_received(self, data: bytes) -> None:
         for frame in self._reader.feed(data):
@@ -214,8 +218,8 @@ class RemoteService(asyncio.Protocol):
             call.arrived(gone, True)
         self._on_leave()
 
-    def _arrived(self, frame: ToFront, last: bool) -> None:
-        call = self._calls.get(frame.call)  # type: ignore[union-attr]  # Leave has none
+    def _arrived(self, frame: Started | Answered | Failed | Ended | Returned, last: bool) -> None:
+        call = self._calls.get(frame.call)
         if call is not None:
             call.arrived(frame, last)
 
@@ -230,13 +234,21 @@ class RemoteService(asyncio.Protocol):
 
     # -- calls and slots -----------------------------------------------------------------
 
-    def _open(self, needed: int | None) -> tuple[_Call, Slot | None]:
-        """A new call, with a slot of at least ``needed`` bytes unless None."""
+    def _open(self) -> _Call:
+        """A new call that holds no slot (an operation)."""
         self._next_call += 1
-        index = None if needed is None else self._take_slot(needed)
+        call = _Call(self._next_call, None, self._finish)
+        self._calls[call.id] = call
+        return call
+
+    def _open_slot(self, needed: int) -> tuple[_Call, int, Slot]:
+        """A new call with a slot of at least ``needed`` bytes: the call, the slot's index
+        and the slot."""
+        self._next_call += 1
+        index = self._take_slot(needed)
         call = _Call(self._next_call, index, self._finish)
         self._calls[call.id] = call
-        return call, None if index is None else self._slots[index]
+        return call, index, self._slots[index]
 
     def _begin(self, call: _Call, message: FromFront) -> None:
         """Send the frame that opens ``call``; a link that is gone ends the call here."""
@@ -319,37 +331,33 @@ class RemoteService(asyncio.Protocol):
     # -- inference -----------------------------------------------------------------------
 
     async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
+        self, name: str, version: str | None, body: Body, header_length: int | None
     ) -> Answer:
-        call, slot = self._open(len(body))
-        assert slot is not None
+        call, index, slot = self._open_slot(len(body))
         slot.buffer[: len(body)] = body
-        self._begin(
-            call, Infer(call.id, name, version, call.slot, slot.size, len(body), header_length)
-        )
+        self._begin(call, Infer(call.id, name, version, index, slot.size, len(body), header_length))
         frame = await self._first(call)
         assert isinstance(frame, Answered)
         return self.answer(call, frame, slot, streamed=False)
 
     async def infer_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
     ) -> Answer:
         call, slot = self._parts(name, version, header, raws, stream=False)
         frame = await self._first(call)
         assert isinstance(frame, Answered)
         return self.answer(call, frame, slot, streamed=False)
 
-    async def generate(self, name: str, version: str | None, body: bytes) -> AsyncIterator[Answer]:
-        call, slot = self._open(len(body))
-        assert slot is not None
+    async def generate(self, name: str, version: str | None, body: bytes | bytearray) -> Answers:
+        call, index, slot = self._open_slot(len(body))
         slot.buffer[: len(body)] = body
-        self._begin(call, Generate(call.id, name, version, call.slot, slot.size, len(body)))
+        self._begin(call, Generate(call.id, name, version, index, slot.size, len(body)))
         await self._first(call)  # Started: the request was decoded and taken
         return _Answers(self, call, slot)
 
     async def stream_parts(
-        self, name: str, version: str | None, header: dict[str, Any], raws: list[bytes]
-    ) -> AsyncIterator[Answer]:
+        self, name: str, version: str | None, header: dict[str, Any], raws: Sequence[Raw]
+    ) -> Answers:
         call, slot = self._parts(name, version, header, raws, stream=True)
         await self._first(call)
         return _Answers(self, call, slot)
@@ -359,7 +367,7 @@ class RemoteService(asyncio.Protocol):
         name: str,
         version: str | None,
         header: dict[str, Any],
-        raws: list[bytes],
+        raws: Sequence[Raw],
         stream: bool,
     ) -> tuple[_Call, Slot]:
         spans = []
@@ -367,20 +375,21 @@ class RemoteService(asyncio.Protocol):
         for raw in raws:
             spans.append((offset, len(raw)))
             offset = align(offset + len(raw))
-        call, slot = self._open(offset)
-        assert slot is not None
+        call, index, slot = self._open_slot(offset)
         buffer = slot.buffer
         for (start, nbytes), raw in zip(spans, raws, strict=True):
             buffer[start : start + nbytes] = raw
         encoded = _header_encoder.encode(header)
-        frame = InferParts(call.id, name, version, encoded, call.slot, slot.size, spans, stream)
+        frame = InferParts(call.id, name, version, encoded, index, slot.size, spans, stream)
         self._begin(call, frame)
         return call, slot
 
     # -- the other operations ------------------------------------------------------------
 
     async def perform(self, operation: Operation[R]) -> R:
-        call, _ = self._open(None)
+        if not isinstance(operation, AnyOperation):  # the frame could not carry it
+            raise TypeError(f"{type(operation).__name__} is missing from AnyOperation")
+        call = self._open()
         self._begin(call, Operate(call.id, operation))
         frame = await self._first(call)
         call.released()

@@ -183,7 +183,7 @@ def _fill(response: Any, request: Any, answer: Answer) -> None:
     _set_parameters(response.parameters, answer.parameters)
     for name, tensor, _ in answer.outputs:
         response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
-        response.raw_output_contents.append(bytes(tensor.raw))
+        response.raw_output_contents.append(bytes(tensor.memory()))
 
 
 def _set_parameters(entries: Any, parameters: dict[str, Any]) -> None:

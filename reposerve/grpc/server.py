@@ -135,10 +135,11 @@ def _unary(
     policy: Policy,
     reclaimer: Reclaimer | None = None,
 ) -> grpc.RpcMethodHandler:
-    checked = category is not None and policy.guards(category)
+    # the category, when the policy guards it
+    checked = category if category is not None and policy.guards(category) else None
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        refusal = _refusal(policy, category, context) if checked else None
+        refusal = _refusal(policy, checked, context) if checked is not None else None
         if refusal is None and isinstance(request, Undecodable):
             refusal = grpc.StatusCode.INVALID_ARGUMENT, request.error
         if refusal is None:

@@ -152,9 +152,14 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     # -- connection --------------------------------------------------------------------
 
+    # typeshed types any protocol's transport as a BaseTransport; a stream's is a Transport
+    # (uvicorn's own connection_made says so the same way), and uvloop's is no subclass of
+    # asyncio.Transport for isinstance to find
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.flow = _Flow(transport, self.loop)
+        # _Corked stands in for the transport uvicorn types as asyncio.Transport: it passes
+        # every other attribute through (__getattr__), which a subclass would shadow
         self.transport = _Corked(transport, self.loop)  # type: ignore[assignment]
         if not self.limits.admit(self):
             message = (

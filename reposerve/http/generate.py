@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from reposerve.answers import Answer, encoded
+from reposerve.answers import Answer, Answers, encoded
 from reposerve.errors import InstanceError, InvalidInput, ProtocolError, ReposerveError
 from reposerve.front_service import FrontService
 from reposerve.http.access import AccessPolicy
@@ -85,7 +85,7 @@ class GenerateEndpoint(InferEndpoint):
         await send_json(send, 200, content)
 
 
-def _documents(answers: AsyncIterator[Answer], model: str) -> AsyncIterator[bytes]:
+def _documents(answers: Answers, model: str) -> AsyncGenerator[bytes, None]:
     """Each answer as its JSON document, let go of as soon as it is encoded."""
 
     def document(answer: Answer) -> bytes:

@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from reposerve.answers import Answer
 from reposerve.errors import ProtocolError, ReposerveError
@@ -97,7 +97,9 @@ class InferEndpoint:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
-    async def read(self, scope: Scope, receive: Receive) -> tuple[bytes, int | None, bytes | None]:
+    async def read(
+        self, scope: Scope, receive: Receive
+    ) -> tuple[bytes | bytearray, int | None, bytes | None]:
         """The request's body (checked against the access policy, size limit and body
         timeout, inflated), its Inference-Header-Content-Length and Accept-Encoding."""
         if self._checked:
@@ -212,7 +214,7 @@ def body_deadline(receive: Receive, timeout: float) -> Receive:
     ``connections``)."""
     whole = False
 
-    async def bounded() -> dict:
+    async def bounded() -> Message:
         nonlocal whole
         if whole:
             return await receive()

@@ -26,15 +26,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from reposerve.config.chat_templates import TemplateError, render_chat
 from reposerve.errors import ErrorKind, ReposerveError
 from reposerve.front_service import FrontService
 from reposerve.http.access import AccessPolicy
 from reposerve.http.errors import STATUS, HttpError
-from reposerve.http.generate import EVENT_STREAM, before, send_json, wait_for_disconnect
-from reposerve.http.infer import Disconnected, InferEndpoint
+from reposerve.http.generate import EVENT_STREAM, before, send_json
+from reposerve.http.infer import Disconnected, InferEndpoint, wait_for_disconnect
 from reposerve.openai.embeddings import embed
 from reposerve.openai.generation import Generation, Settings, check_kind, choice_seed, merged
 from reposerve.operations import OpenAIModel, OpenAIModelsRequest
@@ -101,7 +101,7 @@ class OpenAIEndpoint(InferEndpoint):
         watching: asyncio.Future | None = None
         started = False
 
-        async def sending(message: dict) -> None:
+        async def sending(message: Message) -> None:
             nonlocal started
             started = True
             await send(message)
@@ -250,7 +250,7 @@ class OpenAIEndpoint(InferEndpoint):
                 settings = Settings(
                     max_tokens=limit or model.max_tokens,
                     stop=request.stops,
-                    stream=request.stream,
+                    stream=bool(request.stream),  # a bool once decoded (None read as False)
                     temperature=request.temperature,
                     top_p=request.top_p,
                     seed=seed,
@@ -317,7 +317,7 @@ class _Reply:
 
 
 async def _collect(choices: Sequence[Generation]) -> list[str]:
-    texts = {choice.index: [] for choice in choices}
+    texts: dict[int, list[str]] = {choice.index: [] for choice in choices}
     async with contextlib.aclosing(merged(choices)) as pieces:
         async for choice, piece in pieces:
             if piece is not None:

@@ -12,6 +12,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
+from types import FrameType
 from typing import Protocol
 
 from starlette.applications import Starlette
@@ -30,9 +31,15 @@ SEND_MARGIN_S = 5.0
 class Host(Protocol):
     """What the HTTP front needs of the server it is attached to (``reposerve.server``)."""
 
-    service: FrontService
-    stop_serving: Callable[[], None]
-    signals: tuple[int, ...]  # the signals that make it leave
+    stop_serving: Callable[[], None]  # set here: how the server stops the HTTP server
+
+    @property
+    def service(self) -> FrontService: ...
+
+    @property
+    def signals(self) -> tuple[int, ...]:
+        """The signals that make it leave."""
+        ...
 
     async def open(self) -> None: ...
 
@@ -91,7 +98,8 @@ def listening_socket(settings: Settings) -> socket.socket:
     import uvicorn
 
     assert settings.http_port is not None
-    sock = uvicorn.Config(None, host=settings.http_host, port=settings.http_port).bind_socket()
+    # No app: only the socket is made here (bind_socket reads the host and port alone).
+    sock = uvicorn.Config("", host=settings.http_host, port=settings.http_port).bind_socket()
     sock.listen(2048)
     return sock
 
@@ -105,18 +113,18 @@ def _serve_uvicorn(app: App, host: Host, settings: Settings, sock: socket.socket
         models' shutdown starts with the signal, not after uvicorn's own wait, so the
         budget is spent once."""
 
-        def handle_exit(self, sig: int, frame: object) -> None:
+        _leaving: asyncio.Task | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self._leaving is not None:  # a second signal: stop waiting
                 host.skip_grace()
                 return
             self._leaving = asyncio.get_running_loop().create_task(self._leave(sig, frame))
 
-        async def _leave(self, sig: int, frame: object) -> None:
+        async def _leave(self, sig: int, frame: FrameType | None) -> None:
             await host.grace()
             host.begin_shutdown()
-            super().handle_exit(sig, frame)  # type: ignore[arg-type]
-
-        _leaving: asyncio.Task | None = None
+            super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -129,6 +137,7 @@ def _serve_uvicorn(app: App, host: Host, settings: Settings, sock: socket.socket
                 for signum in host.signals:
                     loop.remove_signal_handler(signum)
 
+    assert settings.http_port is not None  # serve_http runs only with an HTTP front
     config = uvicorn.Config(
         app,
         host=settings.http_host,
@@ -178,6 +187,12 @@ def _serve_hypercorn(app: App, host: Host, settings: Settings, sock: socket.sock
             loop.add_signal_handler(signum, stop.set)
         host.stop_serving = stop.set
 
-        await hypercorn_serve(app, config, shutdown_trigger=partial(host.leave, stop))
+        # hypercorn types an app's scope and events as its own TypedDicts, which no app typed
+        # as ASGI's mappings (Starlette's, ours) matches (pgjones/hypercorn#353)
+        await hypercorn_serve(
+            app,  # type: ignore[arg-type]
+            config,
+            shutdown_trigger=partial(host.leave, stop),
+        )
 
     uvloop.run(main())

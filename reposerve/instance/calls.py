@@ -23,7 +23,7 @@ import contextvars
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Protocol
 
 import numpy as np
@@ -68,7 +68,7 @@ class CallChannel(Protocol):
         has gone."""
         ...
 
-    def when_answered(self, call_id: int, callback: Callable[[], None]) -> None:
+    def when_answered(self, call_id: int, callback: Callable[[], object]) -> None:
         """Call ``callback`` (from any thread) once that call has an answer waiting."""
         ...
 
@@ -303,7 +303,9 @@ class Caller:
             raise
         return CallStream(call_id, self._responses(call_id, model), self._channel)
 
-    def _responses(self, call_id: int, model: str) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+    def _responses(
+        self, call_id: int, model: str
+    ) -> Generator[tuple[dict[str, np.ndarray], str], None, None]:
         slot = self._slots[call_id]
         ended = False
         try:
@@ -380,7 +382,7 @@ class CallStream:
     def __init__(
         self,
         call_id: int,
-        responses: Iterator[tuple[dict[str, np.ndarray], str]],
+        responses: Generator[tuple[dict[str, np.ndarray], str], None, None],
         channel: CallChannel,
     ) -> None:
         self._call_id = call_id
@@ -397,4 +399,4 @@ class CallStream:
         self._channel.send(CallCancel(self._call_id))
 
     def close(self) -> None:
-        self._responses.close()  # type: ignore[attr-defined]
+        self._responses.close()

@@ -18,6 +18,7 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Callable
+from typing import TypeVar
 
 from reposerve.framing import FrameReader
 from reposerve.instance.messages import (
@@ -38,6 +39,8 @@ from reposerve.instance.messages import (
 _MAX_FDS_PER_READ = 16
 
 Reply = CallResult | CallResponse | CallFailure
+Nested = Execute | AddSlot | DropSlot  # what a model waiting on a call lets run meanwhile
+T = TypeVar("T")
 
 
 class Channel:
@@ -50,13 +53,13 @@ class Channel:
         self._inbox: deque[ToInstance] = deque()  # for the main thread, in order
         self._replies: dict[int, deque[Reply]] = {}  # to expected calls, in order
         self._expected: set[int] = set()  # calls whose caller waits in wait_call
-        self._watchers: dict[int, Callable[[], None]] = {}  # see when_answered
+        self._watchers: dict[int, Callable[[], object]] = {}  # see when_answered
         self._queries: deque[ReadyQuery] = deque()  # for the readiness thread
         self._changed = threading.Condition()
         self._reading = False  # a thread is in recv (the others wait for what it reads)
         self._closed = False
         # Runs an Execute or AddSlot that arrives while a model waits on a call (sync).
-        self.serve: Callable[[ToInstance], None] | None = None
+        self.serve: Callable[[Nested], None] | None = None
         self._fds: deque[int] = deque()
         self._write_lock = threading.Lock()
 
@@ -87,7 +90,7 @@ class Channel:
         with self._changed:
             self._expected.add(call_id)
 
-    def when_answered(self, call_id: int, callback: Callable[[], None]) -> None:
+    def when_answered(self, call_id: int, callback: Callable[[], object]) -> None:
         """Call ``callback`` once expected call ``call_id`` has an answer waiting for
         ``wait_call`` (now, if it has; also once the front has gone), from the thread that
         read it: how an async instance's loop awaits one without blocking."""
@@ -104,7 +107,7 @@ class Channel:
         before its answer, which may need them)."""
         nested = self.serve if threading.current_thread() is threading.main_thread() else None
 
-        def answer_or_batch() -> ToInstance | None:
+        def answer_or_batch() -> Reply | Nested | None:
             replies = self._replies.get(call_id)
             if replies:
                 reply = replies.popleft()
@@ -126,7 +129,7 @@ class Channel:
             assert nested is not None  # answer_or_batch takes batches only for it
             nested(taken)
 
-    def _wait(self, take: Callable[[], object]) -> object:
+    def _wait(self, take: Callable[[], T]) -> T:
         """What ``take`` finds (it runs under the lock), reading the socket for it when no
         other thread is; None once the front has gone."""
         with self._changed:

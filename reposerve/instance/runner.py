@@ -14,14 +14,14 @@ import contextlib
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from reposerve.backends import Backend
 from reposerve.backends.base import DeviceOutput, RequestFailure, RequestResponse, RequestSlice
-from reposerve.backends.drive import as_async
+from reposerve.backends.drive import Stream, as_async
 from reposerve.config import ModelConfig
 from reposerve.datatypes import NUMPY_DTYPES, element_count, to_numpy, to_wire
 from reposerve.errors import InvalidInput, ModelError
@@ -175,7 +175,7 @@ class BatchRunner:
         self,
         message: Execute,
         slot: Slot,
-        responses: AsyncIterator,
+        responses: Stream[Any],
         started_ns: int,
         channel: Channel,
         resumed: Resumed,
@@ -246,25 +246,29 @@ class BatchRunner:
         placed: list[tuple[TensorRef, Output]] = []
         for name, datatype, value in checked:
             shape = tuple(value.shape)
-            if datatype == "BYTES":  # framed here: its size is known only once packed
-                value = to_wire(datatype, value)
-                nbytes = len(value)
+            placing: Output = value
+            # BYTES (never a DeviceOutput) are framed here: their size is known only then
+            if datatype == "BYTES" and isinstance(value, np.ndarray):
+                placing = to_wire(datatype, value)
+                nbytes = len(placing)
             else:
                 nbytes = element_count(shape) * value.dtype.itemsize
-            placed.append((TensorRef(name, datatype, shape, offset, nbytes), value))
+            placed.append((TensorRef(name, datatype, shape, offset, nbytes), placing))
             offset = align(offset + nbytes)
         slot.ensure(offset)
         self._pin(slot)
         try:
-            for ref, value in placed:
-                if isinstance(value, bytes | memoryview):
-                    slot.buffer[ref.offset : ref.offset + ref.nbytes] = value
+            for ref, placing in placed:
+                if isinstance(placing, bytes | memoryview):
+                    slot.buffer[ref.offset : ref.offset + ref.nbytes] = placing
                     continue
-                target = np.ndarray(value.shape, value.dtype, slot.buffer, ref.offset)
-                if isinstance(value, np.ndarray):
-                    np.copyto(target, value)
+                target: np.ndarray = np.ndarray(
+                    placing.shape, placing.dtype, slot.buffer, ref.offset
+                )
+                if isinstance(placing, np.ndarray):
+                    np.copyto(target, placing)
                 else:
-                    value.copy_into(target)
+                    placing.copy_into(target)
         finally:
             # Even when a copy failed: none may land after the front took the slot back.
             if self._synchronize is not None:
@@ -302,7 +306,7 @@ class BatchRunner:
 
     def _check_outputs(
         self, outputs: object, batch_size: int, as_given: bool = False
-    ) -> list[tuple[str, str, Output]]:
+    ) -> list[tuple[str, str, np.ndarray | DeviceOutput]]:
         """The outputs in config order, as their declared datatypes (``_conform``). The
         batch's must be every declared output in its declared shape; one request's own
         (``as_given``) may leave outputs out and have any shape, as Triton passes a
@@ -318,7 +322,7 @@ class BatchRunner:
                 "Hint: declare them as [[output]] in config.toml, or stop returning them"
             )
         batched = self._config.max_batch_size > 0
-        checked: list[tuple[str, str, Output]] = []
+        checked: list[tuple[str, str, np.ndarray | DeviceOutput]] = []
         for spec in self._config.output:
             if spec.name not in outputs and as_given:
                 continue

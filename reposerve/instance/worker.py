@@ -20,8 +20,9 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -32,7 +33,7 @@ from reposerve.config import ModelConfig, complete_config
 from reposerve.config.parameters import server_parameters
 from reposerve.errors import ReposerveError
 from reposerve.instance.calls import Caller
-from reposerve.instance.channel import Channel
+from reposerve.instance.channel import Channel, Nested
 from reposerve.instance.messages import (
     AddSlot,
     CallFailure,
@@ -51,6 +52,8 @@ from reposerve.instance.messages import (
 )
 from reposerve.instance.runner import BatchRunner
 
+T = TypeVar("T")
+
 EXIT_POISONED = 70  # the process ended itself after a CUDA error poisoned its context
 _PR_SET_PDEATHSIG = 1
 
@@ -67,7 +70,7 @@ def _run_sync(channel: Channel, runner: BatchRunner) -> None:
     async def resumed(batch_id: int) -> bool:
         return channel.wait_resume(batch_id)  # blocks this thread: nothing else runs here
 
-    def serve(message: ToInstance) -> None:
+    def serve(message: Nested) -> None:
         if isinstance(message, Execute):
             _answer(channel, run_now(runner.run(message, channel, resumed)))
         elif isinstance(message, DropSlot):
@@ -173,8 +176,8 @@ def _run_async(
     loop.close()
 
 
-async def _awaited(awaitable: object) -> object:
-    return await awaitable  # type: ignore[misc]
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
 
 
 def _answer_readiness(

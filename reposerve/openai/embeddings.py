@@ -67,7 +67,7 @@ def _read(model: OpenAIModel, answer: Answer, as_base64: bool) -> Embedded:
     tokens = None
     for name, tensor in answer.tensors:
         values = np.frombuffer(
-            tensor.raw, NUMPY_DTYPES[tensor.datatype], element_count(tensor.shape)
+            tensor.memory(), NUMPY_DTYPES[tensor.datatype], element_count(tensor.shape)
         )
         if name == model.output:
             if tensor.datatype == "BF16":

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import msgspec
@@ -126,11 +126,11 @@ def read_piece(model: OpenAIModel, answer: Answer) -> Piece:
     data, input_tokens, output_tokens, finish = b"", None, None, None
     for name, tensor in answer.tensors:
         if name == model.output and tensor.datatype == "BYTES":
-            data = b"".join(unpack_bytes(tensor.raw, element_count(tensor.shape)))
+            data = b"".join(unpack_bytes(tensor.memory(), element_count(tensor.shape)))
         elif name in ("num_input_tokens", "num_output_tokens") and tensor.datatype != "BYTES":
             count = int(
                 np.frombuffer(
-                    tensor.raw, NUMPY_DTYPES[tensor.datatype], element_count(tensor.shape)
+                    tensor.memory(), NUMPY_DTYPES[tensor.datatype], element_count(tensor.shape)
                 ).sum()
             )
             if name == "num_input_tokens":
@@ -170,7 +170,7 @@ class Generation:
     def counts_known(self) -> bool:
         return self.prompt_tokens is not None and self.counted
 
-    async def text(self) -> AsyncIterator[str]:
+    async def text(self) -> AsyncGenerator[str, None]:
         """The text, piece by piece (none empty); closing this ends the generation. When
         a stop string or the token limit ends the text, a model that was given that limit
         is left to end on its own (it is about to: a few more responses, let go, so that
@@ -268,7 +268,9 @@ class StopScanner:
         return longest
 
 
-async def merged(generations: Sequence[Generation]) -> AsyncIterator[tuple[Generation, str | None]]:
+async def merged(
+    generations: Sequence[Generation],
+) -> AsyncGenerator[tuple[Generation, str | None], None]:
     """The text of every generation as it comes, run side by side: (generation, piece),
     and (generation, None) when it ends. The first failure ends all of them and raises;
     closing this ends those still running. A client that reads slowly holds them back:

@@ -9,10 +9,12 @@ same way one at a time, each written once the caller has taken the one before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
 
+from reposerve.config import ModelConfig
 from reposerve.errors import (
     ErrorKind,
     InstanceError,
@@ -22,8 +24,8 @@ from reposerve.errors import (
 )
 from reposerve.instance.arena import Slot, align
 from reposerve.instance.messages import Call, CallFailure, CallResponse, CallResult, TensorRef
-from reposerve.pipelines.ensemble import Resolve
-from reposerve.protocol.request import decode_parts
+from reposerve.pipelines.ensemble import StepScheduler
+from reposerve.protocol.request import InferRequest, decode_parts
 from reposerve.scheduler.lease import LeaseStream
 from reposerve.tensor import Tensor
 
@@ -34,6 +36,32 @@ MAX_CALL_DEPTH = 32
 
 _parameters_decoder = msgspec.json.Decoder(dict[str, Any])
 _parameters_encoder = msgspec.json.Encoder()
+
+
+class StreamScheduler(Protocol):
+    def stream(self, request: InferRequest, call_depth: int = 0) -> LeaseStream: ...
+
+
+class CalledModel(Protocol):
+    """What a call needs of the model it calls (a ModelVersion); read only."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def output_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def scheduler(self) -> StepScheduler: ...
+
+    @property
+    def instance_scheduler(self) -> StreamScheduler:
+        """A decoupled model's (never an ensemble's): its responses one by one."""
+        ...
+
+
+Resolve = Callable[[str, str | None], CalledModel]
+"""The READY version of a model (``Repository.get``); raises RepositoryError otherwise."""
 
 
 class CallLink(Protocol):
@@ -95,14 +123,14 @@ async def serve_call(
 
 
 async def _stream(
-    model: Any, request: Any, call: Call, slot: Slot, start: int, link: CallLink
+    model: CalledModel, request: InferRequest, call: Call, slot: Slot, start: int, link: CallLink
 ) -> tuple[list[TensorRef], str]:
     """A decoupled model's responses to a call, one at a time through the call slot: each
     is written there once the caller took the one before, and its lease released at once
     (the callee goes on meanwhile). The one the model marked final is the end's (the
     CallResult's outputs and parameters); none (no outputs) when the model ended with a
     flag alone (Triton's empty final response)."""
-    stream = model.scheduler.stream(request, call_depth=call.depth)
+    stream = model.instance_scheduler.stream(request, call_depth=call.depth)
     link.attach(stream)
     last: tuple[list[TensorRef], str] = ([], "{}")
     try:
@@ -131,7 +159,7 @@ def _write(slot: Slot, start: int, outputs: dict[str, Tensor]) -> list[TensorRef
     try:
         slot.ensure(offset)
         for ref, tensor in zip(refs, outputs.values(), strict=True):
-            slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.raw
+            slot.buffer[ref.offset : ref.offset + ref.nbytes] = tensor.memory()
     except (OSError, ValueError) as exc:  # the caller's process went away meanwhile
         raise InstanceError(f"the calling instance is gone ({exc})") from exc
     return refs

@@ -30,11 +30,16 @@ class StepScheduler(Protocol):
 
 
 class StepModel(Protocol):
-    """What an ensemble needs of a loaded step model (a ModelVersion)."""
+    """What an ensemble needs of a loaded step model (a ModelVersion); read only."""
 
-    name: str
-    config: ModelConfig
-    scheduler: StepScheduler
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def scheduler(self) -> StepScheduler: ...
 
     @property
     def label(self) -> str: ...
@@ -323,7 +328,7 @@ class EnsembleScheduler:
             )
             with await model.scheduler.lease(step_request, call_depth=call_depth) as lease:
                 return {
-                    name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
+                    name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.memory()))
                     for name, tensor in lease.outputs.items()
                     if name in step.output_map
                 }

@@ -43,7 +43,7 @@ def classify(tensor: Tensor, count: int, batched: bool, labels: Sequence[str]) -
 
 def _values(tensor: Tensor) -> np.ndarray:
     count = element_count(tensor.shape)
-    values = np.frombuffer(tensor.raw, dtype=NUMPY_DTYPES[tensor.datatype], count=count)
+    values = np.frombuffer(tensor.memory(), dtype=NUMPY_DTYPES[tensor.datatype], count=count)
     if tensor.datatype == "BF16":  # its bit patterns: widen to the float32 they stand for
         return (values.astype(np.uint32) << 16).view(np.float32)
     return values

@@ -36,7 +36,7 @@ _encoder = msgspec.json.Encoder()
 _PARAMETER_TYPES = (str, int, float, bool)
 
 
-def decode_generate(body: bytes, config: ModelConfig, model: str) -> InferRequest:
+def decode_generate(body: bytes | bytearray, config: ModelConfig, model: str) -> InferRequest:
     try:
         document = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
@@ -125,7 +125,7 @@ _IN_ARRAY = re.compile(rb'[\[\]{}"]')
 _QUOTE, _BACKSLASH, _OPEN_OBJECT, _COMMA = b'"'[0], b"\\"[0], b"{"[0], b","[0]
 
 
-def _object_keys(body: bytes) -> Iterator[tuple[str | None, str]]:
+def _object_keys(body: bytes | bytearray) -> Iterator[tuple[str | None, str]]:
     """The keys of the JSON object ``body`` (valid JSON) in document order, repeats kept
     (a decoded dict keeps only the last): ``(None, key)`` for its own, ``(parent, key)``
     for those of an object that is the value of its key ``parent``."""
@@ -161,7 +161,7 @@ def _object_keys(body: bytes) -> Iterator[tuple[str | None, str]]:
             expect_key = False
 
 
-def _string_end(body: bytes, start: int) -> int:
+def _string_end(body: bytes | bytearray, start: int) -> int:
     """Just past the closing quote of the JSON string opening at ``start``."""
     end = start
     while True:
@@ -173,7 +173,9 @@ def _string_end(body: bytes, start: int) -> int:
             return end + 1
 
 
-def _refuse_repeated_keys(body: bytes, specs: dict[str, TensorConfig], model: str) -> None:
+def _refuse_repeated_keys(
+    body: bytes | bytearray, specs: dict[str, TensorConfig], model: str
+) -> None:
     """The first key given twice among the request's inputs, parameters and keywords, as
     Triton meets it: the top-level keys in order, each ``parameters`` object's in its place."""
     seen: set[str] = set()

@@ -8,7 +8,7 @@ in the body, so a lying shape or length costs nothing.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -25,7 +25,7 @@ from reposerve.protocol.shared_memory import (
     TensorRegion,
     tensor_region,
 )
-from reposerve.tensor import FileUnreadable, FileWindow, Tensor
+from reposerve.tensor import FileUnreadable, Tensor
 
 
 class _InputHeader(msgspec.Struct):
@@ -89,8 +89,15 @@ class InferRequest(msgspec.Struct):
     sequence_end: bool = False
 
 
+Body = bytes | bytearray | memoryview
+"""A request's bytes as a front holds them: as received, inflated, or in a front worker's
+slot."""
+Raw = bytes | memoryview
+"""A tensor's bytes sent apart from its request's header (``decode_parts``)."""
+
+
 def decode_request(
-    body: bytes,
+    body: Body,
     header_length: int | None,
     config: ModelConfig,
     model: str,
@@ -136,7 +143,7 @@ def decode_request(
 
 def decode_parts(
     header: dict[str, Any],
-    raws: list[bytes],
+    raws: Sequence[Raw],
     config: ModelConfig,
     model: str,
     shared: SharedTensors = UNAVAILABLE,
@@ -284,18 +291,10 @@ def _shared_input(
     to check that many well-framed elements are there."""
     shape = tuple(item.shape)
     count = element_count(shape)
-    raw: FileWindow | bytes = shared.read(place, where)
-    if item.datatype != "BYTES":
-        needed = count * NUMPY_DTYPES[item.datatype].itemsize
-        if place.byte_size != needed:
-            raise ProtocolError(
-                f"{where}: shared_memory_byte_size {place.byte_size} in region "
-                f"'{place.region}' does not match shape {list(shape)} of {item.datatype}, "
-                f"which takes {needed} bytes"
-            )
-    else:
+    window = shared.read(place, where)
+    if item.datatype == "BYTES":
         try:
-            raw = raw.read()
+            raw = window.read()
             byte_runs(raw, count)
         except FileUnreadable as exc:
             raise ProtocolError(str(exc)) from None
@@ -304,7 +303,15 @@ def _shared_input(
                 f"{where}: the {place.byte_size} bytes in region '{place.region}' are not "
                 f"serialized BYTES of shape {list(shape)}: the data {exc}"
             ) from None
-    return Tensor(item.datatype, shape, raw)
+        return Tensor(item.datatype, shape, raw)
+    needed = count * NUMPY_DTYPES[item.datatype].itemsize
+    if place.byte_size != needed:
+        raise ProtocolError(
+            f"{where}: shared_memory_byte_size {place.byte_size} in region "
+            f"'{place.region}' does not match shape {list(shape)} of {item.datatype}, "
+            f"which takes {needed} bytes"
+        )
+    return Tensor(item.datatype, shape, window)
 
 
 def _check_binary(datatype: str, raw: memoryview, count: int, shape: tuple, where: str) -> None:
@@ -322,11 +329,11 @@ def _check_binary(datatype: str, raw: memoryview, count: int, shape: tuple, wher
         )
 
 
-def _holds_lists(values: list) -> bool:
+def _holds_lists(values: Sequence[Any]) -> bool:
     return any(map(isinstance, values, itertools.repeat(list)))
 
 
-def _holds_values(values: list) -> bool:
+def _holds_values(values: Sequence[Any]) -> bool:
     return not all(map(isinstance, values, itertools.repeat(list)))
 
 

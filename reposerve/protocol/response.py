@@ -63,7 +63,7 @@ def encode_response(
                     parameters={"binary_data_size": len(tensor.raw)},
                 )
             )
-            binary_parts.append(tensor.raw)
+            binary_parts.append(tensor.memory())
         else:
             described.append(
                 _OutputJSON(
@@ -92,13 +92,13 @@ def json_values(model: str, name: str, tensor: Tensor) -> list:
     count = element_count(tensor.shape)
     if tensor.datatype == "BYTES":
         try:
-            return [item.decode() for item in unpack_bytes(tensor.raw, count)]
+            return [item.decode() for item in unpack_bytes(tensor.memory(), count)]
         except UnicodeDecodeError as exc:
             raise ProtocolError(
                 f"model '{model}': output '{name}' holds non-UTF-8 bytes, which JSON cannot "
                 "carry; request it with binary_data"
             ) from exc
-    values = np.frombuffer(tensor.raw, dtype=NUMPY_DTYPES[tensor.datatype], count=count)
+    values = np.frombuffer(tensor.memory(), dtype=NUMPY_DTYPES[tensor.datatype], count=count)
     if tensor.datatype == "BF16":
         values = (values.astype(np.uint32) << 16).view(np.float32)
     return values.tolist()
@@ -109,7 +109,7 @@ def refuse_non_finite(model: str, outputs: list[tuple[str, Tensor, bool]]) -> No
     for name, tensor, binary in outputs:
         if binary or tensor.datatype not in _FLOAT_TYPES:
             continue
-        values = np.frombuffer(tensor.raw, dtype=NUMPY_DTYPES[tensor.datatype])
+        values = np.frombuffer(tensor.memory(), dtype=NUMPY_DTYPES[tensor.datatype])
         if tensor.datatype == "BF16":
             values = (values.astype(np.uint32) << 16).view(np.float32)
         if not np.isfinite(values).all():

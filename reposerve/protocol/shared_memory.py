@@ -63,7 +63,7 @@ class Unavailable:
 UNAVAILABLE = Unavailable()
 
 
-def may_read_bytes(header: bytes | memoryview | dict[str, Any]) -> bool:
+def may_read_bytes(header: bytes | bytearray | memoryview | dict[str, Any]) -> bool:
     """Whether a request (its JSON header, or gRPC's as a dict) may put BYTES in a region:
     those are read and their framing walked while decoding, which a small body does not
     bound, so it is done off the event loop."""

@@ -165,7 +165,7 @@ def _backend(config: ModelConfig, version_path: Path, name: str) -> tuple[str, t
     if entry is not None and entry.pipeline:  # its steps are the model: the folder may be empty
         return entry.name, ()
     if config.default_model_filename is not None:
-        backend = _named_file_backend(config, version_path, where)
+        backend = _named_file_backend(config, config.default_model_filename, version_path, where)
         return backend, (config.default_model_filename,)
     if entry is not None:
         files = _present(version_path, entry)
@@ -185,10 +185,9 @@ def _backend(config: ModelConfig, version_path: Path, name: str) -> tuple[str, t
     return found[0]
 
 
-def _named_file_backend(config: ModelConfig, version_path: Path, where: str) -> str:
-    """The backend of a version whose file is ``default_model_filename`` (Triton's): the
-    configured one, else the one whose own file names end as this one does."""
-    filename = config.default_model_filename
+def _named_file_backend(config: ModelConfig, filename: str, version_path: Path, where: str) -> str:
+    """The backend of a version whose file is ``filename``, its ``default_model_filename``
+    (Triton's): the configured one, else the one whose own file names end as this one does."""
     if not (version_path / filename).exists():  # a file, or a folder (a saved model)
         raise ConfigError(f"{where}: no {filename} (the config's default_model_filename)")
     if config.backend is not None:

@@ -41,7 +41,7 @@ from reposerve.instance.messages import (
 from reposerve.instance.outcomes import BatchTensor, FailureCause
 from reposerve.instance.process import InstanceProcess
 from reposerve.pipelines.calls import serve_call
-from reposerve.pipelines.ensemble import EnsembleScheduler, Resolve, Serve, check_steps
+from reposerve.pipelines.ensemble import EnsembleScheduler, Serve, check_steps
 from reposerve.repository.footprints import Footprint
 from reposerve.repository.gpus import discover
 from reposerve.repository.placement import plan_instances
@@ -86,7 +86,7 @@ class ModelVersion:
         labels: dict[str, tuple[str, ...]] | None = None,
         chat_template: ChatTemplate | None = None,
         latency_summaries: bool = False,
-        resolve: Resolve | None = None,
+        resolve: Callable[[str, str | None], ModelVersion] | None = None,
         serve: Serve | None = None,
         control: Control | None = None,
         restart_on_request: bool = False,
@@ -161,6 +161,14 @@ class ModelVersion:
     @property
     def label(self) -> str:
         return f"model '{self.name}' version {self.version}"
+
+    @property
+    def instance_scheduler(self) -> Scheduler | SequenceBatcher:
+        """``scheduler`` of a model that runs in instances: every one but an ensemble."""
+        scheduler = self.scheduler
+        if isinstance(scheduler, EnsembleScheduler):
+            raise TypeError(f"{self.label}: an ensemble runs in no instance")
+        return scheduler
 
     @property
     def ready(self) -> bool:
@@ -254,7 +262,7 @@ class ModelVersion:
             for instance in self.instances:  # one may have died during its warmup
                 if not instance.live:
                     raise InstanceError(f"{instance.spec.label}: {instance.ended} after warmup")
-                self.scheduler.add_instance(instance)
+                self.instance_scheduler.add_instance(instance)
         except ReposerveError as exc:
             self._fail(exc.message)
             return
@@ -332,7 +340,7 @@ class ModelVersion:
         log.error("%s is unavailable: %s", self.label, reason)
 
     def _on_instance_exit(self, instance: InstanceProcess) -> None:
-        self.scheduler.remove_instance(instance)
+        self.instance_scheduler.remove_instance(instance)
         for key, link in list(self._links.items()):
             if key[0] == instance.pid:  # nobody takes its calls' responses any more
                 link.gone(InstanceError(f"{self.label}: the caller {instance.ended}"))
@@ -361,7 +369,9 @@ class ModelVersion:
                 InstanceError(f"{self.label}: instance {instance.spec.index} {instance.ended}")
             )
 
-    def _on_call(self, instance: InstanceProcess, call: Call | ModelControl | CallNext) -> None:
+    def _on_call(
+        self, instance: InstanceProcess, call: Call | ModelControl | CallNext | CallCancel
+    ) -> None:
         if isinstance(call, CallNext | CallCancel):
             link = self._links.get((instance.pid, call.call_id))
             if link is not None and isinstance(call, CallNext):
@@ -425,7 +435,7 @@ class ModelVersion:
 
     def _replace(self, dead: InstanceProcess, replacement: InstanceProcess) -> None:
         self.instances[self.instances.index(dead)] = replacement
-        self.scheduler.add_instance(replacement)
+        self.instance_scheduler.add_instance(replacement)
 
     async def _warm(self, instance: InstanceProcess) -> None:
         await warm(instance, self._warmups, self.statistics, self.label)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 
 import numpy as np
 
@@ -68,7 +69,7 @@ async def warm(
     for index, batch in enumerate(batches):
         done: asyncio.Future[BatchOutcome | BatchFailure] = loop.create_future()
         started = time.monotonic_ns()
-        instance.run(batch, outcome_to(lambda outcome, done=done: done.set_result(_keep(outcome))))
+        instance.run(batch, outcome_to(partial(_settle, done)))
         outcome = await done
         if isinstance(outcome, BatchFailure):
             raise InstanceError(
@@ -86,6 +87,12 @@ async def warm(
             success_ns=elapsed,
             queue_ns=0,
         )
+
+
+def _settle(
+    done: asyncio.Future[BatchOutcome | BatchFailure], outcome: BatchOutcome | BatchFailure
+) -> None:
+    done.set_result(_keep(outcome))
 
 
 def _keep(outcome: BatchOutcome | BatchFailure) -> BatchOutcome | BatchFailure:

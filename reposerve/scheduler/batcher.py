@@ -238,7 +238,7 @@ class Scheduler:
         while queue.count:
             instance = self._instances.free(staged=False)
             staged = instance is None
-            if staged:
+            if instance is None:  # staged
                 # Cheap test first: this runs on every arrival while instances are busy.
                 if queue.items < self._rules.full_size:
                     return

@@ -63,7 +63,7 @@ class Lease:
         """This lease with its outputs copied out of the slot, which it releases: for a
         response held back for a while (ordered delivery), so the slot is not."""
         owned = {
-            name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
+            name: Tensor(tensor.datatype, tensor.shape, bytes(tensor.memory()))
             for name, tensor in self.outputs.items()
         }
         self.release()
@@ -122,7 +122,7 @@ class LeaseStream(Stream[Lease]):
     def __init__(self) -> None:
         super().__init__()
         self.cancelled = False
-        self.on_cancel: Callable[[], None] | None = None  # the scheduler's, once queued
+        self.on_cancel: Callable[[], object] | None = None  # the scheduler's, once queued
 
     def put(self, lease: Lease) -> None:
         if self._ended:

@@ -171,7 +171,7 @@ class Padding:
                     self.lengths_input,
                     self.lengths_datatype,
                     (count, 1),
-                    [memoryview(array).cast("B") for array in lengths],
+                    [array.data.cast("B") for array in lengths],
                 )
             )
         return tensors
@@ -191,7 +191,7 @@ class Padding:
             }
             if not keep:
                 continue
-            array = to_numpy(tensor.datatype, tensor.shape, tensor.raw)
+            array = to_numpy(tensor.datatype, tensor.shape, tensor.memory())
             kept = array[tuple(slice(0, keep.get(axis)) for axis in range(array.ndim))]
             outputs = {
                 **outputs,
@@ -219,4 +219,4 @@ def _padded(
     raw = part.raw.read() if isinstance(part.raw, FileWindow) else part.raw
     out = np.full((rows, *shape), value, NUMPY_DTYPES[part.datatype])
     out[tuple(slice(0, dim) for dim in part.shape)] = to_numpy(part.datatype, part.shape, raw)
-    return memoryview(out).cast("B")
+    return out.data.cast("B")

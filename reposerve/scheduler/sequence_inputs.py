@@ -70,13 +70,13 @@ class SequenceInputs:
                 raise InstanceError(
                     f"{self._label}: the model returned no state output '{kept.output_name}'"
                 )
-            state[kept.input_name] = Tensor(tensor.datatype, tensor.shape, bytes(tensor.raw))
+            state[kept.input_name] = Tensor(tensor.datatype, tensor.shape, bytes(tensor.memory()))
 
     def _control(self, control: ControlInput, request: InferRequest, rows: int) -> Tensor:
         shape = (rows, 1) if self._batched else (1,)
         count = element_count(shape)
         if control.kind == "corrid":  # the batcher made the id the form the control holds
-            value = request.sequence_id
+            value: int | str | float = request.sequence_id
             if control.datatype == "BYTES":
                 return Tensor("BYTES", shape, pack_bytes([str(value).encode()] * count))
         else:
@@ -94,7 +94,7 @@ class SequenceInputs:
         if not self._batched:
             return state
         shape = (rows, *state.shape)
-        return Tensor(state.datatype, shape, bytes(state.raw) * rows)
+        return Tensor(state.datatype, shape, bytes(state.memory()) * rows)
 
 
 def _initial(state: SequenceState, index: int, folder: Path | None, label: str) -> Tensor:

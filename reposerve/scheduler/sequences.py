@@ -265,7 +265,8 @@ class SequenceBatcher:
             )
         key: SequenceId | tuple[str, int] = request.sequence_id
         if self._corrid is not None and key != 0 and key != "":
-            key = _as_told(key, self._corrid, self._name)  # refused now, not in a slot
+            # refused now, not in a slot
+            key = _as_told(request.sequence_id, self._corrid, self._name)
             request = msgspec.structs.replace(request, sequence_id=key)
         if (key == 0 or key == "") and self._sequence.iterative_sequence:
             key = ("single request", next(self._single))

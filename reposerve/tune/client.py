@@ -113,7 +113,7 @@ def decode_outputs(body: bytes, header_length: str | None) -> dict[str, np.ndarr
     return outputs
 
 
-def _json_dtype(datatype: str) -> object:
+def _json_dtype(datatype: str) -> np.dtype | type[object]:
     return object if datatype == "BYTES" else NUMPY_DTYPES[datatype]
 
 

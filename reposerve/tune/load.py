@@ -57,13 +57,11 @@ def encode_request(
 
 
 class _Connection(asyncio.Protocol):
+    transport: asyncio.Transport  # given by _connect, as the connection is made
+
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._waiter: asyncio.Future[int] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -91,13 +89,15 @@ class _Connection(asyncio.Protocol):
 
     async def request(self, payload: bytes) -> int:
         self._waiter = asyncio.get_running_loop().create_future()
-        assert self.transport is not None
         self.transport.write(payload)
         return await self._waiter
 
 
 async def _connect(host: str, port: int) -> _Connection:
-    _, connection = await asyncio.get_running_loop().create_connection(_Connection, host, port)
+    transport, connection = await asyncio.get_running_loop().create_connection(
+        _Connection, host, port
+    )
+    connection.transport = transport
     return connection
 
 

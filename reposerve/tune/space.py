@@ -223,7 +223,8 @@ def _without(table: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
     copy = {key: dict(value) if isinstance(value, dict) else value for key, value in table.items()}
     node = copy
     for part in path[:-1]:
-        node = node.get(part) if isinstance(node.get(part), dict) else {}
+        child = node.get(part)
+        node = child if isinstance(child, dict) else {}
     node.pop(path[-1], None)
     return copy
 

@@ -146,6 +146,7 @@ def _model(scheduler: Scheduler, decoupled: bool) -> SimpleNamespace:
         name="m",
         config=config,
         scheduler=scheduler,
+        instance_scheduler=scheduler,  # it runs in instances: no ensemble
         output_names=("Y",),
         labels={},
         version_text="1",
