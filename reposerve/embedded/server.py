@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import uvloop
 
 from reposerve.answers import Answers
 from reposerve.embedded.options import Repository, settings_for
-from reposerve.embedded.tensors import InferResult, Inputs, request_parts, result_of
+from reposerve.embedded.tensors import CallOptions, InferResult, Inputs, request_parts, result_of
 from reposerve.errors import EmbeddedError
 from reposerve.operations import (
     IndexEntry,
@@ -165,52 +165,28 @@ class Server:
 
     # -- inference ------------------------------------------------------------------------
 
-    def infer(
-        self,
-        model: str,
-        inputs: Inputs,
-        *,
-        version: str | None = None,
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        request_id: str | None = None,
-    ) -> InferResult:
+    def infer(self, model: str, inputs: Inputs, **options: Unpack[CallOptions]) -> InferResult:
         """One request's response: ``inputs`` by name as numpy arrays (their dtypes are
-        the datatypes sent; str or bytes arrays are BYTES); ``outputs``: those to return
-        (default: all); ``parameters``: the request's, as V2 has them (``priority``,
-        ``timeout``, a sequence's ``sequence_id``..., and the model's own)."""
-        header, raws = request_parts(inputs, outputs, parameters, request_id)
-        return self._call(self._infer(model, version, header, raws))
+        the datatypes sent; str or bytes arrays are BYTES); ``options`` (``CallOptions``):
+        the version, the outputs to return, the request's parameters and id."""
+        header, raws = request_parts(inputs, options)
+        return self._call(self._infer(model, options.get("version"), header, raws))
 
     async def infer_async(
-        self,
-        model: str,
-        inputs: Inputs,
-        *,
-        version: str | None = None,
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        request_id: str | None = None,
+        self, model: str, inputs: Inputs, **options: Unpack[CallOptions]
     ) -> InferResult:
         """``infer``, awaited on the caller's event loop; cancelling it cancels the
         request (it leaves its queue, or its model sees it cancelled)."""
-        header, raws = request_parts(inputs, outputs, parameters, request_id)
-        return await self._await(self._infer(model, version, header, raws))
+        header, raws = request_parts(inputs, options)
+        return await self._await(self._infer(model, options.get("version"), header, raws))
 
     def stream(
-        self,
-        model: str,
-        inputs: Inputs,
-        *,
-        version: str | None = None,
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        request_id: str | None = None,
+        self, model: str, inputs: Inputs, **options: Unpack[CallOptions]
     ) -> Iterator[InferResult]:
         """Each response of a request, as the model sends it: any number from a decoupled
         model, one from any other. Leaving the loop early cancels the request."""
-        header, raws = request_parts(inputs, outputs, parameters, request_id)
-        answers = self._call(self._answers(model, version, header, raws))
+        header, raws = request_parts(inputs, options)
+        answers = self._call(self._answers(model, options.get("version"), header, raws))
         try:
             while (result := self._call(_next(model, answers))) is not None:
                 yield result
@@ -219,18 +195,11 @@ class Server:
                 self._call(_close(answers))
 
     async def stream_async(
-        self,
-        model: str,
-        inputs: Inputs,
-        *,
-        version: str | None = None,
-        outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        request_id: str | None = None,
+        self, model: str, inputs: Inputs, **options: Unpack[CallOptions]
     ) -> AsyncIterator[InferResult]:
         """``stream``, on the caller's event loop."""
-        header, raws = request_parts(inputs, outputs, parameters, request_id)
-        answers = await self._await(self._answers(model, version, header, raws))
+        header, raws = request_parts(inputs, options)
+        answers = await self._await(self._answers(model, options.get("version"), header, raws))
         try:
             while (result := await self._await(_next(model, answers))) is not None:
                 yield result

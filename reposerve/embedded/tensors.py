@@ -5,7 +5,7 @@ answers as arrays of their own, copied out before the batch's memory is let go."
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import numpy as np
@@ -17,6 +17,17 @@ from reposerve.errors import EmbeddedError
 # A dtype's V2 datatype; BF16 has no numpy dtype of its own (its bits ride in uint16).
 _DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name not in ("BF16", "BYTES")}
 Inputs = Mapping[str, Any]  # name -> numpy array (or what np.asarray makes one of)
+
+
+class CallOptions(TypedDict, total=False):
+    """What a call may say beside its model and inputs."""
+
+    version: str | None  # the version to run (default: the model's policy's newest)
+    outputs: Sequence[str] | None  # the outputs to return (default: all)
+    # The request's parameters, as V2 has them: ``priority``, ``timeout``, a sequence's
+    # ``sequence_id``, ``sequence_start`` and ``sequence_end``, and the model's own.
+    parameters: Mapping[str, Any] | None
+    request_id: str | None
 
 
 class InferResult(msgspec.Struct, frozen=True):
@@ -43,10 +54,7 @@ def datatype_of(name: str, array: np.ndarray) -> str:
 
 
 def request_parts(
-    inputs: Inputs,
-    outputs: Sequence[str] | None,
-    parameters: Mapping[str, Any] | None,
-    request_id: str | None,
+    inputs: Inputs, options: CallOptions
 ) -> tuple[dict[str, Any], list[bytes | memoryview]]:
     """The V2 header (inputs without data) and each input's raw bytes, in order."""
     described: list[dict[str, Any]] = []
@@ -59,11 +67,11 @@ def request_parts(
         described.append({"name": name, "datatype": datatype, "shape": list(array.shape)})
         raws.append(to_wire(datatype, array))
     header: dict[str, Any] = {"inputs": described}
-    if outputs is not None:
+    if (outputs := options.get("outputs")) is not None:
         header["outputs"] = [{"name": name} for name in outputs]
-    if parameters:
+    if parameters := options.get("parameters"):
         header["parameters"] = dict(parameters)
-    if request_id is not None:
+    if (request_id := options.get("request_id")) is not None:
         header["id"] = request_id
     return header, raws
 

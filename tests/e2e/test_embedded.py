@@ -52,6 +52,12 @@ def test_a_call_answers_with_arrays_of_its_own(server):
     for _ in range(20):  # the batch memory its outputs came from is used again meanwhile
         server.infer("plus_one", {"INPUT": _rows(2, first=100)})
     np.testing.assert_array_equal(first.outputs["OUTPUT"], _rows(2) + 1)
+    named = server.infer(
+        "plus_one", {"INPUT": _rows(1)}, version="1", outputs=["OUTPUT"], request_id="r-7"
+    )
+    assert named.id == "r-7" and list(named.outputs) == ["OUTPUT"]
+    with pytest.raises(RepositoryError, match="version 9"):
+        server.infer("plus_one", {"INPUT": _rows(1)}, version="9")
     assert server.ready() and server.ready("plus_one")
     assert [entry.name for entry in server.models(ready=True)] == ["counting", "plus_one"]
 
