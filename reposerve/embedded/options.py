@@ -1,7 +1,8 @@
 """An embedded server's options: the command's flags, named as Python keywords
 (``model_control_mode="explicit"`` for ``--model-control-mode explicit``), read through
 the same table, parser and start-up checks as the command's, so a value means the same
-and a wrong one gets the same words. No front is started unless asked for: the process
+and a wrong one gets the same words. No front is started unless asked for (gRPC and
+metrics may be; HTTP, whose server owns its event loop, is the command's): the process
 that embeds the server calls it directly."""
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def settings_for(
         message = str(exc) if isinstance(exc, argparse.ArgumentError) else said[-1]
         raise EmbeddedError(message) from None
     settings = settings_from(args)
+    if settings.http_port is not None:
+        raise EmbeddedError(
+            "allow_http: an embedded server opens no HTTP front (it owns no event loop for "
+            "one); call it directly, or open gRPC with allow_grpc=True"
+        )
     problem = refusal(settings, skip=(inference_front,))
     if problem is not None:
         raise EmbeddedError(problem)

@@ -5,9 +5,11 @@ model's stream, the control operations, and its errors in the command's words.""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,6 +156,8 @@ def test_options_are_the_commands_flags_checked_as_its_own(repository):
         reposerve.Server(repository, model_control_mode="sometimes")
     with pytest.raises(EmbeddedError, match="first argument"):
         reposerve.Server(repository, model_repository="elsewhere")
+    with pytest.raises(EmbeddedError, match="allow_http: an embedded server opens no HTTP"):
+        reposerve.Server(repository, allow_http=True)
     server = reposerve.Server(repository, model_control_mode="explicit", load_model=["plus_one"])
     assert server.settings.load_models == ["plus_one"]
     assert server.settings.http_port is None and server.settings.grpc_port is None
@@ -216,8 +220,35 @@ def test_a_request_under_way_at_stop_gets_its_answer(tmp_path):
     np.testing.assert_array_equal(answer, _rows(1) * 2)
 
 
+def test_grpc_clients_reach_an_embedded_server(repository):
+    import tritonclient.grpc as grpcclient
+
+    from tools.bench.servers import free_port
+
+    port = free_port()
+    with reposerve.Server(repository, allow_grpc=True, grpc_port=port) as server:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        tensor = grpcclient.InferInput("INPUT", [1, 4], "FP32")
+        tensor.set_data_from_numpy(_rows(1))
+        result = client.infer("plus_one", [tensor])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT"), _rows(1) + 1)
+        assert server.statistics("plus_one").model_stats[0].inference_count == 1
+        client.close()
+
+
 def test_importing_reposerve_stays_light():
     """A model's ``import reposerve`` (for InvalidInput) loads no server."""
     code = "import sys, reposerve; print('reposerve.embedded' in sys.modules, reposerve.Server)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.startswith("False <class 'reposerve.embedded.server.Server'>")
+
+
+def test_the_docs_example_runs_on_the_bundled_repository():
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "embedded.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", page, re.S)
+    done = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, cwd=root, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("add_sub 1 [[")
