@@ -100,6 +100,7 @@ class Server:
         self._graceless = asyncio.Event()  # a second signal: no more waiting
         self._embedded = embedded
         self.loaded = asyncio.Event()  # the start-up loading is over (failed or not)
+        self.load_error: BaseException | None = None  # what broke it, if anything did
         self._metrics: MetricsServer | None = None
         self._grpc: GrpcFront | None = None
         self.fronts = FrontWorkers(self.service, settings, http_socket)
@@ -208,9 +209,12 @@ class Server:
         settings = self.settings
         polling = settings.model_control_mode == "poll"
         roots = self.service.repository.roots
-        baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
         try:
+            baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
             going_on = await self._load()
+        except BaseException as exc:
+            self.load_error = exc
+            raise
         finally:
             self.loaded.set()
         if not going_on:

@@ -11,7 +11,8 @@ import argparse
 import contextlib
 import io
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ _EMBEDDED_DEFAULTS = {
     "grpc_workers": 1,
 }
 _BY_NAME = {option.dest: option for option in OPTIONS}
+_FLAG_NAMED = re.compile(r"argument (--[a-z0-9-]+)(?:/[^:]*)?")
 
 
 def settings_for(
@@ -62,7 +64,9 @@ def settings_for(
     except (argparse.ArgumentError, SystemExit) as exc:
         said = errors.getvalue().strip().splitlines()
         message = str(exc) if isinstance(exc, argparse.ArgumentError) else said[-1]
-        raise EmbeddedError(message) from None
+        # argparse names the flag; the caller wrote the keyword
+        message = _FLAG_NAMED.sub(lambda found: found[1][2:].replace("-", "_"), message)
+        raise EmbeddedError(message.removeprefix("reposerve: error: ")) from None
     settings = settings_from(args)
     if settings.http_port is not None:
         raise EmbeddedError(
@@ -76,20 +80,30 @@ def settings_for(
 
 
 def _flag(name: str, value: Any) -> list[str]:
-    """``name=value`` as the command line would say it."""
+    """``name=value`` as the command line would say it (None: not given)."""
     option = _BY_NAME.get(name)
     if option is None:
         raise EmbeddedError(
             f"unknown option '{name}': the options are the command's flags, '-' written '_' "
             "(`reposerve --help` lists them)"
         )
+    if name.startswith("log_"):
+        raise EmbeddedError(
+            f"{name}: an embedded server logs through this process's logging (the "
+            "'reposerve' logger and those under it): configure them there"
+        )
+    if value is None:
+        return []
     if option.switch:
         if not isinstance(value, bool):
             raise EmbeddedError(f"{name}: true or false, got {value!r}")
         return [option.flag] if value else []
-    values = value if option.repeat and isinstance(value, list | tuple) else [value]
-    flags: list[str] = []
-    for item in values:
-        text = str(item).lower() if isinstance(item, bool) else str(item)
-        flags += [option.flag, text]
-    return flags
+    several = isinstance(value, Iterable) and not isinstance(value, str | bytes | os.PathLike)
+    if several and not option.repeat:
+        raise EmbeddedError(f"{name}: one value, got {value!r}")
+    # ``--flag=value``: a value that begins with '-' is not taken for a flag
+    return [f"{option.flag}={_text(item)}" for item in (value if several else [value])]
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

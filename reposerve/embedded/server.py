@@ -3,25 +3,31 @@
 The same repository, schedulers, batching and instance processes as the command, with
 no HTTP between the caller and the service: a call's arrays go as raw tensors to the
 service (checked as a gRPC request's are), and its outputs come back as arrays of their
-own. The server runs on an event loop of its own, in a thread; each call crosses to it,
-so calls from any number of threads batch together as clients' requests do, and an
-``async`` caller awaits it from its own loop without blocking it.
+own. The server runs on an event loop of its own, in a thread (``runtime``); each call
+crosses to it, so calls from any number of threads batch together as clients' requests
+do, and an ``async`` caller awaits it from its own loop without blocking it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import threading
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
+import contextlib
+import weakref
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
-import uvloop
-
 from reposerve.answers import Answers
 from reposerve.embedded.options import Repository, settings_for
-from reposerve.embedded.tensors import CallOptions, InferResult, Inputs, request_parts, result_of
+from reposerve.embedded.runtime import NOT_STARTED, Runtime
+from reposerve.embedded.tensors import (
+    CallOptions,
+    InferResult,
+    Inputs,
+    Version,
+    request_parts,
+    result_of,
+    version_text,
+)
 from reposerve.errors import EmbeddedError
 from reposerve.operations import (
     IndexEntry,
@@ -59,46 +65,43 @@ class Server:
         self, model_repository: Repository | Sequence[Repository], /, **options: Any
     ) -> None:
         self.settings: Settings = settings_for(model_repository, options)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lifecycle: Lifecycle | None = None
-        self._stopped = False
+        self._runtime: Runtime | None = None
+        self._finalizer: weakref.finalize[[], Server] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self, wait_until_ready: bool = True, timeout: float | None = None) -> Server:
         """Start the server and the loading of its models; with ``wait_until_ready``,
         return once that loading is over (a model that failed shows in ``models()``;
-        with ``exit_on_error`` the start fails with its reason instead)."""
-        if self._thread is not None or self._stopped:
+        with ``exit_on_error`` the start fails with its reason instead), or fail after
+        ``timeout`` seconds."""
+        if self._runtime is not None:
             raise EmbeddedError("this server has been started already; make a new one")
-        loop = uvloop.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=_run, args=(loop,), name="reposerve", daemon=True)
-        self._thread.start()
+        self._runtime = runtime = Runtime()
+        # Holds the runtime, not this object: a server dropped without stop() still stops.
+        self._finalizer = weakref.finalize(self, runtime.stop)
         try:
-            self._lifecycle = self._call(self._open())
+            runtime.start(self.settings)
             if wait_until_ready:
-                self._call(self._until_loaded(), timeout)
+                try:
+                    runtime.call(self._until_loaded(), timeout=timeout)
+                except TimeoutError:
+                    raise EmbeddedError(
+                        f"the models did not finish loading within {timeout:g} s"
+                    ) from None
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        """Stop every model (requests under way may finish within ``exit_timeout_secs``)
-        and the server's thread. Again is harmless."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None or self._stopped:
-            return
-        self._stopped = True
-        try:
-            if self._lifecycle is not None:
-                asyncio.run_coroutine_threadsafe(self._lifecycle.close(), loop).result()
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-            loop.close()
+        """Stop every model (requests and streams under way may finish within
+        ``exit_timeout_secs``; a call still waiting then gets EmbeddedError) and the
+        server's thread. Again, or from several threads, is harmless."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._runtime is not None:
+            self._runtime.stop()
 
     def __enter__(self) -> Server:
         return self.start()
@@ -111,14 +114,11 @@ class Server:
     ) -> None:
         self.stop()
 
-    async def _open(self) -> Lifecycle:
-        lifecycle = Lifecycle(self.settings, embedded=True)
-        await lifecycle.open()
-        return lifecycle
-
     async def _until_loaded(self) -> None:
         lifecycle = self._running()
         await lifecycle.loaded.wait()
+        if lifecycle.load_error is not None:
+            raise EmbeddedError(f"the start-up loading failed: {lifecycle.load_error}")
         if lifecycle.exit_code:
             failed = [
                 f"{entry.name}: {entry.reason}"
@@ -134,11 +134,11 @@ class Server:
         ask for it, for its result."""
         return self._call(self._running().service.perform(operation))
 
-    def ready(self, model: str | None = None, version: str | None = None) -> bool:
+    def ready(self, model: str | None = None, version: Version = None) -> bool:
         """The server's readiness, or ``model``'s (its ``version``)."""
         if model is None:
             return self.perform(ServerReadyRequest())
-        return self.perform(ModelReadyRequest(model, version))
+        return self.perform(ModelReadyRequest(model, version_text(version)))
 
     def models(self, ready: bool = False) -> list[IndexEntry]:
         """The repository's models with their state (``ready``: the ready ones alone)."""
@@ -153,15 +153,15 @@ class Server:
     def unload(self, model: str, unload_dependents: bool = False) -> None:
         self.perform(UnloadRequest(model, unload_dependents))
 
-    def metadata(self, model: str, version: str | None = None) -> ModelMetadata:
-        return self.perform(ModelMetadataRequest(model, version))
+    def metadata(self, model: str, version: Version = None) -> ModelMetadata:
+        return self.perform(ModelMetadataRequest(model, version_text(version)))
 
-    def config(self, model: str, version: str | None = None) -> dict[str, Any]:
+    def config(self, model: str, version: Version = None) -> dict[str, Any]:
         """The model's configuration, as Triton's JSON form has it."""
-        return self.perform(ModelConfigRequest(model, version)).config
+        return self.perform(ModelConfigRequest(model, version_text(version))).config
 
-    def statistics(self, model: str | None = None, version: str | None = None) -> ModelStatistics:
-        return self.perform(ModelStatisticsRequest(model, version))
+    def statistics(self, model: str | None = None, version: Version = None) -> ModelStatistics:
+        return self.perform(ModelStatisticsRequest(model, version_text(version)))
 
     # -- inference ------------------------------------------------------------------------
 
@@ -170,7 +170,7 @@ class Server:
         the datatypes sent; str or bytes arrays are BYTES); ``options`` (``CallOptions``):
         the version, the outputs to return, the request's parameters and id."""
         header, raws = request_parts(inputs, options)
-        return self._call(self._infer(model, options.get("version"), header, raws))
+        return self._call(self._infer(model, options, header, raws))
 
     async def infer_async(
         self, model: str, inputs: Inputs, **options: Unpack[CallOptions]
@@ -178,7 +178,7 @@ class Server:
         """``infer``, awaited on the caller's event loop; cancelling it cancels the
         request (it leaves its queue, or its model sees it cancelled)."""
         header, raws = request_parts(inputs, options)
-        return await self._await(self._infer(model, options.get("version"), header, raws))
+        return await self._await(self._infer(model, options, header, raws))
 
     def stream(
         self, model: str, inputs: Inputs, **options: Unpack[CallOptions]
@@ -186,80 +186,59 @@ class Server:
         """Each response of a request, as the model sends it: any number from a decoupled
         model, one from any other. Leaving the loop early cancels the request."""
         header, raws = request_parts(inputs, options)
-        answers = self._call(self._answers(model, options.get("version"), header, raws))
+        answers = self._call(self._answers(model, options, header, raws))
         try:
-            while (result := self._call(_next(model, answers))) is not None:
+            while (result := self._call(_next(model, answers), new=False)) is not None:
                 yield result
         finally:
-            if not self._stopped:
-                self._call(_close(answers))
+            with contextlib.suppress(EmbeddedError):  # a stopped server closed it already
+                self._call(_close(answers), new=False)
 
     async def stream_async(
         self, model: str, inputs: Inputs, **options: Unpack[CallOptions]
     ) -> AsyncIterator[InferResult]:
         """``stream``, on the caller's event loop."""
         header, raws = request_parts(inputs, options)
-        answers = await self._await(self._answers(model, options.get("version"), header, raws))
+        answers = await self._await(self._answers(model, options, header, raws))
         try:
-            while (result := await self._await(_next(model, answers))) is not None:
+            while (result := await self._await(_next(model, answers), new=False)) is not None:
                 yield result
         finally:
-            if not self._stopped:
-                await self._await(_close(answers))
+            with contextlib.suppress(EmbeddedError):  # a stopped server closed it already
+                await self._await(_close(answers), new=False)
 
     async def _infer(
-        self, model: str, version: str | None, header: dict[str, Any], raws: list[Any]
+        self, model: str, options: CallOptions, header: dict[str, Any], raws: list[Any]
     ) -> InferResult:
+        version = version_text(options.get("version"))
         answer = await self._running().service.infer_parts(model, version, header, raws)
         with answer:
             return result_of(model, answer)
 
     async def _answers(
-        self, model: str, version: str | None, header: dict[str, Any], raws: list[Any]
+        self, model: str, options: CallOptions, header: dict[str, Any], raws: list[Any]
     ) -> Answers:
+        version = version_text(options.get("version"))
         return await self._running().service.stream_parts(model, version, header, raws)
 
     # -- crossing to the server's loop ----------------------------------------------------
 
     def _running(self) -> Lifecycle:
-        if self._stopped:
-            raise EmbeddedError("this server has stopped")
-        if self._lifecycle is None:
-            raise EmbeddedError("this server is not started: call start() first")
-        return self._lifecycle
+        if self._runtime is None:
+            raise EmbeddedError(NOT_STARTED)
+        return self._runtime.running()
 
-    def _submit(self, work: Coroutine[Any, Any, R]) -> concurrent.futures.Future[R]:
-        loop = self._loop
-        if loop is None or self._stopped:
+    def _call(self, work: Coroutine[Any, Any, R], new: bool = True) -> R:
+        if self._runtime is None:
             work.close()
-            self._running()  # says which
-            raise AssertionError("unreachable")
-        if threading.current_thread() is self._thread:
+            raise EmbeddedError(NOT_STARTED)
+        return self._runtime.call(work, new)
+
+    async def _await(self, work: Coroutine[Any, Any, R], new: bool = True) -> R:
+        if self._runtime is None:
             work.close()
-            raise EmbeddedError(
-                "called from the server's own thread (a model's code, or a callback of the "
-                "server): a blocking call there would wait for itself; use the async calls"
-            )
-        return asyncio.run_coroutine_threadsafe(work, loop)
-
-    def _call(self, work: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
-        future = self._submit(work)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise EmbeddedError(f"no answer within {timeout:g} s") from None
-        except BaseException:
-            future.cancel()  # an interrupted caller: its request goes too
-            raise
-
-    def _await(self, work: Coroutine[Any, Any, R]) -> Awaitable[R]:
-        return asyncio.wrap_future(self._submit(work))
-
-
-def _run(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    loop.run_forever()
+            raise EmbeddedError(NOT_STARTED)
+        return await self._runtime.wait(work, new)
 
 
 async def _next(model: str, answers: Answers) -> InferResult | None:

@@ -17,12 +17,13 @@ from reposerve.errors import EmbeddedError
 # A dtype's V2 datatype; BF16 has no numpy dtype of its own (its bits ride in uint16).
 _DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name not in ("BF16", "BYTES")}
 Inputs = Mapping[str, Any]  # name -> numpy array (or what np.asarray makes one of)
+Version = str | int | None  # a model version, as V2 names it or as its number; None: latest
 
 
 class CallOptions(TypedDict, total=False):
     """What a call may say beside its model and inputs."""
 
-    version: str | None  # the version to run (default: the model's policy's newest)
+    version: Version  # the version to run (default: the model's policy's newest)
     outputs: Sequence[str] | None  # the outputs to return (default: all)
     # The request's parameters, as V2 has them: ``priority``, ``timeout``, a sequence's
     # ``sequence_id``, ``sequence_start`` and ``sequence_end``, and the model's own.
@@ -40,6 +41,11 @@ class InferResult(msgspec.Struct, frozen=True):
     parameters: dict[str, Any]
     id: str | None = None
     final: bool = True
+
+
+def version_text(version: Version) -> str | None:
+    """A version as V2 names it (a number is its decimal text)."""
+    return str(version) if isinstance(version, int) else version
 
 
 def datatype_of(name: str, array: np.ndarray) -> str:
@@ -64,10 +70,16 @@ def request_parts(
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
         datatype = datatype_of(name, array)
+        try:
+            raw = to_wire(datatype, array)
+        except TypeError as exc:  # a BYTES element that is neither bytes nor str
+            raise EmbeddedError(f"input '{name}': {exc}") from None
         described.append({"name": name, "datatype": datatype, "shape": list(array.shape)})
-        raws.append(to_wire(datatype, array))
+        raws.append(raw)
     header: dict[str, Any] = {"inputs": described}
     if (outputs := options.get("outputs")) is not None:
+        if isinstance(outputs, str):
+            raise EmbeddedError(f"outputs: a list of output names, got the string {outputs!r}")
         header["outputs"] = [{"name": name} for name in outputs]
     if parameters := options.get("parameters"):
         header["parameters"] = dict(parameters)

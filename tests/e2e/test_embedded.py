@@ -5,7 +5,9 @@ model's stream, the control operations, and its errors in the command's words.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -128,6 +130,12 @@ def test_bad_calls_get_the_protocols_errors_and_harm_nothing(server):
         server.infer("missing", {"INPUT": _rows(1)})
     with pytest.raises(EmbeddedError, match="no V2 datatype"):
         server.infer("plus_one", {"INPUT": np.ones((1, 4), np.complex64)})
+    with pytest.raises(EmbeddedError, match="outputs: a list of output names"):
+        server.infer("plus_one", {"INPUT": _rows(1)}, outputs="OUTPUT")
+    with pytest.raises(EmbeddedError, match="input 'TEXT': BYTES elements must be bytes or str"):
+        server.infer("plus_one", {"TEXT": np.array([None, 1], dtype=object)})
+    assert server.infer("plus_one", {"INPUT": _rows(1)}, version=1).model_version == "1"
+    assert server.ready("plus_one", 1) and server.metadata("plus_one", 1).versions == ["1"]
     np.testing.assert_array_equal(
         server.infer("plus_one", {"INPUT": _rows(1)}).outputs["OUTPUT"], _rows(1) + 1
     )
@@ -158,6 +166,13 @@ def test_options_are_the_commands_flags_checked_as_its_own(repository):
         reposerve.Server(repository, model_repository="elsewhere")
     with pytest.raises(EmbeddedError, match="allow_http: an embedded server opens no HTTP"):
         reposerve.Server(repository, allow_http=True)
+    with pytest.raises(EmbeddedError, match="log_file: an embedded server logs through"):
+        reposerve.Server(repository, log_file="server.log")
+    with pytest.raises(EmbeddedError, match="exit_timeout_secs: invalid float value"):
+        reposerve.Server(repository, exit_timeout_secs="soon")
+    odd = reposerve.Server(repository, server_name="-dash", load_model={"plus_one"})
+    assert odd.settings.server_name == "-dash" and odd.settings.load_models == ["plus_one"]
+    assert reposerve.Server(repository, exit_timeout_secs=None).settings.exit_timeout_secs == 30
     server = reposerve.Server(repository, model_control_mode="explicit", load_model=["plus_one"])
     assert server.settings.load_models == ["plus_one"]
     assert server.settings.http_port is None and server.settings.grpc_port is None
@@ -252,3 +267,86 @@ def test_the_docs_example_runs_on_the_bundled_repository():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("add_sub 1 [[")
+
+
+SLOW_LOAD = """
+    import time
+
+    class Model:
+        def load(self, context):
+            time.sleep(60)
+
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"]}
+"""
+
+
+def test_a_stop_leaves_no_caller_waiting(tmp_path):
+    """A load that outlasts the exit budget: its caller gets an error, not a hang."""
+    root = tmp_path / "repository"
+    write_model(root, "slow_load", vector_config(size=4), SLOW_LOAD)
+    write_model(root, "plus_one", vector_config(size=4), PLUS_ONE)
+    server = reposerve.Server(root, load_model=["plus_one"], exit_timeout_secs=1).start()
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            server.load("slow_load")
+            outcome.append(None)
+        except BaseException as exc:  # what the caller sees is the point
+            outcome.append(exc)
+
+    caller = threading.Thread(target=load)
+    caller.start()
+    threading.Event().wait(0.5)  # the load under way
+    server.stop()
+    caller.join(60)
+    assert not caller.is_alive()
+    (error,) = outcome
+    assert isinstance(error, reposerve.ReposerveError)
+    assert not [t for t in threading.enumerate() if t.name == "reposerve"]
+
+
+def test_a_stream_under_way_at_stop_runs_to_its_end(server):
+    inputs = {
+        "COUNT": np.array([20], np.int32),
+        "DELAY": np.array([0.02], np.float32),
+        "SIZE": np.array([1], np.int32),
+    }
+    seen: list[int] = []
+    started = threading.Event()
+
+    def read() -> None:
+        for result in server.stream("counting", inputs):
+            seen.append(int(result.outputs["OUT"][0]))
+            started.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    started.wait(60)
+    server.stop()
+    reader.join(60)
+    assert seen == list(range(20))
+
+
+def test_a_failed_start_leaves_nothing_running(repository):
+    from tools.bench.servers import free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        options = {"allow_grpc": True, "grpc_port": busy, "grpc_address": "127.0.0.1"}
+        metrics = {"allow_metrics": True, "metrics_port": free_port()}
+        with pytest.raises(OSError):
+            reposerve.Server(repository, **options, **metrics).start()
+    ours = {"reposerve", "usage-sampler"}  # the loop's thread, the metrics' sampler
+    assert not [thread for thread in threading.enumerate() if thread.name in ours]
+
+
+def test_a_server_dropped_without_stop_stops(repository):
+    server = reposerve.Server(repository).start()
+    assert server.ready()
+    del server
+    gc.collect()
+    assert not [t for t in threading.enumerate() if t.name == "reposerve"]
