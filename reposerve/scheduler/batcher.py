@@ -23,6 +23,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import assert_never
 
 from reposerve.backends.base import RequestFailure
 from reposerve.config import ModelConfig
@@ -331,6 +332,8 @@ class Scheduler:
                 self._responded(batch, event)
             case BatchOutcome() | BatchFailure():
                 self._complete(batch, event)
+            case _:
+                assert_never(event)
 
     def _inputs(self, requests: list[InferRequest], rerun: bool) -> list[BatchTensor]:
         if self._padding is None:
@@ -352,10 +355,10 @@ class Scheduler:
         when it names one) goes to its stream as a lease. The instance goes on
         (``resume``) once every one of them is released."""
         batch.responded = True
-        requests = [item.request for item in batch.items]
-        parts = response_shares(requests, response, self._batched, self._padding)
         hold = SlotHold(partial(self._resumed, response.resume))  # its first share: ours
-        try:
+        try:  # the instance is resumed whatever cutting the response raises
+            requests = [item.request for item in batch.items]
+            parts = response_shares(requests, response, self._batched, self._padding)
             for index, outputs in parts:
                 item = batch.items[index]
                 stream = item.stream

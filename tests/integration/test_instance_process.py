@@ -93,7 +93,7 @@ def test_a_batch_past_the_timeout_is_failed_and_its_process_killed(python_model)
 
     outcomes, instance = asyncio.run(_ended(spec, run))
     fine = outcomes["fine"]
-    assert isinstance(fine, BatchOutcome)  # its outputs were views valid only in on_done
+    assert isinstance(fine, BatchOutcome)  # its outputs were views valid only while received
     assert outcomes["hangs"] == BatchFailure(
         "execute did not finish within 1 s (execution.timeout_seconds); the instance was "
         "killed and is being replaced",
