@@ -350,3 +350,27 @@ def test_a_server_dropped_without_stop_stops(repository):
     del server
     gc.collect()
     assert not [t for t in threading.enumerate() if t.name == "reposerve"]
+
+
+def test_every_call_under_way_at_stop_gets_exactly_one_outcome(repository):
+    """32 calls in flight from one event loop when stop() comes: each ends once, with its
+    result or the server's error, and none is left waiting."""
+    server = reposerve.Server(repository).start()
+    outcomes: list[object] = []
+
+    async def calls() -> None:
+        async def one(value: float) -> None:
+            try:
+                result = await server.infer_async("plus_one", {"INPUT": _rows(1, first=value)})
+                outcomes.append(result.outputs["OUTPUT"][0, 0] - value)
+            except reposerve.ReposerveError as exc:
+                outcomes.append(type(exc).__name__)
+
+        tasks = [asyncio.ensure_future(one(float(n))) for n in range(32)]
+        await asyncio.sleep(0)  # sent
+        await asyncio.to_thread(server.stop)
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+    asyncio.run(calls())
+    assert len(outcomes) == 32
+    assert all(outcome == 1 or isinstance(outcome, str) for outcome in outcomes), outcomes
