@@ -113,8 +113,9 @@ class SequenceBatcher:
         # Sequences waiting for a slot, oldest first, by their wait (dicts keep order): one
         # whose request leaves is taken out at once, so the backlog holds only live waits.
         self._backlog: dict[asyncio.Future, _Sequence] = {}
-        # Why recently lost sequences went (their instance stopped), for their next request.
-        self._lost: OrderedDict[SequenceId | tuple[str, int], str] = OrderedDict()
+        # Why recently ended sequences went (their instance stopped, or they were idle too
+        # long), for their next request: the refusal it gets, which says so.
+        self._lost: OrderedDict[SequenceId | tuple[str, int], SchedulerError] = OrderedDict()
         self._running = 0  # requests accepted and not finished
         self._unsent = 0  # of those, not handed to a lane yet
         self._idle = asyncio.Event()
@@ -233,9 +234,13 @@ class SequenceBatcher:
         for sequence in [s for s in self._sequences.values() if s.lane is lane]:
             sequence.lane = None
             self._release(sequence, why)
-            self._lost[sequence.key] = f"sequence {sequence.key} was lost: {why}"
-            while len(self._lost) > _LOST_KEPT:
-                self._lost.popitem(last=False)
+            self._remember(sequence, SchedulerError(f"sequence {sequence.key} was lost: {why}"))
+
+    def _remember(self, sequence: _Sequence, refusal: SchedulerError) -> None:
+        """What the ended ``sequence``'s next request without START is told."""
+        self._lost[sequence.key] = refusal
+        while len(self._lost) > _LOST_KEPT:
+            self._lost.popitem(last=False)
 
     # -- one request -------------------------------------------------------------------
 
@@ -281,7 +286,7 @@ class SequenceBatcher:
         lost = self._lost.pop(key, None)
         if sequence is None:
             if not request.sequence_start and lost is not None:
-                raise SchedulerError(lost)
+                raise lost
             if not request.sequence_start:
                 raise SchedulerError(
                     f"inference request for sequence {key} to model '{self._name}' must "
@@ -391,13 +396,23 @@ class SequenceBatcher:
     def _expire(self, sequence: _Sequence) -> None:
         sequence.idle = None
         if sequence.waiting == 0 and self._sequences.get(sequence.key) is sequence:
+            idle_us = self._sequence.max_sequence_idle_microseconds
             log.info(
                 "%s: sequence %s released after %d us without a request",
                 self._label,
                 sequence.key,
-                self._sequence.max_sequence_idle_microseconds,
+                idle_us,
             )
             self._release(sequence, None)
+            # Triton's words first (clients match them), then why: a client that paused
+            # longer than the model allows learns which setting ended its sequence.
+            refusal = SchedulerError(
+                f"inference request for sequence {sequence.key} to model '{self._name}' must "
+                "specify the START flag on the first request of the sequence (it was released "
+                f"after {idle_us} us without a request: max_sequence_idle_microseconds)",
+                ErrorKind.INVALID_ARGUMENT,
+            )
+            self._remember(sequence, refusal)
 
     def _release(self, sequence: _Sequence, why: str | None) -> None:
         """Free the sequence's slot for the next in the backlog; ``why``: it was lost

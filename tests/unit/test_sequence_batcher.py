@@ -216,3 +216,23 @@ def test_a_numeric_corrid_makes_one_sequence_of_each_id_the_model_sees():
         await turn()
 
     run(test)
+
+
+def test_a_sequence_released_for_idling_tells_its_next_request_why():
+    async def test() -> None:
+        batcher, instance, clock = _batcher()
+        await _hold_the_slot(batcher, instance)
+        clock.advance(1_000_000_000)  # sequence 1 idles out
+        with pytest.raises(SchedulerError) as refused:
+            batcher.submit(_request(1)).result()
+        assert refused.value.kind.name == "INVALID_ARGUMENT"
+        assert "must specify the START flag" in refused.value.message
+        assert "released after 1000000 us without a request" in refused.value.message
+        again = batcher.submit(_request(1, start=True, end=True))  # a START begins it anew
+        await turn()
+        instance.finish()
+        await turn()
+        again.result().release()
+        await asyncio.wait_for(batcher.drain(), 1)
+
+    run(test)
