@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import uvloop
 
+from reposerve.allocator import return_large_blocks
 from reposerve.arguments import Budget
 from reposerve.fronts import default_workers, usable_cores
 from reposerve.fronts.workers import FrontWorkers
@@ -352,6 +353,7 @@ def serve(settings: Settings) -> int:
     """Serve until a signal (exit status 0) or a failed start-up (1)."""
     logs = start_logging(settings)
     _raise_descriptor_limit()
+    return_large_blocks()
     sock = None
     if settings.http_port is not None and settings.http_workers > 1:
         sock = listening_socket(settings)  # before any front starts: one port for all

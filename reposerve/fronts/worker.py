@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import uvloop
 
+from reposerve.allocator import return_large_blocks
 from reposerve.fronts.remote import RemoteService
 from reposerve.fronts.workers import SPEC_VARIABLE, FrontSpec, decode_spec
 from reposerve.http.server import SEND_MARGIN_S, serve_http
@@ -100,6 +101,7 @@ class FrontHost:
 
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return_large_blocks()
     spec = decode_spec(os.environ.pop(SPEC_VARIABLE))
     settings = spec.settings
     # Its output goes where the server's does already (inherited): no file of its own.
