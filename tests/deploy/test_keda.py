@@ -131,6 +131,9 @@ def test_the_interceptor_route_reaches_the_http_port_and_waits_out_a_cold_start(
         t for t in documents["ScaledObject"]["spec"]["triggers"] if t["type"] != "prometheus"
     ]
     assert push["type"] == "external-push"
+    # applied first: KEDA asks the Add-on's scaler for the route when it takes the
+    # ScaledObject, and without it falls back to a CPU metric that never scales from zero
+    assert list(documents).index("InterceptorRoute") < list(documents).index("ScaledObject")
     assert push["metadata"]["interceptorRoute"] == route["metadata"]["name"]
     assert re.fullmatch(r"[a-z0-9.-]+:\d+", push["metadata"]["scalerAddress"])
     target = route["spec"]["target"]
