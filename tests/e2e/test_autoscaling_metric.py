@@ -8,10 +8,6 @@ queue time per request that reposerve's own statistics give; the idle one reads 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,29 +15,23 @@ import httpx
 import pytest
 import yaml
 
+from tests.autoscaling import (
+    NAMESPACE,
+    QUEUEING,
+    QUEUEING_MODEL,
+    Load,
+    Prometheus,
+    needs_prometheus,
+)
 from tests.manifests import DEPLOY
-from tests.server import REPO_ROOT, Server, free_port, start_server
+from tests.server import Server, start_server
 from tests.toy_models import vector_config, write_model
 
 pytestmark = pytest.mark.e2e
 
-# Debian's package unpacked by tools/install_deploy_tools.sh, or one on PATH
-UNPACKED = REPO_ROOT / ".tools" / "deploy" / "prometheus" / "usr" / "bin" / "prometheus"
-PROMETHEUS = str(UNPACKED) if UNPACKED.exists() else shutil.which("prometheus")
-NAMESPACE = "serving"
 PODS = ("reposerve-busy", "reposerve-idle")
 CLIENTS = 4
-LOAD_SECONDS = 3.0
-
-# One instance, no batching, 30 ms a request: concurrent requests wait in the queue.
-QUEUEING = """
-    import time
-
-    class Model:
-        def execute(self, inputs):
-            time.sleep(0.03)
-            return {"OUTPUT": inputs["INPUT"] + 1}
-"""
+ANSWERS = 100  # under load: each request waits for the CLIENTS - 1 before it
 
 
 def _rule() -> dict:
@@ -59,102 +49,27 @@ def _expand(template: str, **values: str) -> str:
     return template
 
 
-class _Prometheus:
-    def __init__(self, targets: dict[str, Server], folder: Path) -> None:
-        scrape = {
-            "job_name": "reposerve",
-            "scrape_interval": "1s",
-            "static_configs": [
-                # the labels the Prometheus Operator puts on a pod's series
-                {
-                    "targets": [f"127.0.0.1:{server.metrics_port}"],
-                    "labels": {"namespace": NAMESPACE, "pod": pod},
-                }
-                for pod, server in targets.items()
-            ],
-        }
-        config = folder / "prometheus.yml"
-        config.write_text(yaml.safe_dump({"scrape_configs": [scrape]}))
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self._log = (folder / "prometheus.log").open("w")
-        self._process = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={folder / 'data'}",
-                f"--web.listen-address={self.url.removeprefix('http://')}",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def get(self, path: str, **params: str) -> list[dict]:
-        reply = httpx.get(f"{self.url}{path}", params=params, timeout=10).json()
-        assert reply["status"] == "success", reply
-        return reply["data"]["result"] if path.endswith("query") else reply["data"]
-
-    def query(self, expression: str) -> dict[str, float]:
-        return {
-            sample["metric"].get("pod", ""): float(sample["value"][1])
-            for sample in self.get("/api/v1/query", query=expression)
-        }
-
-    def wait(self, expression: str, predicate, timeout: float = 30.0) -> dict[str, float]:
-        deadline = time.monotonic() + timeout
-        found: dict[str, float] | None = None
-        while found is None or not predicate(found):
-            assert time.monotonic() < deadline, f"{expression}: {found}"
-            time.sleep(0.2)
-            try:
-                found = self.query(expression)
-            except httpx.TransportError:  # not listening yet
-                continue
-        return found
-
-    def stop(self) -> None:
-        self._process.terminate()
-        self._process.wait(timeout=30)
-        self._log.close()
-
-
 @pytest.fixture
 def replicas(repository: Path, tmp_path: Path) -> Iterator[dict[str, Server]]:
-    write_model(repository, "queueing", vector_config(max_batch=0), QUEUEING)
+    write_model(repository, QUEUEING_MODEL, vector_config(max_batch=0), QUEUEING)
     servers = {pod: start_server(repository, tmp_path) for pod in PODS}
     yield servers
     for server in servers.values():
         assert server.stop() == 0, server.log()
 
 
-def _load(server: Server, until: float) -> None:
-    body = {"inputs": [{"name": "INPUT", "shape": [16], "datatype": "FP32", "data": [1.0] * 16}]}
-    with httpx.Client(base_url=f"http://{server.address}", timeout=30) as client:
-        while time.monotonic() < until:
-            reply = client.post("/v2/models/queueing/infer", json=body)
-            assert reply.status_code == 200, reply.text
-
-
-@pytest.mark.skipif(
-    PROMETHEUS is None,
-    reason="prometheus is not installed: "
-    "run tools/install_deploy_tools.sh (it unpacks Debian's prometheus package)",
-)
+@needs_prometheus
 def test_the_adapter_rule_reads_queue_time_per_request_per_pod(replicas, tmp_path):
-    prometheus = _Prometheus(replicas, tmp_path)
+    prometheus = Prometheus(replicas, tmp_path)
     try:
         rule = _rule()
         success = 'nv_inference_request_success{pod="%s"}'
         # a first scrape at zero, so that the rule's window sees every request
         prometheus.wait(success % PODS[0], lambda found: found == {PODS[0]: 0.0})
-        until = time.monotonic() + LOAD_SECONDS
-        clients = [
-            threading.Thread(target=_load, args=(replicas[PODS[0]], until)) for _ in range(CLIENTS)
-        ]
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join()
-        stats = httpx.get(f"http://{replicas[PODS[0]].address}/v2/models/queueing/stats").json()
+        load = Load(replicas[PODS[0]], CLIENTS)
+        load.wait_answered(ANSWERS)
+        load.stop()
+        stats = httpx.get(f"{replicas[PODS[0]].url}/v2/models/{QUEUEING_MODEL}/stats").json()
         inference = stats["model_stats"][0]["inference_stats"]
         answered = inference["success"]["count"]
         # every answer scraped
