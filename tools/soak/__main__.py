@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import shlex
 import sys
+from pathlib import Path
 
 import tools.soak
 from tools.soak.run import soak
@@ -23,9 +24,12 @@ def main() -> int:
         default="",
         help="more reposerve flags, as one string (e.g. '--http-workers 2 --grpc-workers 2')",
     )
+    parser.add_argument(
+        "--logs", type=Path, help="a folder to keep the servers' logs in (they go with the run)"
+    )
     args = parser.parse_args()
     flags = shlex.split(args.server_args)
-    passed = asyncio.run(soak(args.duration, args.concurrency, args.fault_every, flags))
+    passed = asyncio.run(soak(args.duration, args.concurrency, args.fault_every, flags, args.logs))
     return 0 if passed else 1
 
 

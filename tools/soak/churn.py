@@ -15,11 +15,10 @@ import string
 import textwrap
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from tools.bench import servers
-from tools.soak.outcomes import Outcomes
+from tools.soak.outcomes import Outcomes, http_client
 
 HOLDER = """
     import numpy as np
@@ -81,7 +80,7 @@ async def churn_client(base: str, running: asyncio.Event, tally: Outcomes, seed:
     """Requests to the four models and the ensemble, at random: each answer exact."""
     rng = np.random.default_rng(seed)
     models = [*SCALES, "pair"]
-    async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+    async with http_client(base, timeout=120) as http:
         while running.is_set():
             model = models[int(rng.integers(len(models)))]
             values = rng.standard_normal((1, 4)).astype(np.float32)
@@ -104,7 +103,7 @@ async def churn_client(base: str, running: asyncio.Event, tally: Outcomes, seed:
 async def unknown_names_client(base: str, running: asyncio.Event, tally: Outcomes) -> None:
     """Requests naming models that do not exist, each name new and long: a 404 each."""
     letters = string.ascii_letters + string.digits
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    async with http_client(base) as http:
         while running.is_set():
             name = "".join(random.choices(letters, k=UNKNOWN_NAME_BYTES))
             sent = http.post(f"/v2/models/{name}/infer", json={"inputs": []})

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 
 from tools.bench import servers
-from tools.soak.outcomes import Outcomes
+from tools.soak.outcomes import Outcomes, http_client
 from tools.soak.repository import ADDER, CYCLE, HANG, MALFORMED_OVERRIDES
 from tools.soak.traffic import request_body
 
@@ -44,11 +44,7 @@ async def faults(
 ) -> None:
     base = f"http://127.0.0.1:{server.port}"
     step = 0
-    # Its connection idles past the server's 5 s keep-alive between some faults: a client
-    # that reused it could send just as the server closes it (a ReadError on a loaded
-    # machine, nobody's fault), so it lets idle connections go first.
-    limits = httpx.Limits(keepalive_expiry=2.0)
-    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
+    async with http_client(base) as http:
         while running.is_set():
             await asyncio.sleep(every)
             if not running.is_set():
@@ -99,7 +95,7 @@ async def sigterm_finale(
     base = f"http://127.0.0.1:{server.port}"
     hung = np.zeros((1, 16), np.float32)
     hung[0, 0] = HANG
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    async with http_client(base) as http:
         calls = [http.post("/v2/models/stuck/infer", json=request_body(hung))]
         sent = [asyncio.ensure_future(calls[0])]
         while not (root / "stuck" / "1" / "HANGING").exists():

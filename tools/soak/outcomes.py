@@ -27,6 +27,16 @@ def explained(error: str) -> str:
 
 
 TIMED_OUT = "did not finish within 1 s (execution.timeout_seconds)"
+# Below the server's keep-alive (uvicorn's 5 s): a client that reused a connection idle
+# that long could send just as the server closes it, a ReadError that is nobody's fault
+# (seen on a machine loaded six times over, where a client's own loop lags seconds).
+KEEPALIVE_EXPIRY_S = 2.0
+
+
+def http_client(base: str, timeout: float = 60) -> httpx.AsyncClient:
+    """A soak client's HTTP connection pool on ``base``."""
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    return httpx.AsyncClient(base_url=base, timeout=timeout, limits=limits)
 
 
 class Outcomes:

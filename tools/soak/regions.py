@@ -17,7 +17,7 @@ import os
 import httpx
 import numpy as np
 
-from tools.soak.outcomes import Outcomes
+from tools.soak.outcomes import Outcomes, http_client
 
 VALUES = 16 * 4  # bytes of one FP32 row of adder's input, and of its output
 _names = itertools.count()
@@ -87,7 +87,7 @@ async def _infer(
 
 async def region_client(base: str, running: asyncio.Event, tally: Outcomes, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    async with http_client(base) as http:
         while running.is_set():
             values = rng.standard_normal(16).astype(np.float32)
             await _round(http, tally, values, lie=bool(rng.random() < 0.1))

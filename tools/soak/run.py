@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
 from tools.bench import servers
 from tools.soak import churn, regions, sequences
 from tools.soak.faults import EXIT_TIMEOUT_S, faults, pending_gauges, sigterm_finale
-from tools.soak.outcomes import Outcomes
+from tools.soak.outcomes import Outcomes, http_client
 from tools.soak.repository import write_repository
 from tools.soak.traffic import client, large_grpc
 
@@ -61,9 +60,14 @@ class Watch:
 
 
 async def soak(
-    duration: float, concurrency: int, fault_every: float, flags: Sequence[str] = ()
+    duration: float,
+    concurrency: int,
+    fault_every: float,
+    flags: Sequence[str] = (),
+    logs: Path | None = None,
 ) -> bool:
-    """``flags``: more of reposerve's for the main server (``--http-workers 2``, say)."""
+    """``flags``: more of reposerve's for the main server (``--http-workers 2``, say);
+    ``logs``: a folder the two servers' logs are copied to once they have stopped."""
     tally = Outcomes()
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder) / "repository"
@@ -85,7 +89,7 @@ async def soak(
         running.set()
         base = f"http://127.0.0.1:{server.port}"
         churn_base = f"http://127.0.0.1:{on_demand.port}"
-        metrics = httpx.AsyncClient(base_url=f"http://127.0.0.1:{metrics_port}", timeout=30)
+        metrics = http_client(f"http://127.0.0.1:{metrics_port}", timeout=30)
         try:
             load = asyncio.gather(
                 *(client(base, running, tally, seed) for seed in range(concurrency)),
@@ -116,6 +120,10 @@ async def soak(
             await metrics.aclose()
             server.stop()
             on_demand.stop()
+            if logs is not None:
+                logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(folder).glob("*.log"):
+                    shutil.copy(log, logs / log.name)
     orphans = [pid for pid in instances if Path(f"/proc/{pid}").exists()]
     for outcome, count in sorted(tally.seen.items()):
         print(f"{count:8d}  {outcome}")

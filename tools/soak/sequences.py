@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-import httpx
 import numpy as np
 
-from tools.soak.outcomes import Outcomes
+from tools.soak.outcomes import Outcomes, http_client
 
 MODEL = "tally"
 CONFIG = """
@@ -64,7 +63,7 @@ async def sequence_client(base: str, running: asyncio.Event, tally: Outcomes, se
     """Whole sequences, each sum checked; one that a fault ends is started anew."""
     rng = np.random.default_rng(seed)
     url = f"/v2/models/{MODEL}/infer"
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    async with http_client(base) as http:
         while running.is_set():
             sequence, total = next(_ids), 0.0
             length = int(rng.integers(2, 8))
@@ -91,7 +90,7 @@ async def abandoning_client(base: str, running: asyncio.Event, tally: Outcomes) 
     while running.is_set():
         await asyncio.sleep(ABANDON_EVERY_S)
         # A client of its own: leaving closes its connection, as a user's process would.
-        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        async with http_client(base) as http:
             body = _body(next(_ids), 1.0, start=True, end=False)
             answer = http.post(f"/v2/models/{MODEL}/infer", json=body)
             try:

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 
 from reposerve.grpc import schema
-from tools.soak.outcomes import TIMED_OUT, Outcomes, explained
+from tools.soak.outcomes import TIMED_OUT, Outcomes, explained, http_client
 from tools.soak.repository import HANG, POISON
 
 LARGE_GRPC = (8 << 20, 32 << 20)  # bytes: the large gRPC messages' sizes, at random
@@ -95,7 +95,7 @@ async def _stream(http: httpx.AsyncClient, tally: Outcomes, count: int, leave: b
 
 async def client(base: str, running: asyncio.Event, tally: Outcomes, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    async with http_client(base) as http:
         while running.is_set():
             roll = rng.random()
             if roll > 0.9:
