@@ -291,6 +291,11 @@ async def _unrouted(request: Request, exc: Exception) -> Response:
         message = f"{request.method} is not allowed on {request.url.path}"
     else:
         message = f"no such endpoint: {request.method} {request.url.path}"
+        if request.url.path.rstrip("/") == "/metrics":  # where Prometheus users look first
+            message += (
+                "; metrics are served on the metrics port (--metrics-port, 8002 by "
+                "default): http://<host>:8002/metrics"
+            )
     return _json(error_body(message), exc.status_code)
 
 

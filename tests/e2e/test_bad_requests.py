@@ -296,6 +296,13 @@ def test_fuzzed_requests_get_4xx(http, inputs, tail, header_length):
     ("method", "path", "status", "message"),
     [
         ("GET", "/v2/nothing", 404, "no such endpoint: GET /v2/nothing"),
+        (
+            "GET",
+            "/metrics",
+            404,
+            "no such endpoint: GET /metrics; metrics are served on the metrics port "
+            "(--metrics-port, 8002 by default): http://<host>:8002/metrics",
+        ),
         ("GET", "/v2/models/add_sub/infer", 405, "GET is not allowed on /v2/models/add_sub/infer"),
         ("DELETE", "/v2/health/live", 405, "DELETE is not allowed on /v2/health/live"),
     ],
