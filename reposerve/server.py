@@ -29,12 +29,15 @@ from typing import TYPE_CHECKING
 import uvloop
 
 from reposerve.arguments import Budget
+from reposerve.errors import RepositoryError
 from reposerve.fronts import default_workers, usable_cores
 from reposerve.fronts.workers import FrontWorkers
 from reposerve.http.metrics import MetricsServer
 from reposerve.http.server import SEND_MARGIN_S, listening_socket, serve_http
+from reposerve.locations import describe_location
 from reposerve.logs import LogControl, start_logging
 from reposerve.repository import Repository, gpus
+from reposerve.repository.remote.mirrors import Mirrors
 from reposerve.repository.residency import Residency, describe_bytes
 from reposerve.repository.watch import RepositoryWatcher, snapshot
 from reposerve.service import InferenceService
@@ -65,8 +68,14 @@ class Server:
         in-process API, ``reposerve.embedded``), whose collector is left as it is."""
         self.settings = settings
         self.signals = (signal.SIGINT, signal.SIGTERM)
+        mirrors = Mirrors(
+            settings.model_repositories,
+            settings.repository_cache_dir,
+            settings.repository_cache_bytes,
+        )
         repository = Repository(
-            [root.resolve() for root in settings.model_repositories],
+            mirrors.roots,
+            mirrors=mirrors,
             load_timeout=settings.load_timeout_secs,
             unload_timeout=settings.exit_timeout_secs,
             auto_complete=settings.auto_complete,
@@ -210,8 +219,9 @@ class Server:
         polling = settings.model_control_mode == "poll"
         roots = self.service.repository.roots
         try:
+            going_on = await self._pull()
             baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
-            going_on = await self._load()
+            going_on = going_on and await self._load()
         except BaseException as exc:
             self.load_error = exc
             raise
@@ -226,7 +236,7 @@ class Server:
             gc.freeze()
         log.info(
             "ready: serving %s on %s",
-            ", ".join(map(str, settings.model_repositories)),
+            ", ".join(map(describe_location, settings.model_repositories)),
             " and ".join(front_addresses(settings)) or "this process alone (no fronts)",
         )
         if front_addresses(settings):
@@ -235,6 +245,20 @@ class Server:
             await RepositoryWatcher(self.service.repository, settings.repository_poll_secs).run(
                 baseline
             )
+
+    async def _pull(self) -> bool:
+        """Copy the remote repositories into their cache folders; False when one cannot be
+        read and --exit-on-error ends the server (else their last copies serve)."""
+        try:
+            await self.service.repository.mirrors.pull()
+        except RepositoryError as exc:
+            if not self.settings.exit_on_error:
+                log.error("%s; serving the copies in the cache", exc.message)
+                return True
+            log.error("exiting: %s (--exit-on-error true)", exc.message)
+            self._end_start_up()
+            return False
+        return True
 
     async def _load(self) -> bool:
         """The start-up loading; False when a model failed and --exit-on-error ends the
@@ -259,11 +283,15 @@ class Server:
                 "to serve the other models)",
                 names,
             )
-            self.exit_code = 1
-            self.begin_shutdown()
-            self.stop_serving()
+            self._end_start_up()
             return False
         return True
+
+    def _end_start_up(self) -> None:
+        """A start-up that failed ends the server, with exit status 1."""
+        self.exit_code = 1
+        self.begin_shutdown()
+        self.stop_serving()
 
 
 def front_addresses(settings: Settings) -> list[str]:

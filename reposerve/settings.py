@@ -9,6 +9,7 @@ from typing import Literal
 import msgspec
 
 from reposerve.arguments import Budget
+from reposerve.locations import RepositoryLocation
 from reposerve.metrics import MetricsOptions
 
 LogFormat = Literal["default", "ISO8601", "json"]  # --log-format (its "text" is "default")
@@ -23,8 +24,11 @@ class RestrictedApi(msgspec.Struct, frozen=True):
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
-    # --model-repository, once or more: served as one (a name in two is an error)
-    model_repositories: tuple[Path, ...] = (Path("model_repository"),)
+    # --model-repository, once or more: served as one (a name in two is an error); a
+    # remote one (s3://, gs://, az://) is served from its copy in the cache folder below
+    model_repositories: tuple[RepositoryLocation, ...] = (Path("model_repository"),)
+    repository_cache_dir: Path | None = None  # None: reposerve.repository.remote.mirrors's
+    repository_cache_bytes: int | None = None  # the most one remote repository may hold
     http_host: str = "0.0.0.0"
     http_port: int | None = 8000  # None: no HTTP front (--allow-http false)
     metrics_port: int | None = 8002  # None: no metrics endpoint
