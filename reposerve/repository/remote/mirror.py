@@ -135,11 +135,12 @@ class Mirror:
                     removed.append(name)
             elif held is not None and held.objects == objects and self._intact(name, held):
                 kept.append(name)
+                continue
             else:
                 models[name] = self._copy(filesystem, name, objects)
                 copied.append(name)
                 copied_bytes += sum(o.size for o in objects)
-            # Written after each model: a pull cut short keeps what it finished.
+            # Written after each change: a pull cut short keeps what it finished.
             self._write_manifest(Manifest(self.location.url, models))
         self._sweep(models)
         return Pulled(copied, kept, removed, copied_bytes)
