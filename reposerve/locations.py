@@ -54,10 +54,6 @@ class RemoteRepository(msgspec.Struct, frozen=True, kw_only=True):
 RepositoryLocation = Path | RemoteRepository
 
 
-def describe_location(location: RepositoryLocation) -> str:
-    return location.url if isinstance(location, RemoteRepository) else str(location)
-
-
 def parse_location(text: str) -> RepositoryLocation:
     """A ``--model-repository`` value: a local folder, or a remote repository; ConfigError
     saying what is wrong with a URL that is neither."""

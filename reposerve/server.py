@@ -34,7 +34,6 @@ from reposerve.fronts import default_workers, usable_cores
 from reposerve.fronts.workers import FrontWorkers
 from reposerve.http.metrics import MetricsServer
 from reposerve.http.server import SEND_MARGIN_S, listening_socket, serve_http
-from reposerve.locations import describe_location
 from reposerve.logs import LogControl, start_logging
 from reposerve.repository import Repository, gpus
 from reposerve.repository.remote.mirrors import Mirrors
@@ -70,6 +69,7 @@ class Server:
         self.signals = (signal.SIGINT, signal.SIGTERM)
         mirrors = Mirrors(
             settings.model_repositories,
+            settings.remote_repositories,
             settings.repository_cache_dir,
             settings.repository_cache_bytes,
         )
@@ -236,7 +236,10 @@ class Server:
             gc.freeze()
         log.info(
             "ready: serving %s on %s",
-            ", ".join(map(describe_location, settings.model_repositories)),
+            ", ".join(
+                [*map(str, settings.model_repositories)]
+                + [remote.url for remote in settings.remote_repositories]
+            ),
             " and ".join(front_addresses(settings)) or "this process alone (no fronts)",
         )
         if front_addresses(settings):

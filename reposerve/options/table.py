@@ -158,7 +158,7 @@ _MODEL_REPOSITORY = (
     Option(
         flag="--model-repository",
         group=Group.MODEL_REPOSITORY,
-        field="model_repositories",
+        default=(Path("model_repository"),),  # Settings' (a rule fills two fields)
         parse=values.repository_location,
         repeat=True,
         metavar="PATH",

@@ -10,11 +10,7 @@ from reposerve.access import API_CATEGORIES
 from reposerve.arguments import positive_int_at_most
 from reposerve.errors import ConfigError
 from reposerve.fronts import WORKERS_PER_CORE, max_workers, usable_cores
-from reposerve.locations import (
-    RemoteRepository,
-    RepositoryLocation,
-    parse_location,
-)
+from reposerve.locations import RepositoryLocation, parse_location
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
 from reposerve.repository import gpus
 from reposerve.repository.remote.filesystems import remote_problem
@@ -70,23 +66,21 @@ repository_location.__name__ = "repository"  # what argparse names in its messag
 def repositories_are_folders(settings: Settings) -> str | None:
     """Each local repository is a folder, each remote one can be read here (its fsspec
     package is installed, its credentials are complete), none is given twice."""
-    seen = set()
-    for location in settings.model_repositories:
-        if isinstance(location, RemoteRepository):
-            if (problem := remote_problem(location, os.environ)) is not None:
-                return problem
-            seen.add(location.url)
-        elif not location.is_dir():
-            return f"model repository {location} is not a folder"
-        else:
-            seen.add(str(location.resolve()))
-    if len(seen) < len(settings.model_repositories):
+    for root in settings.model_repositories:
+        if not root.is_dir():
+            return f"model repository {root} is not a folder"
+    for remote in settings.remote_repositories:
+        if (problem := remote_problem(remote, os.environ)) is not None:
+            return problem
+    folders = {root.resolve() for root in settings.model_repositories}
+    urls = {remote.url for remote in settings.remote_repositories}
+    if len(folders) + len(urls) < len(settings.model_repositories + settings.remote_repositories):
         return "a --model-repository is given twice"
     return None
 
 
 def cache_dir_writable(settings: Settings) -> str | None:
-    if not any(isinstance(r, RemoteRepository) for r in settings.model_repositories):
+    if not settings.remote_repositories:
         return None
     folder = settings.repository_cache_dir or default_cache_dir(os.environ)
     try:

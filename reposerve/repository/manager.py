@@ -91,7 +91,7 @@ class Repository:
         mirrors: Mirrors | None = None,
     ) -> None:
         self.roots = tuple(roots)
-        self.mirrors = mirrors or Mirrors(())
+        self.mirrors = mirrors or Mirrors()
         # Memory budgets and the book eviction reads (reposerve.repository.residency).
         self.residency = residency or Residency()
         self.keeper = BudgetKeeper(

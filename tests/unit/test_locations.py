@@ -144,3 +144,14 @@ def test_azure_without_an_account_is_refused_with_a_hint():
         "az://container/repo: reading az:// repositories needs adlfs. Hint: pip install "
         "'reposerve[remote]' (fsspec with s3fs, gcsfs and adlfs)",
     )
+
+
+def test_folders_and_buckets_given_together_fill_their_own_settings():
+    from reposerve.cli import serve_parser, settings_from
+
+    argv = ["--model-repository", "local", "--model-repository", "s3://models/repo"]
+    settings = settings_from(serve_parser().parse_args(argv))
+    assert settings.model_repositories == (Path("local"),)
+    assert settings.remote_repositories == (_remote("s3://models/repo"),)
+    only_remote = settings_from(serve_parser().parse_args(argv[2:]))
+    assert only_remote.model_repositories == ()

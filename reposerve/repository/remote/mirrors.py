@@ -12,7 +12,7 @@ from pathlib import Path
 
 from reposerve.backends.file_cache import cache_root
 from reposerve.errors import ErrorKind, RepositoryError
-from reposerve.locations import RemoteRepository, RepositoryLocation
+from reposerve.locations import RemoteRepository
 from reposerve.repository.remote.mirror import Mirror, Pulled, cache_folder
 
 log = logging.getLogger("reposerve.repository")
@@ -27,28 +27,25 @@ def default_cache_dir(environ: Mapping[str, str]) -> Path:
 
 
 class Mirrors:
-    """The mirrors of the remote repositories among ``locations`` (in ``cache_dir``,
-    each bounded by ``max_bytes``), and ``roots``: every repository as a local folder, in
-    the order given (a remote one as its mirror's folder)."""
+    """The mirrors of ``remotes`` (in ``cache_dir``, each bounded by ``max_bytes``), and
+    ``roots``: every repository as a local folder, ``folders`` first."""
 
     def __init__(
         self,
-        locations: Sequence[RepositoryLocation],
+        folders: Sequence[Path] = (),
+        remotes: Sequence[RemoteRepository] = (),
         cache_dir: Path | None = None,
         max_bytes: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         environ = os.environ if environ is None else environ
-        folder = cache_dir or default_cache_dir(environ)
-        self.roots: list[Path] = []
-        self._mirrors: list[Mirror] = []
-        for location in locations:
-            if isinstance(location, RemoteRepository):
-                mirror = Mirror(location, cache_folder(folder, location), max_bytes, environ)
-                self._mirrors.append(mirror)
-                self.roots.append(mirror.root)
-            else:
-                self.roots.append(location.resolve())
+        cache_dir = cache_dir or default_cache_dir(environ)
+        self._mirrors = [
+            Mirror(remote, cache_folder(cache_dir, remote), max_bytes, environ)
+            for remote in remotes
+        ]
+        self.roots = [folder.resolve() for folder in folders]
+        self.roots += [mirror.root for mirror in self._mirrors]
         self._pulling = asyncio.Lock()  # one pull at a time: each lists the whole bucket
 
     async def pull(self, name: str | None = None) -> None:
