@@ -1,10 +1,12 @@
-"""A real S3-compatible server for the remote-repository tests: moto's, in server mode (as
-s3fs's own tests run it), started as a process on a free port; and a TCP relay in front of
-it that can lose its connections mid-transfer, as a network does."""
+"""Real object stores for the remote-repository tests, each a process on a free port: an
+S3-compatible server (moto's, in server mode, as s3fs's own tests run it) and Azure's Blob
+emulator (Azurite); and a TCP relay that can lose its connections mid-transfer, as a
+network does."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.server import REPO_ROOT
 from tools.bench.servers import free_port
 
 # moto accepts any key; these are the server's "credentials", which the logs must never show.
@@ -167,3 +170,67 @@ class CuttingRelay:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
         self.cut.set()
+
+
+# Azurite's one built-in account, as its documentation publishes it (no secret of anyone's).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+class AzuriteServer:
+    """Azurite's Blob server (Microsoft's Azure Storage emulator, from npm; installed by
+    tools/install_azurite.sh) on a free port, keeping its data in ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
+        pytest.importorskip("adlfs", reason="adlfs is not installed (test extra)")
+        installed = REPO_ROOT / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+        binary = str(installed) if installed.exists() else shutil.which("azurite-blob")
+        if binary is None:
+            pytest.skip("azurite is not installed: run tools/install_azurite.sh")
+        self.port = free_port()
+        self._log = open(folder / "azurite.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [binary, "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+             "--location", str(folder), "--skipApiVersionCheck", "--loose"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60  # a hang detector
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                break
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"azurite did not start:\n{(folder / 'azurite.log').read_text()}"
+                )
+            time.sleep(0.05)
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint=http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT};"
+        )
+
+    def upload_folder(self, container: str, prefix: str, folder: Path) -> None:
+        from azure.storage.blob import BlobServiceClient
+
+        service = BlobServiceClient.from_connection_string(self.connection_string)
+        client = service.create_container(container)
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                client.upload_blob(
+                    f"{prefix}/{path.relative_to(folder).as_posix()}", path.read_bytes()
+                )
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from tests.object_store import (
+    AZURITE_KEY,
     SECRET_KEY,
+    AzuriteServer,
     CuttingRelay,
     MotoServer,
     delete_prefix,
@@ -234,3 +236,22 @@ def test_bad_urls_are_refused_before_the_server_starts(url, said):
     assert done.returncode == 2
     assert f"argument --model-repository: {url}: " in done.stderr
     assert said in done.stderr
+
+
+def test_an_azure_container_serves_through_azurite(tmp_path, monkeypatch):
+    azurite = AzuriteServer(tmp_path)
+    try:
+        folder = write_model(
+            tmp_path / "staging", "add", vector_config(size=1), ADD.format(amount=2)
+        )
+        azurite.upload_folder("models", "repo/add", folder)
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+        with running_server(
+            "az://models/repo",  # type: ignore[arg-type]
+            tmp_path,
+            "--repository-cache-dir", str(tmp_path / "cache"),
+        ) as server:  # fmt: skip
+            assert answer(server, "add") == 2.0
+        assert AZURITE_KEY not in server.log()
+    finally:
+        azurite.stop()
