@@ -29,6 +29,7 @@ from tests.object_store import (
 )
 from tests.server import REPO_ROOT, Server, running_server, start_server
 from tests.toy_models import vector_config, write_model
+from tools.bench.servers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -197,25 +198,37 @@ def test_a_connection_lost_mid_copy_leaves_the_last_copy_serving(moto, bucket, t
     assert SECRET_KEY not in server.log()
 
 
-def test_a_repository_over_the_size_bound_is_refused_at_start_up(moto, bucket, tmp_path):
-    put_model(moto, bucket, tmp_path, "add", amount=1)
-    url = f"s3://127.0.0.1:{moto.port}/{bucket}/repo"
+def failed_start(url: str, tmp_path: Path, *args: str) -> str:
+    """The log of a server on ``url`` that must exit with status 1 before it is ready."""
     server = Server(
         url,  # type: ignore[arg-type]
         "--repository-cache-dir", str(tmp_path / "cache"),
-        "--repository-cache-bytes", "100",
+        *args,
         log_path=tmp_path / "server.log",
     )  # fmt: skip
     try:
-        assert server.process.wait(120) == 1
+        assert server.process.wait(120) == 1, server.log()
     finally:
         server.stop()
-    log = server.log()
+    return server.log()
+
+
+def test_a_repository_over_the_size_bound_is_refused_at_start_up(moto, bucket, tmp_path):
+    put_model(moto, bucket, tmp_path, "add", amount=1)
+    url = f"s3://127.0.0.1:{moto.port}/{bucket}/repo"
+    log = failed_start(url, tmp_path, "--repository-cache-bytes", "100")
     assert f"exiting: {url}: the repository holds 0 MiB (" in log
     assert (
         "bytes), over --repository-cache-bytes 100. Hint: raise the bound, or serve a prefix "
         "holding fewer models (--exit-on-error true)" in log
     )
+
+
+def test_a_bucket_that_cannot_be_reached_at_start_up_ends_the_start(bucket, tmp_path):
+    url = f"s3://127.0.0.1:{free_port()}/{bucket}/repo"  # nothing listens there
+    log = failed_start(url, tmp_path)
+    assert f"exiting: {url}: cannot read the repository: EndpointConnectionError: " in log
+    assert SECRET_KEY not in log
 
 
 @pytest.mark.parametrize(
