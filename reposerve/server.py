@@ -1,13 +1,14 @@
 """The server: one repository and its service, the start-up loading, the poll watcher and
 the one shutdown, with the fronts attached to it (HTTP, gRPC, metrics; each may be off).
 
-The models load in the background (readiness says when they are done) and the start-up
-table is printed. SIGINT/SIGTERM first makes the server report not ready while it goes on
-serving for ``--shutdown-grace-secs`` (load balancers take it out of rotation meanwhile; a
-second signal ends the wait), then starts the shutdown, with one budget
-(``--exit-timeout-secs``) for all of it: accepted requests may finish within it, then each
-one left gets its error, and every instance process is stopped; the fronts meanwhile stop
-accepting and close connections as their answers go out.
+The models load in the background (readiness says when they are done; remote repositories
+are copied into their cache folders first) and the start-up table is printed.
+SIGINT/SIGTERM first makes the server report not ready while it goes on serving for
+``--shutdown-grace-secs`` (load balancers take it out of rotation meanwhile; a second
+signal ends the wait), then starts the shutdown, with one budget (``--exit-timeout-secs``)
+for all of it: accepted requests may finish within it, then each one left gets its error,
+and every instance process is stopped; the fronts meanwhile stop accepting and close
+connections as their answers go out.
 
 The HTTP front, when on, owns the event loop (uvicorn or Hypercorn run it) and calls
 ``open``/``close`` from its lifespan; without it the server runs the loop itself.
@@ -237,8 +238,10 @@ class Server:
         log.info(
             "ready: serving %s on %s",
             ", ".join(
-                [*map(str, settings.model_repositories)]
-                + [remote.url for remote in settings.remote_repositories]
+                [
+                    *map(str, settings.model_repositories),
+                    *(remote.url for remote in settings.remote_repositories),
+                ]
             ),
             " and ".join(front_addresses(settings)) or "this process alone (no fronts)",
         )
