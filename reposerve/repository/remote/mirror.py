@@ -90,6 +90,9 @@ class Mirror:
         self.folder = folder
         self.max_bytes = max_bytes
         self._environ = environ
+        # Kept between pulls (a client takes a second to build); dropped when one fails,
+        # so the next starts on fresh connections.
+        self._filesystem: Any = None
         self.root = folder / "models"  # the repository folder the server reads
         self._snapshots = folder / "snapshots"
         self._manifest_path = folder / "manifest.json"
@@ -103,8 +106,10 @@ class Mirror:
             try:
                 return self._pull(names)
             except RepositoryError:
+                self._filesystem = None
                 raise
             except Exception as exc:  # the store's own errors: botocore, aiohttp, OS
+                self._filesystem = None
                 raise RepositoryError(
                     f"{self.location.url}: cannot read the repository: "
                     f"{type(exc).__name__}: {exc}. The last copy pulled keeps serving",
@@ -112,7 +117,10 @@ class Mirror:
                 ) from exc
 
     def _pull(self, names: Collection[str] | None) -> Pulled:
-        filesystem = open_filesystem(self.location, self._environ)
+        if self._filesystem is None:
+            self._filesystem = open_filesystem(self.location, self._environ)
+        filesystem = self._filesystem
+        filesystem.invalidate_cache()  # each pull lists the bucket as it is now
         listing = self._list(filesystem)
         total = sum(o.size for objects in listing.values() for o in objects)
         if self.max_bytes is not None and total > self.max_bytes:
