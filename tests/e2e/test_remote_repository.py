@@ -263,3 +263,26 @@ def test_an_azure_container_serves_through_azurite(tmp_path, monkeypatch):
         assert AZURITE_KEY not in server.log()
     finally:
         azurite.stop()
+
+
+def test_an_explicit_load_from_a_bucket_out_of_reach_fails_and_the_model_serves_on(
+    moto, bucket, tmp_path
+):
+    put_model(moto, bucket, tmp_path, "add", amount=1)
+    relay = CuttingRelay(moto.port)
+    url = f"s3://127.0.0.1:{relay.port}/{bucket}/repo"
+    with running_server(
+        url,  # type: ignore[arg-type]
+        tmp_path,
+        "--repository-cache-dir", str(tmp_path / "cache"),
+        "--model-control-mode", "explicit",
+        "--load-model", "add",
+    ) as server:  # fmt: skip
+        relay.close()  # the network to the bucket is gone
+        response = httpx.post(f"{server.url}/v2/repository/models/add/load", timeout=120)
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error.startswith(f"failed to load 'add': {url}: cannot read the repository: ")
+        assert error.endswith("The last copy pulled keeps serving")
+        assert answer(server, "add") == 1.0
+    assert SECRET_KEY not in server.log()
