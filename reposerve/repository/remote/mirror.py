@@ -77,7 +77,8 @@ def cache_folder(cache_dir: Path, location: RemoteRepository) -> Path:
 
 class Mirror:
     """``location``'s copy under ``folder``; ``max_bytes``: the most its objects may hold
-    (None: no bound); ``environ``: where the credentials are read from."""
+    (None: no bound); ``environ``: what ``filesystems`` maps (an S3 endpoint, Azure's
+    variables); botocore and google-auth read the process's environment themselves."""
 
     def __init__(
         self,
