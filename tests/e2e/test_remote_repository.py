@@ -286,3 +286,19 @@ def test_an_explicit_load_from_a_bucket_out_of_reach_fails_and_the_model_serves_
         assert error.endswith("The last copy pulled keeps serving")
         assert answer(server, "add") == 1.0
     assert SECRET_KEY not in server.log()
+
+
+def test_a_restart_with_the_bucket_out_of_reach_serves_the_cache_when_told_to(
+    moto, bucket, tmp_path
+):
+    put_model(moto, bucket, tmp_path, "add", amount=1)
+    relay = CuttingRelay(moto.port)
+    url = f"s3://127.0.0.1:{relay.port}/{bucket}/repo"
+    arguments = ("--repository-cache-dir", str(tmp_path / "cache"))
+    with running_server(url, tmp_path, *arguments):  # type: ignore[arg-type]
+        pass
+    relay.close()
+    with running_server(url, tmp_path, *arguments, "--exit-on-error", "false") as server:  # type: ignore[arg-type]
+        assert answer(server, "add") == 1.0
+        assert f"{url}: cannot read the repository: " in server.log()
+        assert "; serving the copies in the cache" in server.log()
