@@ -97,7 +97,7 @@ def test_a_bucket_serves_in_tritons_form_and_a_restart_reuses_its_copy(moto, buc
     cache = tmp_path / "cache"
     url = f"s3://127.0.0.1:{moto.port}/{bucket}/repo"
     arguments = ("--repository-cache-dir", str(cache), "--log-verbose", "1")
-    with running_server(url, tmp_path, *arguments) as server:  # type: ignore[arg-type]
+    with running_server(url, tmp_path, *arguments) as server:
         with tritonclient.http.InferenceServerClient(server.address) as client:
             given = tritonclient.http.InferInput("INPUT", [1, 1], "FP32")
             given.set_data_from_numpy(np.array([[2.0]], dtype=np.float32))
@@ -107,7 +107,7 @@ def test_a_bucket_serves_in_tritons_form_and_a_restart_reuses_its_copy(moto, buc
         copied = files_of(cache)
         assert any("/snapshots/add." in path and path.endswith("/1/model.py") for path in copied)
     # Unchanged in the bucket: the next start serves the same files, downloading none.
-    with running_server(url, tmp_path, *arguments) as again:  # type: ignore[arg-type]
+    with running_server(url, tmp_path, *arguments) as again:
         assert answer(again, "add") == 1.0
         assert files_of(cache) == copied
     for log in (server.log(), again.log()):
@@ -120,7 +120,7 @@ def test_poll_mode_follows_a_bucket_whose_endpoint_the_environment_names(
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     put_model(moto, bucket, tmp_path, "first", amount=1)
     server = start_server(
-        f"s3://{bucket}/repo",  # type: ignore[arg-type]
+        f"s3://{bucket}/repo",
         tmp_path,
         "--repository-cache-dir", str(tmp_path / "cache"),
         "--model-control-mode", "poll",
@@ -146,7 +146,7 @@ def test_an_explicit_load_pulls_the_model_from_the_bucket_again(moto, bucket, tm
     put_model(moto, bucket, tmp_path, "add", amount=1)
     url = f"s3://127.0.0.1:{moto.port}/{bucket}/repo"
     with running_server(
-        url,  # type: ignore[arg-type]
+        url,
         tmp_path,
         "--repository-cache-dir", str(tmp_path / "cache"),
         "--model-control-mode", "explicit",
@@ -167,7 +167,7 @@ def test_a_connection_lost_mid_copy_leaves_the_last_copy_serving(moto, bucket, t
     url = f"s3://127.0.0.1:{relay.port}/{bucket}/repo"
     cache = tmp_path / "cache"
     server = start_server(
-        url,  # type: ignore[arg-type]
+        url,
         tmp_path,
         "--repository-cache-dir", str(cache),
         "--model-control-mode", "poll",
@@ -201,7 +201,7 @@ def test_a_connection_lost_mid_copy_leaves_the_last_copy_serving(moto, bucket, t
 def failed_start(url: str, tmp_path: Path, *args: str) -> str:
     """The log of a server on ``url`` that must exit with status 1 before it is ready."""
     server = Server(
-        url,  # type: ignore[arg-type]
+        url,
         "--repository-cache-dir", str(tmp_path / "cache"),
         *args,
         log_path=tmp_path / "server.log",
@@ -255,7 +255,7 @@ def test_an_azure_container_serves_through_azurite(tmp_path, monkeypatch):
         azurite.upload_folder("models", "repo/add", folder)
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
         with running_server(
-            "az://models/repo",  # type: ignore[arg-type]
+            "az://models/repo",
             tmp_path,
             "--repository-cache-dir", str(tmp_path / "cache"),
         ) as server:  # fmt: skip
@@ -272,7 +272,7 @@ def test_an_explicit_load_from_a_bucket_out_of_reach_fails_and_the_model_serves_
     relay = CuttingRelay(moto.port)
     url = f"s3://127.0.0.1:{relay.port}/{bucket}/repo"
     with running_server(
-        url,  # type: ignore[arg-type]
+        url,
         tmp_path,
         "--repository-cache-dir", str(tmp_path / "cache"),
         "--model-control-mode", "explicit",
@@ -295,10 +295,10 @@ def test_a_restart_with_the_bucket_out_of_reach_serves_the_cache_when_told_to(
     relay = CuttingRelay(moto.port)
     url = f"s3://127.0.0.1:{relay.port}/{bucket}/repo"
     arguments = ("--repository-cache-dir", str(tmp_path / "cache"))
-    with running_server(url, tmp_path, *arguments):  # type: ignore[arg-type]
+    with running_server(url, tmp_path, *arguments):
         pass
     relay.close()
-    with running_server(url, tmp_path, *arguments, "--exit-on-error", "false") as server:  # type: ignore[arg-type]
+    with running_server(url, tmp_path, *arguments, "--exit-on-error", "false") as server:
         assert answer(server, "add") == 1.0
         assert f"{url}: cannot read the repository: " in server.log()
         assert "; serving the copies in the cache" in server.log()
