@@ -13,7 +13,7 @@ import pytest
 from reposerve.errors import RepositoryError
 from reposerve.locations import RemoteRepository, parse_location
 from reposerve.repository.remote.mirror import Mirror, Pulled
-from tests.object_store import MotoServer, s3_environment
+from tests.object_store import ACCESS_KEY, SECRET_KEY, MotoServer, s3_environment
 
 pytestmark = pytest.mark.integration
 
@@ -122,3 +122,23 @@ def test_an_object_whose_name_climbs_out_of_its_folder_is_refused(moto, bucket, 
         "segment in its name; it cannot be copied into a folder"
     )
     assert not (tmp_path / "escape.py").exists()
+
+
+def test_credentials_come_from_a_profile_in_the_aws_files(moto, bucket, tmp_path, monkeypatch):
+    name, client = bucket
+    _put(client, name, "a/config.toml", b"a")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to ask for
+    # Without any, the pull says so (moto takes any keys, but botocore signs with some).
+    with pytest.raises(RepositoryError, match="NoCredentialsError: Unable to locate credentials"):
+        _mirror(moto, name, tmp_path / "without").pull()
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[reposerve]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_PROFILE", "reposerve")
+    assert _mirror(moto, name, tmp_path / "with").pull() == Pulled(["a"], [], [], 1)
