@@ -16,11 +16,12 @@ $(SERVING): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[onnx,torch,gpu]'
 	touch $(SERVING)
 
-$(STAMP): $(SERVING) pyproject.toml tools/install_perf_analyzer.sh tools/install_model_analyzer.sh tools/install_deploy_tools.sh
+$(STAMP): $(SERVING) pyproject.toml tools/install_perf_analyzer.sh tools/install_model_analyzer.sh tools/install_deploy_tools.sh tools/install_azurite.sh
 	$(BIN)/python -m pip install -q -e '.[test,onnx,torch,gpu,tune]'
 	bash tools/install_perf_analyzer.sh $(VENV)
 	bash tools/install_model_analyzer.sh $(PYTHON) .venv-analyzer
 	bash tools/install_deploy_tools.sh .tools/deploy
+	bash tools/install_azurite.sh .tools/azurite
 	touch $(STAMP)
 
 install: $(STAMP)

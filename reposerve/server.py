@@ -1,13 +1,14 @@
 """The server: one repository and its service, the start-up loading, the poll watcher and
 the one shutdown, with the fronts attached to it (HTTP, gRPC, metrics; each may be off).
 
-The models load in the background (readiness says when they are done) and the start-up
-table is printed. SIGINT/SIGTERM first makes the server report not ready while it goes on
-serving for ``--shutdown-grace-secs`` (load balancers take it out of rotation meanwhile; a
-second signal ends the wait), then starts the shutdown, with one budget
-(``--exit-timeout-secs``) for all of it: accepted requests may finish within it, then each
-one left gets its error, and every instance process is stopped; the fronts meanwhile stop
-accepting and close connections as their answers go out.
+The models load in the background (readiness says when they are done; remote repositories
+are copied into their cache folders first) and the start-up table is printed.
+SIGINT/SIGTERM first makes the server report not ready while it goes on serving for
+``--shutdown-grace-secs`` (load balancers take it out of rotation meanwhile; a second
+signal ends the wait), then starts the shutdown, with one budget (``--exit-timeout-secs``)
+for all of it: accepted requests may finish within it, then each one left gets its error,
+and every instance process is stopped; the fronts meanwhile stop accepting and close
+connections as their answers go out.
 
 The HTTP front, when on, owns the event loop (uvicorn or Hypercorn run it) and calls
 ``open``/``close`` from its lifespan; without it the server runs the loop itself.
@@ -30,12 +31,14 @@ import uvloop
 
 from reposerve.allocator import return_large_blocks
 from reposerve.arguments import Budget
+from reposerve.errors import RepositoryError
 from reposerve.fronts import default_workers, usable_cores
 from reposerve.fronts.workers import FrontWorkers
 from reposerve.http.metrics import MetricsServer
 from reposerve.http.server import SEND_MARGIN_S, listening_socket, serve_http
 from reposerve.logs import LogControl, start_logging
 from reposerve.repository import Repository, gpus
+from reposerve.repository.remote.mirrors import Mirrors
 from reposerve.repository.residency import Residency, describe_bytes
 from reposerve.repository.watch import RepositoryWatcher, snapshot
 from reposerve.service import InferenceService
@@ -66,8 +69,15 @@ class Server:
         in-process API, ``reposerve.embedded``), whose collector is left as it is."""
         self.settings = settings
         self.signals = (signal.SIGINT, signal.SIGTERM)
+        mirrors = Mirrors(
+            settings.model_repositories,
+            settings.remote_repositories,
+            settings.repository_cache_dir,
+            settings.repository_cache_bytes,
+        )
         repository = Repository(
-            [root.resolve() for root in settings.model_repositories],
+            mirrors.roots,
+            mirrors=mirrors,
             load_timeout=settings.load_timeout_secs,
             unload_timeout=settings.exit_timeout_secs,
             auto_complete=settings.auto_complete,
@@ -211,8 +221,9 @@ class Server:
         polling = settings.model_control_mode == "poll"
         roots = self.service.repository.roots
         try:
+            going_on = await self._pull()
             baseline = await asyncio.to_thread(snapshot, roots) if polling else {}
-            going_on = await self._load()
+            going_on = going_on and await self._load()
         except BaseException as exc:
             self.load_error = exc
             raise
@@ -227,7 +238,12 @@ class Server:
             gc.freeze()
         log.info(
             "ready: serving %s on %s",
-            ", ".join(map(str, settings.model_repositories)),
+            ", ".join(
+                [
+                    *map(str, settings.model_repositories),
+                    *(remote.url for remote in settings.remote_repositories),
+                ]
+            ),
             " and ".join(front_addresses(settings)) or "this process alone (no fronts)",
         )
         if front_addresses(settings):
@@ -236,6 +252,20 @@ class Server:
             await RepositoryWatcher(self.service.repository, settings.repository_poll_secs).run(
                 baseline
             )
+
+    async def _pull(self) -> bool:
+        """Copy the remote repositories into their cache folders; False when one cannot be
+        read and --exit-on-error ends the server (else their last copies serve)."""
+        try:
+            await self.service.repository.mirrors.pull()
+        except RepositoryError as exc:
+            if not self.settings.exit_on_error:
+                log.error("%s; serving the copies in the cache", exc.message)
+                return True
+            log.error("exiting: %s (--exit-on-error true)", exc.message)
+            self._end_start_up()
+            return False
+        return True
 
     async def _load(self) -> bool:
         """The start-up loading; False when a model failed and --exit-on-error ends the
@@ -260,11 +290,15 @@ class Server:
                 "to serve the other models)",
                 names,
             )
-            self.exit_code = 1
-            self.begin_shutdown()
-            self.stop_serving()
+            self._end_start_up()
             return False
         return True
+
+    def _end_start_up(self) -> None:
+        """A start-up that failed ends the server, with exit status 1."""
+        self.exit_code = 1
+        self.begin_shutdown()
+        self.stop_serving()
 
 
 def front_addresses(settings: Settings) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Literal
 import msgspec
 
 from reposerve.arguments import Budget
+from reposerve.locations import RemoteRepository
 from reposerve.metrics import MetricsOptions
 
 LogFormat = Literal["default", "ISO8601", "json"]  # --log-format (its "text" is "default")
@@ -23,8 +24,14 @@ class RestrictedApi(msgspec.Struct, frozen=True):
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
-    # --model-repository, once or more: served as one (a name in two is an error)
+    # --model-repository, once or more: served as one (a name in two is an error); the
+    # folders, and the remote ones (s3://, gs://, az://), served from their copies in the
+    # cache folder below (two fields: msgspec, which sends settings to front processes,
+    # takes no union of Path and a Struct)
     model_repositories: tuple[Path, ...] = (Path("model_repository"),)
+    remote_repositories: tuple[RemoteRepository, ...] = ()
+    repository_cache_dir: Path | None = None  # None: reposerve.repository.remote.mirrors's
+    repository_cache_bytes: int | None = None  # the most one remote repository may hold
     http_host: str = "0.0.0.0"
     http_port: int | None = 8000  # None: no HTTP front (--allow-http false)
     metrics_port: int | None = 8002  # None: no metrics endpoint

@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from reposerve.fronts import default_workers, usable_cores
+from reposerve.locations import RemoteRepository, RepositoryLocation
 from reposerve.options.table import OPTIONS, default_of
 from reposerve.options.values import LOG_LEVELS
 from reposerve.settings import Settings
@@ -74,6 +76,7 @@ def _rules(flags: dict[str, Any], fields: dict[str, Any], defaults: Settings) ->
         "metrics": msgspec.structs.replace(
             fields["metrics"], **dict(flags["metrics_config"] or ())
         ),
+        **_repositories(flags["model_repository"], defaults),
         "model_control_mode": flags["model_control_mode"] or defaults.model_control_mode,
         "load_models": _start_models(flags["model_control_mode"], flags["load_model"]),
         "http_workers": flags["http_workers"] or default_workers(cores),
@@ -82,6 +85,18 @@ def _rules(flags: dict[str, Any], fields: dict[str, Any], defaults: Settings) ->
         "shutdown_grace_secs": _shutdown_grace(flags["shutdown_grace_secs"]),
         "openai_api_keys": _openai_keys(fields["openai_api_keys"]),
         **_log_levels(flags),
+    }
+
+
+def _repositories(given: list[RepositoryLocation] | None, defaults: Settings) -> dict[str, Any]:
+    """--model-repository's values: the folders, and the remote repositories."""
+    if given is None:
+        return {"model_repositories": defaults.model_repositories}
+    return {
+        "model_repositories": tuple(where for where in given if isinstance(where, Path)),
+        "remote_repositories": tuple(
+            where for where in given if isinstance(where, RemoteRepository)
+        ),
     }
 
 

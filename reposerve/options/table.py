@@ -158,13 +158,35 @@ _MODEL_REPOSITORY = (
     Option(
         flag="--model-repository",
         group=Group.MODEL_REPOSITORY,
-        field="model_repositories",
-        parse=Path,
+        default=(Path("model_repository"),),  # Settings' (a rule fills two fields)
+        parse=values.repository_location,
         repeat=True,
         metavar="PATH",
-        help="folder of model folders; repeat it to serve several as one (a model name in "
-        "two of them does not load)",
+        help="folder of model folders, or a bucket's (s3://bucket/prefix, "
+        "s3://host:port/bucket/prefix, gs://bucket/prefix, az://container/prefix; copied "
+        "to --repository-cache-dir, see docs/object-storage.md); repeat it to serve several "
+        "as one (a model name in two of them does not load)",
         check=values.repositories_are_folders,
+    ),
+    Option(
+        flag="--repository-cache-dir",
+        group=Group.MODEL_REPOSITORY,
+        field="repository_cache_dir",
+        parse=Path,
+        metavar="PATH",
+        help="where remote repositories are copied, one folder each, reused across "
+        "restarts (default: TRITON_AWS_MOUNT_DIRECTORY, else repositories/ in reposerve's "
+        "cache folder: $REPOSERVE_CACHE_DIR, else ~/.cache/reposerve)",
+        check=values.cache_dir_writable,
+    ),
+    Option(
+        flag="--repository-cache-bytes",
+        group=Group.MODEL_REPOSITORY,
+        field="repository_cache_bytes",
+        parse=positive_int,
+        metavar="BYTES",
+        help="the most one remote repository may hold; a bucket over it is not copied "
+        "(at start-up the server does not start; later, the last copy keeps serving)",
     ),
     Option(
         flag="--model-control-mode",

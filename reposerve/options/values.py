@@ -8,9 +8,13 @@ import os
 
 from reposerve.access import API_CATEGORIES
 from reposerve.arguments import positive_int_at_most
+from reposerve.errors import ConfigError
 from reposerve.fronts import WORKERS_PER_CORE, max_workers, usable_cores
+from reposerve.locations import RepositoryLocation, parse_location
 from reposerve.metrics import MetricsOptions, parse_metrics_setting
 from reposerve.repository import gpus
+from reposerve.repository.remote.filesystems import remote_problem
+from reposerve.repository.remote.mirrors import default_cache_dir
 from reposerve.settings import RestrictedApi, Settings
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -49,14 +53,42 @@ def log_format(value: str) -> str:
     return "default" if value == "text" else value  # text is Triton's default format
 
 
+def repository_location(value: str) -> RepositoryLocation:
+    try:
+        return parse_location(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+repository_location.__name__ = "repository"  # what argparse names in its messages
+
+
 def repositories_are_folders(settings: Settings) -> str | None:
+    """Each local repository is a folder, each remote one can be read here (its fsspec
+    package is installed, its credentials are complete), none is given twice."""
     for root in settings.model_repositories:
         if not root.is_dir():
             return f"model repository {root} is not a folder"
-    if len({root.resolve() for root in settings.model_repositories}) < len(
-        settings.model_repositories
-    ):
+    for remote in settings.remote_repositories:
+        if (problem := remote_problem(remote, os.environ)) is not None:
+            return problem
+    folders = {root.resolve() for root in settings.model_repositories}
+    urls = {remote.url for remote in settings.remote_repositories}
+    if len(folders) + len(urls) < len(settings.model_repositories + settings.remote_repositories):
         return "a --model-repository is given twice"
+    return None
+
+
+def cache_dir_writable(settings: Settings) -> str | None:
+    if not settings.remote_repositories:
+        return None
+    folder = settings.repository_cache_dir or default_cache_dir(os.environ)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--repository-cache-dir {folder}: cannot create it ({exc.strerror})"
+    if not os.access(folder, os.W_OK):
+        return f"--repository-cache-dir {folder}: cannot write in it"
     return None
 
 

@@ -62,6 +62,8 @@ class RepositoryControl:
         override = None
         if request.config is not None:
             override = await self._config_override(name, request.config)
+        if not request.files:  # else the request brings the model's files
+            await self._pull(name)
         attempted = await self.repository.load(name, override, request.files)
         failed = [v for v in attempted if v.state is not ModelState.READY]
         if failed:
@@ -97,6 +99,16 @@ class RepositoryControl:
                 kind=ErrorKind.FORBIDDEN,
             )
         return ConfigOverride(config, label)
+
+    async def _pull(self, name: str) -> None:
+        """A model in a remote repository loads as it is in the bucket now, as in Triton:
+        a bucket that cannot be read fails the load (a version serving keeps serving)."""
+        try:
+            await self.repository.mirrors.pull(name)
+        except RepositoryError as exc:
+            raise RepositoryError(
+                f"failed to load '{name}': {exc.message}", kind=exc.kind
+            ) from None
 
     def _check_mode(self) -> None:
         if self.mode not in ("explicit", "on-demand"):

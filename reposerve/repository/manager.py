@@ -24,6 +24,7 @@ from reposerve.pipelines.ensemble import check_steps
 from reposerve.repository.fingerprint import Fingerprint, model_fingerprint
 from reposerve.repository.keeper import BudgetKeeper
 from reposerve.repository.override import OverrideFolder
+from reposerve.repository.remote.mirrors import Mirrors
 from reposerve.repository.residency import Residency
 from reposerve.repository.roots import all_model_names, check_exists, find_root
 from reposerve.repository.scan import ConfigOverride, check_model_name, read_model
@@ -73,7 +74,9 @@ class Repository:
     """``roots``: the repositories served as one (see ``reposerve.repository.roots``).
     ``auto_complete``: whether onnxruntime and torch models may leave their inputs and
     outputs to the model file. ``load_threads``: how many models build their instances
-    at once (Triton's --model-load-thread-count); the others wait their turn."""
+    at once (Triton's --model-load-thread-count); the others wait their turn.
+    ``mirrors``: the remote repositories among ``roots`` (their cache folders), pulled
+    from their buckets before a poll looks and before an explicit load."""
 
     def __init__(
         self,
@@ -85,8 +88,10 @@ class Repository:
         latency_summaries: bool = False,
         restart_on_request: bool = False,
         residency: Residency | None = None,
+        mirrors: Mirrors | None = None,
     ) -> None:
         self.roots = tuple(roots)
+        self.mirrors = mirrors or Mirrors()
         # Memory budgets and the book eviction reads (reposerve.repository.residency).
         self.residency = residency or Residency()
         self.keeper = BudgetKeeper(

@@ -5,6 +5,8 @@ folder's file names, sizes and modification times); a model whose fingerprint ch
 reloaded (the new version swaps in only once READY), a new folder is loaded, and a folder
 that went away is unloaded. A name in two repositories has both folders in its
 fingerprint: it fails to load (naming both) until one goes, and then loads from the other.
+Remote repositories are pulled into their cache folders first; a pull that fails is logged
+and their last copies stay as they are (so nothing of theirs reloads).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class RepositoryWatcher:
         known = baseline
         while True:
             await asyncio.sleep(self._interval)
+            try:
+                await self._repository.mirrors.pull()
+            except RepositoryError as exc:
+                log.error("poll: %s", exc.message)
             current = await asyncio.to_thread(snapshot, self._repository.roots)
             changed = [name for name, print_ in current.items() if known.get(name) != print_]
             removed = [name for name in known if name not in current]

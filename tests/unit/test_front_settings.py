@@ -11,6 +11,7 @@ import pytest
 from reposerve.cli import serve_parser
 from reposerve.fronts import default_workers, max_workers, usable_cores
 from reposerve.fronts.workers import FrontSpec, decode_spec, encode_spec
+from reposerve.locations import RemoteRepository
 from reposerve.server import fronts_line
 from reposerve.settings import RestrictedApi, Settings
 
@@ -27,6 +28,7 @@ def test_the_default_leaves_small_machines_one_process_and_grows_with_cores(core
 def test_a_front_is_told_every_setting_as_the_server_has_it():
     settings = Settings(
         model_repositories=(Path("/srv/a"), Path("/srv/b")),
+        remote_repositories=(RemoteRepository(url="s3://h:1/b/p", scheme="s3", bucket="b"),),
         http_workers=3,
         grpc_workers=2,
         restricted=[RestrictedApi(frozenset({"model-repository"}), "admin-key", "s3cret")],

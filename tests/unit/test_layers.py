@@ -4,7 +4,8 @@ cli (convert, tune) -> embedded -> server -> options -> fronts -> http -> openai
 -> front_service -> service -> shared_memory -> repository -> pipelines -> scheduler
 -> instance -> backends (the server object starts the fronts: HTTP, gRPC and metrics),
 and every layer may use the leaves (protocol, operations, config, errors, datatypes,
-tensor, statistics, settings, metrics, quantiles, utilization, access, arguments, files).
+tensor, statistics, settings, metrics, quantiles, utilization, access, arguments, files,
+locations).
 Inside a layer, modules import one another without circles, deferred imports included: a
 circle only works while its import order does.
 """
@@ -57,6 +58,7 @@ LEAVES = {
     "framing",
     "arguments",
     "files",
+    "locations",
     "__init__",
 }
 # What each leaf may import besides the standard library and numpy/msgspec.
@@ -70,7 +72,9 @@ LEAF_RULES = {
     "utilization": set(),
     "metrics": {"statistics", "utilization"},
     # MetricsOptions, the metrics flags as one value; Budget, a memory budget flag's
-    "settings": {"metrics", "arguments"},
+    # ... and a --model-repository's location (a folder, or a bucket's URL)
+    "settings": {"metrics", "arguments", "locations"},
+    "locations": {"errors"},
     "logs": {"errors", "settings"},  # start_logging: the --log-* flags
     "framing": set(),
     "arguments": set(),
