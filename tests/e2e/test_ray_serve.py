@@ -23,8 +23,8 @@ from ray import serve  # noqa: E402
 from ray.util.state import list_actors  # noqa: E402
 
 from reposerve.errors import RepositoryError  # noqa: E402
-from tests.ray_cluster import RayCluster, ray_environment  # noqa: E402
 from tests.toy_models import SLOW, vector_body, vector_config, write_model  # noqa: E402
+from tools.bench.ray_cluster import RayCluster, ray_environment  # noqa: E402
 from tools.bench.servers import free_port  # noqa: E402
 
 pytestmark = pytest.mark.e2e

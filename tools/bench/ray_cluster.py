@@ -1,5 +1,5 @@
-"""A real local Ray cluster for the Ray Serve tests: a head and more raylets on this
-machine, each ``ray start --block`` in a session of its own, so that one node can be
+"""A real local Ray cluster, for the Ray Serve tests and benchmark: a head and more raylets
+on this machine, each ``ray start --block`` in a session of its own, so that one node can be
 killed alone (its raylet and what it started; the actors on it exit as their raylet
 goes), on free ports, in a folder of the test's."""
 
@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.server import REPO_ROOT
 from tools.bench.servers import free_port
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
 STARTED = "Ray runtime started"
 
