@@ -192,8 +192,7 @@ def test_a_node_killed_under_load_costs_only_its_in_flight_requests(deployed):
     second = next(node for node in cluster.nodes if node.resource == "second_node")
     with Load(deployed.url, clients=8) as load:
         _wait(lambda: load.answered_since(0) >= 40, "answers before the kill")
-        killed = time.monotonic()
-        second.kill()
+        killed = second.kill()  # the moment the signals went
         _wait(lambda: load.answered_since(killed) >= 40, "answers after the kill")
     failed = [(sent, ended) for sent, ended, answered in load.records if not answered]
     in_flight = [sent for sent, ended, _ in load.records if sent < killed < ended]

@@ -1,10 +1,11 @@
 """A real local Ray cluster, for the Ray Serve tests and benchmark: a head and more raylets
-on this machine, each ``ray start --block`` in a session of its own, so that one node can be
-killed alone (its raylet and what it started; the actors on it exit as their raylet
-goes), on free ports, in a folder of the test's."""
+on this machine, each ``ray start --block`` on free ports, in a folder of the caller's, so
+that one node can be killed alone: every process it started, down to the actors' own
+(Ray puts each worker in a session of its own, so a process group is not enough)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.bench.servers import free_port
+from tools.bench.servers import children_of, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -69,11 +70,19 @@ class RayNode:
             time.sleep(0.2)
         raise TimeoutError(f"ray start not started after {timeout} s:\n{self.log()}")
 
-    def kill(self) -> None:
-        """The node dies at once: SIGKILL to its raylet and everything of its session."""
+    def kill(self) -> float:
+        """The node dies at once, as a machine that loses power: SIGKILL to every process
+        it started (raylet, workers and what they started), all found before any dies.
+        Returns the moment (``time.monotonic``) the first signal went."""
+        doomed = _descendants(self.process.pid)
+        killed = time.monotonic()
         os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.process.wait()
         self._log.close()
+        return killed
 
     def stop(self, timeout: float = 90.0) -> None:
         if self.process.poll() is None:
@@ -84,6 +93,15 @@ class RayNode:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    found, pending = [], [pid]
+    while pending:
+        children = children_of(pending.pop())
+        found += children
+        pending += children
+    return found
 
 
 class RayCluster:
