@@ -32,14 +32,29 @@ pytestmark = pytest.mark.e2e
 APP = "reposerve"
 SERVE = str(Path(sys.executable).parent / "serve")
 BATCHING = "[dynamic_batching]\nmax_queue_delay_microseconds = 5000"
+# Leaves a file as its instance unloads: the server was stopped, not killed with its replica.
+FAREWELL = """
+    import os
+
+    class Model:
+        def load(self, context):
+            self.folder = context.version_path
+
+        def execute(self, inputs):
+            return {"OUTPUT": inputs["INPUT"]}
+
+        def unload(self):
+            (self.folder / f"unloaded-{os.getpid()}").touch()
+"""
 
 
 class Deployed:
     """The cluster, the app on it, and the address of Ray's HTTP proxy."""
 
-    def __init__(self, cluster: RayCluster, proxy: str) -> None:
+    def __init__(self, cluster: RayCluster, proxy: str, repository: Path) -> None:
         self.cluster = cluster
         self.proxy = proxy
+        self.repository = repository
 
     @property
     def url(self) -> str:
@@ -83,6 +98,7 @@ def deployed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray")
     repository = folder / "repository"
     write_model(repository, "slow", vector_config(size=4, extra=BATCHING), SLOW)
+    write_model(repository, "farewell", vector_config(size=4), FAREWELL)
     cluster = RayCluster(folder)
     try:
         cluster.add_node("second_node")
@@ -102,7 +118,7 @@ def deployed(tmp_path_factory):
             timeout=300,
         )  # fmt: skip
         _wait(lambda: _running_replicas() == 2, "two replicas running")
-        yield Deployed(cluster, f"127.0.0.1:{port}")
+        yield Deployed(cluster, f"127.0.0.1:{port}", repository)
     finally:
         if ray.is_initialized():
             serve.shutdown()
@@ -187,7 +203,7 @@ class Load:
 
 
 def test_a_node_killed_under_load_costs_only_its_in_flight_requests(deployed):
-    """Last in this module: it kills the second node (then joins a new one)."""
+    """Near the end of this module: it kills the second node (then joins a new one)."""
     cluster = deployed.cluster
     second = next(node for node in cluster.nodes if node.resource == "second_node")
     with Load(deployed.url, clients=8) as load:
@@ -209,3 +225,13 @@ def test_a_node_killed_under_load_costs_only_its_in_flight_requests(deployed):
         assert client.is_server_ready()
     finally:
         client.close()
+
+
+def test_deleting_the_app_stops_each_replicas_server(deployed):
+    """Last in this module: the app goes, and each replica's server stops in order (its
+    models unload) before Ray ends the replica."""
+    unloaded = deployed.repository / "farewell" / "1"
+    assert _running_replicas() == 2 and not list(unloaded.glob("unloaded-*"))
+    serve.delete(APP)
+    assert APP not in serve.status().applications
+    assert len(list(unloaded.glob("unloaded-*"))) == 2
