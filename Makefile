@@ -17,7 +17,7 @@ $(SERVING): pyproject.toml
 	touch $(SERVING)
 
 $(STAMP): $(SERVING) pyproject.toml tools/install_perf_analyzer.sh tools/install_model_analyzer.sh tools/install_deploy_tools.sh tools/install_azurite.sh
-	$(BIN)/python -m pip install -q -e '.[test,onnx,torch,gpu,tune]'
+	$(BIN)/python -m pip install -q -e '.[test,onnx,torch,gpu,tune,ray]'
 	bash tools/install_perf_analyzer.sh $(VENV)
 	bash tools/install_model_analyzer.sh $(PYTHON) .venv-analyzer
 	bash tools/install_deploy_tools.sh .tools/deploy

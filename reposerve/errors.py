@@ -109,3 +109,10 @@ class EmbeddedError(ReposerveError):
     cannot start with, a call before its start or after its stop, a start that failed."""
 
     kind = ErrorKind.INVALID_ARGUMENT
+
+
+class RayServeError(ReposerveError):
+    """The Ray Serve application (``reposerve.ray``) built with arguments it cannot take,
+    or a replica whose models did not load; the message names the argument or model."""
+
+    kind = ErrorKind.INVALID_ARGUMENT

@@ -24,6 +24,7 @@ from reposerve.embedded.tensors import (
     InferResult,
     Inputs,
     Version,
+    infer_arrays,
     request_parts,
     result_of,
     version_text,
@@ -210,10 +211,7 @@ class Server:
     async def _infer(
         self, model: str, options: CallOptions, header: dict[str, Any], raws: list[Any]
     ) -> InferResult:
-        version = version_text(options.get("version"))
-        answer = await self._running().service.infer_parts(model, version, header, raws)
-        with answer:
-            return result_of(model, answer)
+        return await infer_arrays(self._running().service, model, options, header, raws)
 
     async def _answers(
         self, model: str, options: CallOptions, header: dict[str, Any], raws: list[Any]

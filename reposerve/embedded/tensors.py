@@ -13,6 +13,7 @@ import numpy as np
 from reposerve.answers import Answer
 from reposerve.datatypes import NUMPY_DTYPES, to_numpy, to_wire
 from reposerve.errors import EmbeddedError
+from reposerve.front_service import FrontService
 
 # A dtype's V2 datatype; BF16 has no numpy dtype of its own (its bits ride in uint16).
 _DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name not in ("BF16", "BYTES")}
@@ -97,3 +98,18 @@ def result_of(name: str, answer: Answer) -> InferResult:
     return InferResult(
         name, answer.version, outputs, dict(answer.parameters), answer.request_id, answer.final
     )
+
+
+async def infer_arrays(
+    service: FrontService,
+    model: str,
+    options: CallOptions,
+    header: dict[str, Any],
+    raws: Sequence[bytes | memoryview],
+) -> InferResult:
+    """One request on ``service``, its parts made by ``request_parts``, answered as
+    arrays."""
+    version = version_text(options.get("version"))
+    answer = await service.infer_parts(model, version, header, raws)
+    with answer:
+        return result_of(model, answer)

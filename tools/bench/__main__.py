@@ -22,6 +22,7 @@ from tools.bench.fronts import fronts, grpc_servers
 from tools.bench.many_models import many_models
 from tools.bench.openai_routes import openai_routes
 from tools.bench.plot import plot, plot_fronts
+from tools.bench.ray_proxy import ray_proxy
 from tools.bench.scenarios import SCENARIOS as SCENARIO_TABLE
 from tools.bench.scenarios import Report
 from tools.bench.shared_memory import shared_memory_scenario
@@ -30,14 +31,16 @@ from tools.bench.variable_length import variable_length
 
 # Scenarios that `all` leaves out: tune-vs-analyzer runs two searches, about half an hour;
 # many-models runs for minutes (its --duration, at least 60 s) over 6 GiB of models;
-# variable-length exports its model with torch (the torch extra, and onnxscript).
-ON_REQUEST = ("tune-vs-analyzer", "many-models", "variable-length")
+# variable-length exports its model with torch (the torch extra, and onnxscript);
+# ray-proxy starts a Ray cluster (the ray extra).
+ON_REQUEST = ("tune-vs-analyzer", "many-models", "variable-length", "ray-proxy")
 SCENARIOS = {
     **SCENARIO_TABLE,
     "fronts": fronts,
     "grpc-servers": grpc_servers,
     "many-models": many_models,
     "openai": openai_routes,
+    "ray-proxy": ray_proxy,
     "shared-memory": shared_memory_scenario,
     "tune-vs-analyzer": tune_vs_analyzer,
     "variable-length": variable_length,
