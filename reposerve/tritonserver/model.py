@@ -5,7 +5,9 @@ readiness, configuration and statistics. The model is not looked up until it is 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Unpack
 
 import msgspec
@@ -55,13 +57,8 @@ class Model:
         iterator of its responses. A request the server refuses outright (an unknown
         model, a bad input) raises here."""
         request = inference_request or self.create_request(**fields)
-        inputs, options = request.call()
         own: queue.SimpleQueue[InferenceResponse] = queue.SimpleQueue()
-        responses = Responses(self, queued_for(own, request.response_queue))
-        try:
-            sent = self._server.open_stream(self.name, inputs, responses.deliver, **options)
-        except ReposerveError as error:
-            raise triton_error(error) from None
+        sent = self._send(request, queued_for(own, request.response_queue))
         return ResponseIterator(own, sent, raise_on_error)
 
     def async_infer(
@@ -73,15 +70,21 @@ class Model:
         """``infer`` for an ``async for`` on the running event loop (the request's refusal
         is checked in the call, as Triton's is)."""
         request = inference_request or self.create_request(**fields)
-        inputs, options = request.call()
         own: asyncio.Queue[InferenceResponse] = asyncio.Queue()
-        put = queued_on(asyncio.get_running_loop(), own, request.response_queue)
+        loop = asyncio.get_running_loop()
+        sent = self._send(request, queued_on(loop, own, request.response_queue))
+        return AsyncResponseIterator(own, sent, raise_on_error)
+
+    def _send(
+        self, request: InferenceRequest, put: Callable[[InferenceResponse], None]
+    ) -> concurrent.futures.Future[None]:
+        """Send ``request``; each of its responses goes to ``put``."""
+        inputs, options = request.call()
         responses = Responses(self, put)
         try:
-            sent = self._server.open_stream(self.name, inputs, responses.deliver, **options)
+            return self._server.open_stream(self.name, inputs, responses.deliver, **options)
         except ReposerveError as error:
             raise triton_error(error) from None
-        return AsyncResponseIterator(own, sent, raise_on_error)
 
     def metadata(self) -> dict[str, Any]:
         return msgspec.to_builtins(self._asking(self._server.metadata))

@@ -71,8 +71,27 @@ def _tensor(array: np.ndarray) -> Tensor:
     return Tensor.from_dlpack(array)
 
 
-class ResponseIterator:
-    """A request's responses, for a ``for`` loop; ``cancel()`` cancels the request."""
+class _Iteration:
+    """What both iterators share: the request sent, and the end of its responses."""
+
+    def __init__(self, sent: concurrent.futures.Future[None], raise_on_error: bool) -> None:
+        self._sent = sent
+        self._raise_on_error = raise_on_error
+        self._complete = False
+
+    def _taken(self, response: InferenceResponse) -> InferenceResponse:
+        self._complete = response.final
+        if response.error is not None and self._raise_on_error:
+            raise response.error
+        return response
+
+    def cancel(self) -> None:
+        """Cancel the request (its last response then carries the error saying so)."""
+        self._sent.cancel()
+
+
+class ResponseIterator(_Iteration):
+    """A request's responses, for a ``for`` loop."""
 
     def __init__(
         self,
@@ -80,10 +99,8 @@ class ResponseIterator:
         sent: concurrent.futures.Future[None],
         raise_on_error: bool,
     ) -> None:
+        super().__init__(sent, raise_on_error)
         self._responses = responses
-        self._sent = sent
-        self._raise_on_error = raise_on_error
-        self._complete = False
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -91,17 +108,10 @@ class ResponseIterator:
     def __next__(self) -> InferenceResponse:
         if self._complete:
             raise StopIteration
-        response = self._responses.get()
-        self._complete = response.final
-        if response.error is not None and self._raise_on_error:
-            raise response.error
-        return response
-
-    def cancel(self) -> None:
-        self._sent.cancel()
+        return self._taken(self._responses.get())
 
 
-class AsyncResponseIterator:
+class AsyncResponseIterator(_Iteration):
     """A request's responses, for an ``async for`` loop on the caller's event loop."""
 
     def __init__(
@@ -110,10 +120,8 @@ class AsyncResponseIterator:
         sent: concurrent.futures.Future[None],
         raise_on_error: bool,
     ) -> None:
+        super().__init__(sent, raise_on_error)
         self._responses = responses
-        self._sent = sent
-        self._raise_on_error = raise_on_error
-        self._complete = False
 
     def __aiter__(self) -> AsyncResponseIterator:
         return self
@@ -121,14 +129,7 @@ class AsyncResponseIterator:
     async def __anext__(self) -> InferenceResponse:
         if self._complete:
             raise StopAsyncIteration
-        response = await self._responses.get()
-        self._complete = response.final
-        if response.error is not None and self._raise_on_error:
-            raise response.error
-        return response
-
-    def cancel(self) -> None:
-        self._sent.cancel()
+        return self._taken(await self._responses.get())
 
 
 def queued_for(

@@ -10,6 +10,7 @@ import queue
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -134,7 +135,7 @@ def test_async_infer_and_a_response_queue_get_each_response(server):
     assert [r.final for r in iterator] == [True]
 
 
-def test_a_decoupled_models_responses_stream_and_end_with_an_empty_final_one(server):
+def test_a_decoupled_models_responses_stream_and_end_with_an_empty_final_one(server, tmp_path):
     model = server.model("counting")
     assert model.transaction_properties() == tritonserver.ModelTxnPropertyFlag.DECOUPLED
     responses = list(model.infer(inputs=_counting(4)))
@@ -147,6 +148,19 @@ def test_a_decoupled_models_responses_stream_and_end_with_an_empty_final_one(ser
     assert len(failing) == 4 and failing[-1].final
     assert isinstance(failing[-1].error, tritonserver.InternalError)
     assert "fails after three responses" in str(failing[-1].error)
+
+    endless = {**_counting(1000), "DELAY": np.array([0.01], np.float32)}
+    iterator = model.infer(inputs=endless, raise_on_error=False)
+    assert not next(iterator).final
+    iterator.cancel()
+    *_, last = iterator  # what came before the cancel reached the model, then the end
+    assert last.final and "the request was cancelled" in str(last.error)
+    log = tmp_path / "counting.log"
+    deadline = 60.0
+    while "cancelled" not in log.read_text() and deadline > 0:  # hang detector, generous
+        deadline -= 0.05
+        threading.Event().wait(0.05)
+    assert "cancelled" in log.read_text()  # the model saw its request cancelled
 
 
 def test_load_takes_tritons_config_override(server):
