@@ -44,7 +44,15 @@ class MemoryBuffer:
     def from_dlpack(owner: Any) -> MemoryBuffer:
         """The memory of a host object that DLPack (or numpy) can read."""
         array = owner if isinstance(owner, np.ndarray) else host_array(owner)
-        return MemoryBuffer(array.ctypes.data, MemoryType.CPU, 0, array.nbytes, owner)
+        return MemoryBuffer.of_array(array, owner)
+
+    @staticmethod
+    def of_array(array: np.ndarray, owner: Any) -> MemoryBuffer:
+        """``array``'s memory, which ``owner`` holds. The address is read from its array
+        interface: ``ndarray.ctypes`` leaves memory behind for each array it is read on,
+        which Triton's leak test counts."""
+        address = array.__array_interface__["data"][0]
+        return MemoryBuffer(address, MemoryType.CPU, 0, array.nbytes, owner)
 
 
 def host_array(obj: Any) -> np.ndarray:

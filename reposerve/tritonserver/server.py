@@ -7,6 +7,7 @@ as Triton reports one."""
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -48,8 +49,8 @@ class Server:
         self.options = options if options is not None else Options(**fields)
         self._embedded: EmbeddedServer | None = None
         self._stopped = False
-        self._log: logging.Handler | None = None
-        self._level_before = logging.NOTSET  # the 'reposerve' logger's, while the log is open
+        # Closes the log file: at stop(), or when a server never stopped is dropped
+        self._log: weakref.finalize[[], Server] | None = None
 
     def start(
         self,
@@ -63,7 +64,11 @@ class Server:
         if self._embedded is not None:
             raise InvalidArgumentError("Server already started")
         repositories, keywords = embedded_arguments(self.options)
-        self._open_log()
+        level = log_level(self.options)
+        if self.options.log_file is not None and level is not None:
+            # the records go there while the server runs (without it, this process's
+            # logging decides where they go)
+            self._log = weakref.finalize(self, _LogFile(self.options.log_file, level).close)
         try:
             embedded = EmbeddedServer(repositories, **keywords)
             embedded.start(wait_until_ready=wait_until_ready, timeout=timeout)
@@ -140,6 +145,10 @@ class Server:
         name = model if isinstance(model, str) else model.name
         self._asking(lambda server: server.unload(name, unload_dependents))
 
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log()
+
     def _asking(self, ask: Callable[[EmbeddedServer], R]) -> R:
         """``ask`` of the embedded server, its errors as Triton's."""
         server = self.embedded()
@@ -148,29 +157,24 @@ class Server:
         except ReposerveError as error:
             raise triton_error(error) from None
 
-    # -- the server's log --------------------------------------------------------------------
 
-    def _open_log(self) -> None:
-        """Send the 'reposerve' logger's records to ``log_file`` at the level ``log_*``
-        ask for, while the server runs (without it, this process's logging decides)."""
-        level = log_level(self.options)
-        if self.options.log_file is None or level is None:
-            return
-        self._log = logging.FileHandler(self.options.log_file)
-        self._log.setLevel(level)
+class _LogFile:
+    """The 'reposerve' logger's records written to a file at a level, until closed."""
+
+    def __init__(self, path: str, level: int) -> None:
+        self.handler = logging.FileHandler(path)
+        self.handler.setLevel(level)
         logger = logging.getLogger("reposerve")
-        logger.addHandler(self._log)
-        self._level_before = logger.level
+        self.level_before = logger.level
+        logger.addHandler(self.handler)
         if logger.getEffectiveLevel() > level:
             logger.setLevel(level)
 
-    def _close_log(self) -> None:
-        if self._log is not None:
-            logger = logging.getLogger("reposerve")
-            logger.removeHandler(self._log)
-            logger.setLevel(self._level_before)
-            self._log.close()
-            self._log = None
+    def close(self) -> None:
+        logger = logging.getLogger("reposerve")
+        logger.removeHandler(self.handler)
+        logger.setLevel(self.level_before)
+        self.handler.close()
 
 
 def _load_parameters(parameters: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:

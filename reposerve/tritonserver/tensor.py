@@ -136,8 +136,7 @@ class Tensor:
                 f"dtype {array.dtype} has no Triton data type"
                 + (": use Tensor.from_bytes_array" if array.dtype.kind in _TEXT_KINDS else "")
             )
-        memory = MemoryBuffer(array.ctypes.data, MemoryType.CPU, 0, array.nbytes, obj)
-        return Tensor(data_type, list(array.shape), memory)
+        return Tensor(data_type, list(array.shape), MemoryBuffer.of_array(array, obj))
 
     @staticmethod
     def from_bytes_array(array: Sequence[Any] | np.ndarray) -> Tensor:
@@ -148,7 +147,7 @@ class Tensor:
         except TypeError as exc:
             raise InvalidArgumentError(str(exc)) from None
         owner = np.frombuffer(framed, dtype=_BYTE)
-        memory = MemoryBuffer(owner.ctypes.data, MemoryType.CPU, 0, owner.nbytes, owner)
+        memory = MemoryBuffer.of_array(owner, owner)
         return Tensor(DataType.BYTES, list(elements.shape), memory)
 
     @staticmethod

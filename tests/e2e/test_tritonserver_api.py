@@ -5,7 +5,9 @@ classes; and a snippet written for Triton's ``tritonserver`` run by changing its
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import queue
 import re
 import subprocess
@@ -243,8 +245,25 @@ def test_a_server_out_of_its_lifetime_or_with_bad_options_says_so(repository, tm
         server.start()
     server.stop()
     assert not server.live() and "plus_one" in log.read_text()
+    assert str(log) not in _log_files()
     with pytest.raises(tritonserver.InvalidArgumentError, match="this server has stopped"):
         server.ready()
+
+    dropped = tritonserver.Server(
+        model_repository=str(repository), log_file=str(log), log_info=True
+    )
+    dropped.start(wait_until_ready=True)
+    assert str(log) in _log_files()
+    del dropped  # never stopped: its log file closes with it (Triton's tests drop servers)
+    gc.collect()
+    assert str(log) not in _log_files()
+
+
+def _log_files() -> list[str]:
+    handlers = logging.getLogger("reposerve").handlers
+    return [
+        handler.baseFilename for handler in handlers if isinstance(handler, logging.FileHandler)
+    ]
 
 
 def _example() -> str:
