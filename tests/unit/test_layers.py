@@ -1,6 +1,6 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert, tune) -> embedded -> server -> options -> fronts -> http -> openai -> grpc
+cli (convert, tune) -> tritonserver -> embedded -> server -> options -> fronts -> http -> openai -> grpc
 -> front_service -> service -> shared_memory -> repository -> pipelines -> scheduler
 -> instance -> backends (the server object starts the fronts: HTTP, gRPC and metrics),
 and every layer may use the leaves (protocol, operations, config, errors, datatypes,
@@ -23,6 +23,7 @@ ORDER = [
     "cli",
     "convert",
     "tune",
+    "tritonserver",  # Triton's in-process API, over the embedded server
     "embedded",
     "server",
     "options",
