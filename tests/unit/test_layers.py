@@ -1,8 +1,8 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert, tune) -> tritonserver -> embedded -> server -> options -> fronts -> http -> openai -> grpc
--> front_service -> service -> shared_memory -> repository -> pipelines -> scheduler
--> instance -> backends (the server object starts the fronts: HTTP, gRPC and metrics),
+cli (convert, tune) -> tritonserver -> embedded -> server -> options -> fronts -> http
+-> openai -> grpc -> front_service -> service -> shared_memory -> repository -> pipelines
+-> scheduler -> instance -> backends (the server object starts the fronts: HTTP, gRPC and metrics),
 and every layer may use the leaves (protocol, operations, config, errors, datatypes,
 tensor, statistics, settings, metrics, quantiles, utilization, access, arguments, files).
 Inside a layer, modules import one another without circles, deferred imports included: a
