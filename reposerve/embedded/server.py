@@ -10,9 +10,11 @@ do, and an ``async`` caller awaits it from its own loop without blocking it.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -29,7 +31,7 @@ from reposerve.embedded.tensors import (
     result_of,
     version_text,
 )
-from reposerve.errors import EmbeddedError
+from reposerve.errors import EmbeddedError, ErrorKind
 from reposerve.operations import (
     IndexEntry,
     IndexRequest,
@@ -48,6 +50,10 @@ from reposerve.server import Server as Lifecycle
 from reposerve.settings import Settings
 
 R = TypeVar("R")
+CANCELLED = "the request was cancelled (by its caller, or by the server's stop)"
+# What a request sent with ``open_stream`` hands on: a response, the error that ended it,
+# or None after its last response.
+Deliver = Callable[[InferResult | Exception | None], None]
 
 
 class Server:
@@ -208,6 +214,25 @@ class Server:
             with contextlib.suppress(EmbeddedError):  # a stopped server closed it already
                 await self._await(_close(answers), new=False)
 
+    def open_stream(
+        self, model: str, inputs: Inputs, deliver: Deliver, **options: Unpack[CallOptions]
+    ) -> concurrent.futures.Future[None]:
+        """Send a request now and hand each of its responses to ``deliver`` as the model
+        makes it, then None after the last, or the error that ended it (``deliver`` runs
+        on the server's thread: it must not block). A request the service refuses (an
+        unknown model, a bad input) raises here. Cancelling the future cancels the
+        request (``deliver`` then gets the error saying so)."""
+        header, raws = request_parts(inputs, options)
+        answers = self._call(self._answers(model, options, header, raws))
+        return self._sent(model, answers, deliver)
+
+    def _sent(
+        self, model: str, answers: Answers, deliver: Deliver
+    ) -> concurrent.futures.Future[None]:
+        if self._runtime is None:
+            raise EmbeddedError(NOT_STARTED)
+        return self._runtime.submit(_delivered(model, answers, deliver), new=False)
+
     async def _infer(
         self, model: str, options: CallOptions, header: dict[str, Any], raws: list[Any]
     ) -> InferResult:
@@ -247,6 +272,22 @@ async def _next(model: str, answers: Answers) -> InferResult | None:
         return None
     with answer:
         return result_of(model, answer)
+
+
+async def _delivered(model: str, answers: Answers, deliver: Deliver) -> None:
+    """Each response of ``answers`` to ``deliver``, then None, or the error that ended it."""
+    try:
+        while (result := await _next(model, answers)) is not None:
+            deliver(result)
+    except asyncio.CancelledError:
+        deliver(EmbeddedError(CANCELLED, ErrorKind.CANCELLED))
+        raise
+    except Exception as error:  # every error reaches the caller, whatever its type
+        deliver(error)
+    else:
+        deliver(None)
+    finally:
+        await answers.aclose()
 
 
 async def _close(answers: Answers) -> None:

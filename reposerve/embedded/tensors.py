@@ -17,7 +17,8 @@ from reposerve.front_service import FrontService
 
 # A dtype's V2 datatype; BF16 has no numpy dtype of its own (its bits ride in uint16).
 _DATATYPES = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name not in ("BF16", "BYTES")}
-Inputs = Mapping[str, Any]  # name -> numpy array (or what np.asarray makes one of)
+# name -> numpy array (or what np.asarray makes one of), or a RawTensor
+Inputs = Mapping[str, Any]
 Version = str | int | None  # a model version, as V2 names it or as its number; None: latest
 
 
@@ -30,6 +31,16 @@ class CallOptions(TypedDict, total=False):
     # ``sequence_id``, ``sequence_start`` and ``sequence_end``, and the model's own.
     parameters: Mapping[str, Any] | None
     request_id: str | None
+
+
+class RawTensor(msgspec.Struct, frozen=True):
+    """An input already in the wire's form: its V2 datatype, its shape and its bytes
+    (BYTES: each element's length, 4 bytes little-endian, then the element), sent as they
+    are; for callers that hold tensors as typed memory rather than as arrays (BF16)."""
+
+    datatype: str
+    shape: list[int]
+    raw: bytes | memoryview
 
 
 class InferResult(msgspec.Struct, frozen=True):
@@ -67,6 +78,10 @@ def request_parts(
     described: list[dict[str, Any]] = []
     raws: list[bytes | memoryview] = []
     for name, value in inputs.items():
+        if isinstance(value, RawTensor):
+            described.append({"name": name, "datatype": value.datatype, "shape": value.shape})
+            raws.append(value.raw)
+            continue
         array = np.asarray(value)
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))

@@ -1,11 +1,12 @@
 """The architecture's import direction (STYLE.md): a layer imports only layers to its right.
 
-cli (convert, tune) -> ray -> embedded -> server -> options -> fronts -> http -> openai -> grpc
--> front_service -> service -> shared_memory -> repository -> pipelines -> scheduler
--> instance -> backends (the server object starts the fronts: HTTP, gRPC and metrics),
+cli (convert, tune) -> ray -> tritonserver -> embedded -> server -> options -> fronts
+-> http -> openai -> grpc -> front_service -> service -> shared_memory -> repository
+-> pipelines -> scheduler -> instance -> backends (the server object starts the fronts:
+HTTP, gRPC and metrics),
 and every layer may use the leaves (protocol, operations, config, errors, datatypes,
 tensor, statistics, settings, metrics, quantiles, utilization, access, arguments, files,
-locations).
+locations, allocator).
 Inside a layer, modules import one another without circles, deferred imports included: a
 circle only works while its import order does.
 """
@@ -25,6 +26,7 @@ ORDER = [
     "convert",
     "tune",
     "ray",  # Ray Serve's replicas, each an embedded server behind the HTTP front
+    "tritonserver",  # Triton's in-process API, over the embedded server
     "embedded",
     "server",
     "options",
@@ -60,6 +62,7 @@ LEAVES = {
     "arguments",
     "files",
     "locations",
+    "allocator",
     "__init__",
 }
 # What each leaf may import besides the standard library and numpy/msgspec.
