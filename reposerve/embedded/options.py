@@ -13,7 +13,6 @@ import io
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from reposerve.errors import EmbeddedError
@@ -52,7 +51,7 @@ def settings_for(
         raise EmbeddedError("model_repository: give it as the first argument, not an option")
     argv: list[str] = []
     for root in roots:
-        argv += ["--model-repository", str(Path(root))]
+        argv += ["--model-repository", os.fspath(root)]  # a folder, or a bucket URL
     for name, value in {**_EMBEDDED_DEFAULTS, **options}.items():
         argv += _flag(name, value)
     parser = build_parser([("serve", "")])

@@ -176,6 +176,9 @@ def test_options_are_the_commands_flags_checked_as_its_own(repository):
     server = reposerve.Server(repository, model_control_mode="explicit", load_model=["plus_one"])
     assert server.settings.load_models == ["plus_one"]
     assert server.settings.http_port is None and server.settings.grpc_port is None
+    in_a_bucket = reposerve.Server(["s3://127.0.0.1:9000/bucket/models", repository])
+    (remote,) = in_a_bucket.settings.remote_repositories  # a URL stays a URL
+    assert (remote.bucket, remote.prefix) == ("bucket", "models")
 
 
 def test_calls_out_of_its_lifetime_say_so(repository):
