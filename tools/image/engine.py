@@ -43,17 +43,17 @@ class Engine:
     def labels(self, image: str) -> dict[str, str] | None:
         """The image's labels; None when there is no such image."""
         if self.name == "buildah":
-            command = [self.path, "inspect", "--type", "image"]
-            template = "{{json .Docker.Config.Labels}}"
+            # buildah's --format has no json function: its whole description, then the config
+            command = [self.path, "inspect", "--type", "image", image]
         else:
-            command = [self.path, "image", "inspect"]
-            template = "{{json .Config.Labels}}"
-        found = subprocess.run(
-            [*command, "--format", template, image], capture_output=True, text=True
-        )
+            command = [self.path, "image", "inspect", "--format", "{{json .Config.Labels}}", image]
+        found = subprocess.run(command, capture_output=True, text=True)
         if found.returncode != 0:
             return None
-        return json.loads(found.stdout) or {}
+        described = json.loads(found.stdout)
+        if self.name == "buildah":
+            described = described["OCIv1"]["config"].get("Labels")
+        return described or {}
 
     def size_bytes(self, image: str) -> int:
         if self.name == "buildah":

@@ -10,12 +10,14 @@ mounted read-only before the run instead. The engine puts files of its own under
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from tools.bench.servers import children_of
 from tools.image.engine import EngineError
 
 # what the server writes: temporary files, and the cache the image's REPOSERVE_CACHE_DIR
@@ -25,7 +27,8 @@ WRITABLE = ("/tmp", "/home/reposerve/.cache")
 
 class ReadOnlyContainer:
     """The image's entrypoint with ``args``, under buildah, on a read-only root; its output
-    goes to ``log``. ``stop`` sends SIGTERM and waits; ``close`` removes the container."""
+    goes to ``log``. ``stop`` sends the entrypoint SIGTERM and waits; ``close`` removes the
+    container."""
 
     def __init__(self, image: str, args: Sequence[str], log: Path) -> None:
         buildah = shutil.which("buildah")
@@ -40,9 +43,11 @@ class ReadOnlyContainer:
             self._mount(
                 "-t", "tmpfs", "-o", "mode=755,nosuid,nodev", "tmpfs", str(self._root / "run")
             )
+            for path in WRITABLE:  # their mount points, in the container's own layer
+                (self._root / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
             self._mount("-o", "remount,ro", str(self._root))
-            template = "{{json .OCIv1.Config.Entrypoint}}"
-            entrypoint = json.loads(self._output("inspect", "--format", template, self.name))
+            described = json.loads(self._output("inspect", self.name))
+            entrypoint = described["OCIv1"]["config"]["Entrypoint"]
             tmpfs = [f"--mount=type=tmpfs,destination={path}" for path in WRITABLE]
             command = [buildah, "run", "--isolation", "chroot", "--network", "host", *tmpfs,
                        self.name, "--", *entrypoint, *args]  # fmt: skip
@@ -57,10 +62,23 @@ class ReadOnlyContainer:
         assert self._process is not None, "started in __init__"
         return self._process
 
+    def main_pid(self) -> int:
+        """The container's main process (the entrypoint's), as the host sees it: chroot
+        isolation makes no pid namespace. buildah-chroot-exec starts it as its child."""
+        pending = [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            children = children_of(pid)
+            if _command(pid)[:1] == [b"buildah-chroot-exec"] and children:
+                return children[0]
+            pending += children
+        raise EngineError("the container has no main process (it has not started, or exited)")
+
     def stop(self, timeout: float) -> int:
-        """SIGTERM (buildah passes it on to the server), then up to ``timeout`` seconds for
-        the exit; the status, or a kill and TimeoutError past it."""
-        self.process.send_signal(signal.SIGTERM)
+        """SIGTERM to the main process, as a runtime stops a container (buildah would
+        SIGKILL it on a SIGTERM of its own), then up to ``timeout`` seconds for the exit;
+        the exit status, or a kill and TimeoutError past it."""
+        os.kill(self.main_pid(), signal.SIGTERM)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -89,3 +107,10 @@ class ReadOnlyContainer:
         done = subprocess.run(["mount", *args], capture_output=True, text=True)
         if done.returncode != 0:
             raise EngineError(f"mount {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+def _command(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:  # it has exited
+        return []
