@@ -24,6 +24,7 @@ from tools.bench.servers import free_port
 from tools.image.base import REGISTRY_BASE, ensure_base
 from tools.image.build import (
     DEFAULT_TAG,
+    INPUTS_LABEL,
     BuildRequest,
     PipSettings,
     build,
@@ -135,6 +136,16 @@ def test_the_image_serves_tritons_clients_as_uid_1000_on_a_read_only_root(image,
         )
     finally:
         container.close()
+
+
+@pytest.mark.tool
+def test_a_second_build_from_the_same_inputs_keeps_the_image(image, tmp_path):
+    engine = find_engine("buildah")
+    labels = engine.labels(image)
+    base = ensure_base(engine, REGISTRY_BASE)
+    again = build(request_for(DEFAULT_TAG, base), engine, log=tmp_path / "build.log")
+    assert again.reused and labels is not None and labels[INPUTS_LABEL] == again.inputs
+    assert not (tmp_path / "build.log").exists()  # the engine was not asked to build
 
 
 @pytest.mark.unit

@@ -30,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         base = ensure_base(engine, options.base, options.debian_mirror)
         request = request_for(options.tag, base, options.extras, options.extra_index_url)
         built = build(request, engine)
-        size = engine.size_bytes(built.tag)
+        size = engine.size(built.tag)
     except EngineError as error:
         print(f"python -m tools.image: {error}", file=sys.stderr)
         return 1
     done = "kept (its inputs are unchanged)" if built.reused else f"built in {built.seconds:.0f} s"
-    print(f"{built.tag}: {done}, on {base} with {engine.name}; {size / 1e9:.2f} GB")
+    print(f"{built.tag}: {done}, on {base} with {engine.name}; {size}")
     return 0
 
 

@@ -55,11 +55,14 @@ class Engine:
             described = described["OCIv1"]["config"].get("Labels")
         return described or {}
 
-    def size_bytes(self, image: str) -> int:
+    def size(self, image: str) -> str:
+        """The image's size as the engine reports it (``6.62 GB``)."""
         if self.name == "buildah":
-            # buildah reports no size of its own; its images are podman's (one storage)
-            return int(self._output(["podman", "image", "inspect", "--format", "{{.Size}}", image]))
-        return int(self._output([self.path, "image", "inspect", "--format", "{{.Size}}", image]))
+            # buildah gives no bytes, only its own rounding
+            (listed,) = json.loads(self._output([self.path, "images", "--json", image]))
+            return str(listed["size"])
+        size = int(self._output([self.path, "image", "inspect", "--format", "{{.Size}}", image]))
+        return f"{size / 1e9:.2f} GB"
 
     def pull(self, image: str) -> str | None:
         """Pull ``image``; None when done, else why not (the engine's last line)."""
