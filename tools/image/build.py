@@ -2,8 +2,9 @@
 the same inputs.
 
 The inputs are the files the build copies (those git tracks or would track under the paths
-the .dockerignore admits), the Dockerfile, the base and the build arguments; their digest is
-a label on the image, so a second build with nothing changed is a lookup.
+the .dockerignore admits), the Dockerfile, the base (its image id: a base pulled or made
+again is a new input) and the build arguments; their digest is a label on the image, so a
+second build with nothing changed is a lookup.
 
 pip inside the build reaches what pip reaches on this host: its index URLs, wheel folders
 and CA bundle (``pip config list``) are passed as build arguments of the build stage, and
@@ -154,7 +155,10 @@ def build(
     engine's output goes to ``log`` (else this process's); a failed build raises
     EngineError naming the log."""
     arguments, mounts = build_arguments(request, engine)
-    inputs = inputs_digest(arguments)
+    base_id = engine.image_id(request.base)
+    if base_id is None:
+        raise EngineError(f"the base {request.base} is not in {engine.name}'s images")
+    inputs = inputs_digest({**arguments, "base image id": base_id})
     started = time.monotonic()
     labels = engine.labels(request.tag)
     if labels is not None and labels.get(INPUTS_LABEL) == inputs:

@@ -42,18 +42,28 @@ class Engine:
 
     def labels(self, image: str) -> dict[str, str] | None:
         """The image's labels; None when there is no such image."""
+        described = self._describe(image)
+        return None if described is None else described[1]
+
+    def image_id(self, image: str) -> str | None:
+        """The image's id (a digest of its configuration); None when there is no such image."""
+        described = self._describe(image)
+        return None if described is None else described[0]
+
+    def _describe(self, image: str) -> tuple[str, dict[str, str]] | None:
+        # each engine's whole description (their --format templates differ), read here
         if self.name == "buildah":
-            # buildah's --format has no json function: its whole description, then the config
             command = [self.path, "inspect", "--type", "image", image]
         else:
-            command = [self.path, "image", "inspect", "--format", "{{json .Config.Labels}}", image]
+            command = [self.path, "image", "inspect", image]
         found = subprocess.run(command, capture_output=True, text=True)
         if found.returncode != 0:
             return None
         described = json.loads(found.stdout)
         if self.name == "buildah":
-            described = described["OCIv1"]["config"].get("Labels")
-        return described or {}
+            return described["FromImageID"], described["OCIv1"]["config"].get("Labels") or {}
+        (first,) = described
+        return first["Id"], first["Config"].get("Labels") or {}
 
     def size(self, image: str) -> str:
         """The image's size as the engine reports it (``6.62 GB``)."""
