@@ -27,6 +27,14 @@ ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY reposerve ./reposerve
+# Where pip looks (a mirror; torch's CPU index https://download.pytorch.org/whl/cpu, whose
+# +cpu torch and torchvision pip then prefers, without PyPI's 3 GB of CUDA libraries; a
+# folder of wheels mounted into the build; the CA a proxy signs with): build arguments, so
+# they stay in this stage, out of the image.
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
 # This project from its source: pyproject.toml bounds every dependency.
 # hadolint ignore=DL3013
 RUN pip install ".[${EXTRAS}]"

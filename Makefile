@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SERVING := $(VENV)/.serving
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test lint bench
+.PHONY: install serve test lint bench image
 
 $(SERVING): pyproject.toml
 	@echo "installing reposerve with onnxruntime and torch into $(VENV): the first start only, about 2 minutes (exporting the ResNet-50 examples included)"
@@ -45,3 +45,10 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	mkdir -p bench-out
 	$(BIN)/python -m tools.bench all --plot bench-out/bench.png --json bench-out/bench.json | tee bench-out/bench.txt
+
+# The container image (docs/image.md): docker, podman or buildah, whichever is found (or
+# ENGINE=...); BASE=... for another base (a CUDA one); a rerun with unchanged inputs keeps
+# the image. EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu: CPU torch, 3 GB smaller.
+image:
+	$(PYTHON) -m tools.image $(if $(ENGINE),--engine $(ENGINE)) $(if $(BASE),--base $(BASE)) \
+		$(if $(EXTRA_INDEX_URL),--extra-index-url $(EXTRA_INDEX_URL))
