@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import concurrent.futures.thread  # its exit hook registered before ours (see _at_exit)
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -28,6 +30,21 @@ R = TypeVar("R")
 
 NOT_STARTED = "this server is not started: call start() first"
 STOPPED = "this server has stopped"
+_started: weakref.WeakSet[Runtime] = weakref.WeakSet()  # runtimes a stop may still be owed
+
+
+def _at_exit() -> None:
+    """Stop every runtime left running, while threads can still be used: threading runs
+    these hooks last registered first, before concurrent.futures' own (registered at its
+    import, above) refuses new work to every thread pool, which a stop needs (an
+    instance's exit is awaited in one). A finalizer alone runs after that hook."""
+    for runtime in list(_started):
+        runtime.stop()
+
+
+# Private to threading, and there since Python 3.9; where it is not, the finalizers still
+# stop a server at exit, with errors from its thread pools.
+getattr(threading, "_register_atexit", lambda hook: None)(_at_exit)
 
 
 class Runtime:
@@ -43,6 +60,7 @@ class Runtime:
 
     def start(self, settings: Settings) -> None:
         """The loop's thread and the lifecycle on it (its fronts; the models' loading)."""
+        _started.add(self)
         self.thread.start()
         self.call(self._open(settings), new=True)
 

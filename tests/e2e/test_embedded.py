@@ -355,6 +355,30 @@ def test_a_server_dropped_without_stop_stops(repository):
     assert not [t for t in threading.enumerate() if t.name == "reposerve"]
 
 
+def test_a_server_running_at_interpreter_exit_stops_cleanly(repository):
+    """A script that never calls stop(): its server stops at exit while thread pools still
+    take work (an instance's exit is awaited in one), so nothing is reported and no
+    instance process outlives it."""
+    script = (
+        "import os, numpy, reposerve\n"
+        "from tools.bench.servers import children_of\n"
+        f"server = reposerve.Server({str(repository)!r}).start()\n"
+        "print(server.infer('plus_one', {'INPUT': numpy.zeros((1, 4), 'float32')})"
+        ".outputs['OUTPUT'][0, 0])\n"
+        "print(*children_of(os.getpid()))\n"
+    )
+    checkout = Path(__file__).parents[2]  # where tools.bench is
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=checkout
+    )
+    assert done.returncode == 0, done.stderr
+    answer, children = done.stdout.splitlines()
+    assert answer == "1.0" and children  # its instance processes, while it ran
+    assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr, done.stderr
+    for pid in children.split():
+        assert not Path(f"/proc/{pid}").exists(), f"instance process {pid} outlived its host"
+
+
 def test_every_call_under_way_at_stop_gets_exactly_one_outcome(repository):
     """32 calls in flight from one event loop when stop() comes: each ends once, with its
     result or the server's error, and none is left waiting."""
