@@ -31,7 +31,6 @@ RUN if ! command -v python3 >/dev/null; then \
     fi
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /src
 # Where pip looks (a mirror; torch's CPU index https://download.pytorch.org/whl/cpu, whose
 # +cpu torch and torchvision pip then prefers, without PyPI's 3 GB of CUDA libraries; a
 # folder of wheels mounted into the build; the CA a proxy signs with): build arguments, so
@@ -40,16 +39,19 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 ARG PIP_CERT=
-COPY pyproject.toml ./
+COPY pyproject.toml /tmp/deps/pyproject.toml
 # pyproject.toml bounds every dependency. pip resolves them through the project itself, so
 # a stub of it (the version its metadata reads, the readme it names) stands in for the
-# source, keeping this layer cached across code changes; the stub is uninstalled after.
+# source, keeping this layer cached across code changes. The stub is uninstalled and its
+# folder removed: setuptools' build/ there would outlive it in the stages built from this one.
 # hadolint ignore=DL3013
-RUN mkdir reposerve \
-    && echo '__version__ = "0"' > reposerve/__init__.py \
-    && touch README.md \
-    && pip install ".[${EXTRAS}]" \
-    && pip uninstall --yes reposerve
+RUN mkdir /tmp/deps/reposerve \
+    && echo '__version__ = "0"' > /tmp/deps/reposerve/__init__.py \
+    && touch /tmp/deps/README.md \
+    && pip install "/tmp/deps[${EXTRAS}]" \
+    && pip uninstall --yes reposerve \
+    && rm -rf /tmp/deps
+WORKDIR /src
 
 # -- models: the bundled repository, its ResNet-50 examples exported ------------------------
 FROM deps AS models
