@@ -7,7 +7,7 @@ again is a new input) and the build arguments; their digest is a label on the im
 second build with nothing changed is a lookup.
 
 pip inside the build reaches what pip reaches on this host: its index URLs, wheel folders
-and CA bundle (``pip config list``) are passed as build arguments of the build stage, and
+and CA bundle (``pip config list``) are passed as build arguments of the build stages, and
 local folders (a wheel folder, a ``file://`` index) are bind-mounted into its RUN steps
 read-only, so none of them lands in the image. docker cannot mount into a build: with docker
 only the http(s) indexes are passed."""
