@@ -215,6 +215,21 @@ class Server:
         await self.service.stop(deadline)
         log.info("stopped: every model unloaded")
 
+    async def start_failure(self) -> str | None:
+        """Once the start-up loading is over: why it failed (its error, or under
+        exit_on_error each model that failed with its reason), or None if it did not."""
+        await self.loaded.wait()
+        if self.load_error is not None:
+            return f"the start-up loading failed: {self.load_error}"
+        if not self.exit_code:
+            return None
+        failed = [
+            f"{entry.name}: {entry.reason}"
+            for entry in self.service.repository.index()
+            if entry.reason and entry.state != "READY"
+        ]
+        return f"models failed to load (exit_on_error): {'; '.join(failed)}"
+
     async def _start(self) -> None:
         """Load the models, then (in poll mode) keep them in step with the disk."""
         settings = self.settings

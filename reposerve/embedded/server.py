@@ -122,17 +122,8 @@ class Server:
         self.stop()
 
     async def _until_loaded(self) -> None:
-        lifecycle = self._running()
-        await lifecycle.loaded.wait()
-        if lifecycle.load_error is not None:
-            raise EmbeddedError(f"the start-up loading failed: {lifecycle.load_error}")
-        if lifecycle.exit_code:
-            failed = [
-                f"{entry.name}: {entry.reason}"
-                for entry in lifecycle.service.repository.index()
-                if entry.reason and entry.state != "READY"
-            ]
-            raise EmbeddedError(f"the start failed (exit_on_error): {'; '.join(failed)}")
+        if (failure := await self._running().start_failure()) is not None:
+            raise EmbeddedError(failure)
 
     # -- the service's operations ----------------------------------------------------------
 

@@ -34,16 +34,8 @@ class ReplicaServer(Server):
 
     async def open(self) -> None:
         await super().open()
-        await self.loaded.wait()
-        if self.load_error is not None:
-            raise RayServeError(f"the start-up loading failed: {self.load_error}")
-        if self.exit_code:
-            failed = [
-                f"{entry.name}: {entry.reason}"
-                for entry in self.service.repository.index()
-                if entry.reason and entry.state != "READY"
-            ]
-            raise RayServeError(f"models failed to load (exit_on_error): {'; '.join(failed)}")
+        if (failure := await self.start_failure()) is not None:
+            raise RayServeError(failure)
 
 
 class Replica:

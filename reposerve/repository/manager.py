@@ -24,6 +24,7 @@ from reposerve.pipelines.ensemble import check_steps
 from reposerve.repository.fingerprint import Fingerprint, model_fingerprint
 from reposerve.repository.keeper import BudgetKeeper
 from reposerve.repository.override import OverrideFolder
+from reposerve.repository.refusals import UNKNOWN, not_ready, unknown_model
 from reposerve.repository.remote.mirrors import Mirrors
 from reposerve.repository.residency import Residency
 from reposerve.repository.roots import all_model_names, check_exists, find_root
@@ -502,7 +503,7 @@ class Repository:
                 raise RepositoryError(f"{UNKNOWN} '{name}' version {version} is not found")
             if found.state is not ModelState.READY:
                 subject = f"'{name}' version {version} is not at ready state"
-                raise _not_ready(subject, found.state, found.reason)
+                raise not_ready(subject, found.state, found.reason)
             return found
         # Versions are kept in ascending order: the first READY one from the end is newest.
         for candidate in reversed(model.versions.values()):
@@ -512,7 +513,7 @@ class Repository:
             v.state for v in model.versions.values() if v.state is not ModelState.UNAVAILABLE
         ]
         reasons = [v.reason for v in model.versions.values() if v.reason] or [model.error]
-        raise _not_ready(
+        raise not_ready(
             f"'{name}' has no available versions",
             passing[-1] if passing else ModelState.UNAVAILABLE,
             "; ".join(dict.fromkeys(filter(None, reasons))),
@@ -582,22 +583,6 @@ class Repository:
 
 
 # Triton's words for a request to a model it cannot serve; Triton's tests match them.
-UNKNOWN = "Request for unknown model:"
-
-
-def unknown_model(name: str) -> str:
-    return f"{UNKNOWN} '{name}' is not found"
-
-
-def _not_ready(subject: str, state: ModelState, reason: str) -> RepositoryError:
-    """Triton's text, then our state and reason. LOADING and UNLOADING pass by themselves
-    (retry later); UNAVAILABLE does not: the model is not loaded, as if unknown, until
-    someone loads it again."""
-    detail = f": {reason}" if reason else ""
-    kind = ErrorKind.NOT_FOUND if state is ModelState.UNAVAILABLE else ErrorKind.UNAVAILABLE
-    return RepositoryError(f"{UNKNOWN} {subject} ({state.value}){detail}", kind=kind)
-
-
 def _retrieved(load: asyncio.Future) -> None:
     """An on-demand load whose waiters all left: its error is in the index already."""
     if not load.cancelled():
