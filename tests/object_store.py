@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.server import REPO_ROOT
-from tools.bench.servers import free_port
+from tools.bench.servers import free_port, stop_process
 
 # moto accepts any key; these are the server's "credentials", which the logs must never show.
 ACCESS_KEY = "AKIAREPOSERVETEST"
@@ -70,12 +70,7 @@ class MotoServer:
         )
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, grace_s=30)
         self._log.close()
 
 
@@ -227,10 +222,5 @@ class AzuriteServer:
                 )
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, grace_s=30)
         self._log.close()
